@@ -1,0 +1,358 @@
+"""The streaming aligner: token ids in, final text segments with their tokens out.
+
+Text is tracked as one global byte stream: every token owns the byte range
+[gstart, gend) it appended. Decoding turns a prefix of that stream into final text;
+each emitted segment covers the stream from the previous segment's end to the new
+final position, and lists every token overlapping it with the offsets (within the
+token's own bytes) it contributed. Nothing is ever re-decoded, so the cost per token is
+O(1) amortised, and only bytes whose text can still change are held back.
+"""
+
+from __future__ import annotations
+
+import codecs
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from .segment import Alternative, Segment, TokenSpan
+from .vocab import CLEANUP_RULES, Vocab
+
+TopLogprobs = Mapping[int, float] | Iterable[tuple[int, float]]
+
+_ERRORS = {"stream": "replace", "spm_runs": "tokentrail-per-byte", "hf_runs": "strict"}
+
+
+def _cleanup(text: str) -> str:
+    for old, new in CLEANUP_RULES:
+        if old in text:
+            text = text.replace(old, new)
+    return text
+
+
+class _CleanupStream:
+    """transformers' clean-up of spaces, applied to a stream of text chunks exactly.
+
+    Every rule deletes spaces in a pattern of at most 4 characters that starts with a
+    space. A cut with three non-space characters before it is never spanned by a match
+    at any stage, so cleaning both sides separately equals cleaning the whole text;
+    everything after the last such cut is held back.
+    """
+
+    def __init__(self) -> None:
+        self._chunks: list[tuple[str, int]] = []  # (text, global byte end)
+
+    def feed(self, text: str, end: int, final: bool = False) -> tuple[str, int | None]:
+        """Add text ending at byte `end`; return (clean final text, byte end or None)."""
+        if text or end:
+            self._chunks.append((text, end))
+        held = "".join(t for t, _ in self._chunks)
+        if final:
+            self._chunks.clear()
+            return _cleanup(held), None
+        cut = len(held)
+        while cut > 0:
+            lo = max(0, cut - 3)
+            j = held.rfind(" ", lo, cut)
+            if j < 0:
+                break
+            cut = j
+        if cut == 0:
+            return "", None
+        # Map the cut back to a byte position, walking chunks from the end.
+        tail = len(held) - cut
+        keep: list[tuple[str, int]] = []
+        byte_end = None
+        for text_i, end_i in reversed(self._chunks):
+            if tail == 0:
+                byte_end = end_i
+                break
+            if len(text_i) <= tail:
+                keep.append((text_i, end_i))
+                tail -= len(text_i)
+                continue
+            rest = text_i[len(text_i) - tail :]
+            if "\ufffd" in rest:  # invalid bytes: the char -> byte map is not exact
+                return "", None
+            keep.append((rest, end_i))
+            byte_end = end_i - len(rest.encode("utf-8"))
+            tail = 0
+            break
+        if byte_end is None:
+            return "", None
+        keep.reverse()
+        self._chunks = keep
+        return _cleanup(held[:cut]), byte_end
+
+
+class Aligner:
+    """Turns a stream of token ids into final text segments with exact token attribution.
+
+    >>> aligner = Aligner("path/to/tokenizer.json")          # doctest: +SKIP
+    >>> for token_id, logprob in stream:                      # doctest: +SKIP
+    ...     for segment in aligner.push(token_id, logprob):
+    ...         print(segment.text, [t.id for t in segment.tokens])
+    >>> rest = aligner.finish()                               # doctest: +SKIP
+
+    The concatenated segment texts equal the tokenizer's own decode of the ids (with the
+    same `skip_special_tokens`); emitted text never changes; every token appears in at
+    least one segment, in order, with the byte range of its own bytes each one used.
+    """
+
+    def __init__(self, tokenizer: Any, skip_special_tokens: bool = False) -> None:
+        from .loaders import load_vocab
+
+        self.vocab: Vocab = load_vocab(tokenizer)
+        self.skip_special_tokens = bool(skip_special_tokens)
+        v = self.vocab
+        self._skipped = v.hidden | (v.special if skip_special_tokens else frozenset())
+        self._mode = v.byte_mode
+        self._pieces = v.pieces
+        # Text for ids that take the fast path: not skipped, not byte fallback, valid UTF-8.
+        fast = list(v._text)
+        for i in self._skipped | v.byte_ids:
+            if 0 <= i < len(fast):
+                fast[i] = None
+        self._fast_text = fast
+        self._alt_cache: dict[int, tuple[bytes, str]] = {}
+        self._generic = v.generic
+        self.reset()
+
+    # -- state ---------------------------------------------------------------------
+
+    def reset(self) -> None:
+        """Forget the stream; the next push starts a new sequence."""
+        self._n = 0
+        self._pos = 0  # bytes appended to the global stream
+        self._done = 0  # bytes consumed by emitted segments (or dropped by rules)
+        self._pending: deque[list[Any]] = deque()
+        self._first = True
+        self._strip = self.vocab.strip_leading
+        self._dec = codecs.getincrementaldecoder("utf-8")(_ERRORS[self._mode])
+        self._run = 0
+        self._run_text: list[str] = []
+        self._poisoned = False
+        self._clean = _CleanupStream() if self.vocab.cleanup else None
+        self._ids: list[int] = []  # generic path only
+        self._emitted = ""  # generic path only
+        self._update_fast()
+
+    def _update_fast(self) -> None:
+        self._fast = (
+            not self._pending
+            and self._strip == 0
+            and not (self._first and self.vocab.first_pieces)
+            and self._clean is None
+            and not self._poisoned
+            and self._generic is None
+        )
+
+    @property
+    def tokens_pushed(self) -> int:
+        return self._n
+
+    # -- public API ----------------------------------------------------------------
+
+    def push(
+        self,
+        token_id: int,
+        logprob: float | None = None,
+        top_logprobs: TopLogprobs | None = None,
+    ) -> list[Segment]:
+        """Add one token; return the segments that became final with it (0 or 1)."""
+        pieces = self._pieces
+        if type(token_id) is not int or not 0 <= token_id < len(pieces):
+            self.vocab.check_id(token_id)
+            token_id = int(token_id)
+        piece = pieces[token_id]
+        if piece is None:
+            self.vocab.check_id(token_id)
+        idx = self._n
+        self._n = idx + 1
+        if logprob is not None:
+            logprob = float(logprob)
+        top = None if top_logprobs is None else self._alternatives(top_logprobs)
+        if self._fast:
+            text = self._fast_text[token_id]
+            if text is not None:
+                n = len(piece)
+                self._pos += n
+                self._done = self._pos
+                self._first = False
+                return [Segment(text, (TokenSpan(idx, token_id, 0, n, logprob, top),))]
+        if self._generic is not None:
+            return self._push_generic(idx, token_id, logprob, top, final=False)
+        return self._push_slow(idx, token_id, logprob, top)
+
+    def finish(self) -> list[Segment]:
+        """Flush what is held back, return the last segments and reset for a new stream."""
+        if self._generic is not None:
+            out = self._push_generic(-1, -1, None, None, final=True)
+            self.reset()
+            return out
+        parts: list[str] = []
+        if self._mode == "hf_runs":
+            self._end_run(parts)
+        else:
+            parts.append(self._dec.decode(b"", True))
+        text = self._strip_text("".join(parts))
+        if self._clean is not None:
+            text, _ = self._clean.feed(text, self._pos, final=True)
+        out = self._emit(text, self._pos)
+        self.reset()
+        return out
+
+    def align(
+        self,
+        ids: Sequence[int],
+        logprobs: Sequence[float | None] | None = None,
+    ) -> list[Segment]:
+        """Align a whole sequence at once: push every id, then finish."""
+        segments: list[Segment] = []
+        for i, token_id in enumerate(ids):
+            lp = None if logprobs is None else logprobs[i]
+            segments.extend(self.push(token_id, lp))
+        segments.extend(self.finish())
+        return segments
+
+    # -- internals -----------------------------------------------------------------
+
+    def _alternatives(self, top: TopLogprobs) -> tuple[Alternative, ...]:
+        items = top.items() if isinstance(top, Mapping) else top
+        out = []
+        cache = self._alt_cache
+        for tid, lp in items:
+            tid = int(tid)
+            hit = cache.get(tid)
+            if hit is None:
+                hit = (self.vocab.token_bytes(tid), self.vocab.token_text(tid))
+                cache[tid] = hit
+            out.append(Alternative(tid, float(lp), hit[0], hit[1]))
+        return tuple(out)
+
+    def _end_run(self, parts: list[str]) -> None:
+        """Close a byte-fallback run (tokenizers' all-or-nothing rule)."""
+        if self._mode == "spm_runs":
+            parts.append(self._dec.decode(b"", True))
+            self._dec.reset()
+            return
+        if self._run and not self._poisoned:
+            try:
+                self._run_text.append(self._dec.decode(b"", True))
+                parts.append("".join(self._run_text))
+            except UnicodeDecodeError:
+                parts.append("\ufffd" * self._run)
+        self._dec.reset()
+        self._run = 0
+        self._run_text = []
+        self._poisoned = False
+
+    def _strip_text(self, text: str) -> str:
+        if self._strip and text:
+            k = 0
+            while k < len(text) and k < self._strip and text[k] == " ":
+                k += 1
+            text = text[k:]
+            self._strip = 0 if text else self._strip - k
+        return text
+
+    def _push_slow(
+        self, idx: int, token_id: int, logprob: float | None, top: tuple[Alternative, ...] | None
+    ) -> list[Segment]:
+        v = self.vocab
+        mode = self._mode
+        parts: list[str] = []
+        start = self._pos
+        if token_id in self._skipped:
+            if v.skipped_breaks_runs:
+                self._end_run(parts)
+        else:
+            piece = self._pieces[token_id]
+            if self._first:
+                self._first = False
+                piece = v.first_pieces.get(token_id, piece)
+            assert piece is not None
+            if mode == "stream":
+                parts.append(self._dec.decode(piece))
+            elif token_id not in v.byte_ids:
+                self._end_run(parts)
+                parts.append(piece.decode("utf-8", "replace"))
+            elif mode == "spm_runs":
+                parts.append(self._dec.decode(piece))
+            else:  # hf_runs, a byte token
+                self._run += 1
+                if self._poisoned:
+                    parts.append("\ufffd")
+                else:
+                    try:
+                        self._run_text.append(self._dec.decode(piece))
+                    except UnicodeDecodeError:
+                        self._poisoned = True
+                        self._dec.reset()
+                        self._run_text = []
+                        parts.append("\ufffd" * self._run)
+            self._pos += len(piece)
+        self._pending.append([idx, token_id, start, self._pos, logprob, top])
+
+        # Where final text ends in the byte stream.
+        if mode == "hf_runs":
+            end = self._pos if self._poisoned else self._pos - self._run
+        else:
+            end = self._pos - len(self._dec.getstate()[0])
+        text = self._strip_text("".join(parts))
+        if self._clean is not None:
+            text, clean_end = self._clean.feed(text, end)
+            end = self._done if clean_end is None else clean_end
+        out = self._emit(text, end)
+        self._update_fast()
+        return out
+
+    def _push_generic(
+        self,
+        idx: int,
+        token_id: int,
+        logprob: float | None,
+        top: tuple[Alternative, ...] | None,
+        final: bool,
+    ) -> list[Segment]:
+        """Unknown decoder pipelines: re-decode everything (O(n) a token, still exact).
+
+        Text is emitted once the full decode extends what was emitted and does not end
+        in U+FFFD or whitespace that a later token might still change; tokens are
+        attributed whole to the segment that emits their text.
+        """
+        if not final:
+            self._ids.append(token_id)
+            n = len(self._pieces[token_id] or b"")
+            self._pending.append([idx, token_id, self._pos, self._pos + n, logprob, top])
+            self._pos += n
+        assert self._generic is not None
+        full = self._generic(self._ids, self.skip_special_tokens)
+        stable = full if final else full.rstrip("\ufffd \t\n")
+        if not stable.startswith(self._emitted):
+            if not final:
+                return []
+            stable = self._emitted + full[len(self._emitted) :]
+        text = stable[len(self._emitted) :]
+        self._emitted = stable
+        if not final and not text:
+            return []
+        return self._emit(text, self._pos)
+
+    def _emit(self, text: str, end: int) -> list[Segment]:
+        pend = self._pending
+        done = self._done
+        spans = []
+        while pend:
+            idx, tid, gs, ge, lp, top = pend[0]
+            if gs < end or (gs == ge and gs <= end):
+                spans.append(TokenSpan(idx, tid, max(done, gs) - gs, min(end, ge) - gs, lp, top))
+                if ge > end:
+                    break
+                pend.popleft()
+            else:
+                break
+        self._done = max(done, end)
+        if not spans:
+            return []
+        return [Segment(text, tuple(spans))]

@@ -1,0 +1,558 @@
+"""Adapters: build a `Vocab` from any supported tokenizer object or file.
+
+Formats are detected from content, not only from file names: a JSON object with a
+`model` key is a Hugging Face tokenizer.json, a file starting with `GGUF` is a GGUF
+vocabulary, lines of `base64 rank` are tiktoken ranks, and anything sentencepiece can
+parse is a SentencePiece model.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .vocab import Vocab, byte_level_alphabet, wordpiece_cleanup
+
+log = logging.getLogger(__name__)
+
+_BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+_TIKTOKEN_LINE = re.compile(rb"^[A-Za-z0-9+/=]+ \d+$")
+
+
+class TokenizerLoadError(ValueError):
+    """The tokenizer could not be recognised or read."""
+
+
+def load_vocab(tokenizer: Any) -> Vocab:
+    """Compile a tokenizer object, or a path to tokenizer files, into a `Vocab`."""
+    if isinstance(tokenizer, Vocab):
+        return tokenizer
+    if isinstance(tokenizer, str | os.PathLike):
+        return _from_path(Path(tokenizer))
+    mod = type(tokenizer).__module__
+    name = type(tokenizer).__name__
+    if mod.startswith("tokenizers") and name == "Tokenizer":
+        return vocab_from_hf_tokenizer(tokenizer)
+    if hasattr(tokenizer, "_tokenizer") and mod.startswith("mlx_lm"):
+        return load_vocab(tokenizer._tokenizer)  # mlx-lm TokenizerWrapper
+    if mod.startswith("sentencepiece"):
+        return vocab_from_sentencepiece(tokenizer)
+    if mod.startswith("tiktoken") or (hasattr(tokenizer, "_mergeable_ranks")):
+        return vocab_from_tiktoken(tokenizer)
+    if mod.startswith("mistral_common"):
+        from .formats import vocab_from_tekken
+
+        return vocab_from_tekken(tokenizer)
+    if hasattr(tokenizer, "convert_ids_to_tokens") and hasattr(tokenizer, "decode"):
+        return vocab_from_transformers(tokenizer)
+    raise TokenizerLoadError(
+        f"unsupported tokenizer object {mod}.{name}: pass a tokenizers.Tokenizer, a "
+        "transformers tokenizer, an mlx-lm TokenizerWrapper, a SentencePieceProcessor, "
+        "a tiktoken.Encoding, or a path to tokenizer files"
+    )
+
+
+# -- paths -----------------------------------------------------------------------------
+
+
+def _from_path(path: Path) -> Vocab:
+    if not path.exists():
+        raise TokenizerLoadError(f"tokenizer path does not exist: {path}")
+    if path.is_dir():
+        return _from_dir(path)
+    try:
+        with path.open("rb") as f:
+            head = f.read(256)
+    except OSError as e:
+        raise TokenizerLoadError(f"cannot read tokenizer file {path}: {e}") from e
+    if head.startswith(b"GGUF"):
+        from .formats import vocab_from_gguf
+
+        return vocab_from_gguf(path)
+    stripped = head.lstrip()
+    if stripped.startswith(b"{"):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise TokenizerLoadError(f"{path} looks like JSON but does not parse: {e}") from e
+        return _from_json(path, data)
+    first_line = head.split(b"\n", 1)[0].strip()
+    if first_line and _TIKTOKEN_LINE.match(first_line):
+        return vocab_from_tiktoken_file(path)
+    try:
+        import sentencepiece as spm
+
+        sp = spm.SentencePieceProcessor()
+        sp.LoadFromFile(str(path))
+    except Exception as e:  # sentencepiece raises plain RuntimeError/OSError
+        from .formats import try_llama2c
+
+        v = try_llama2c(path)
+        if v is not None:
+            return v
+        raise TokenizerLoadError(
+            f"{path}: not a recognised tokenizer file (tried tokenizer.json, GGUF, "
+            f"tiktoken ranks, SentencePiece model, llama2.c tokenizer): {e}"
+        ) from e
+    return vocab_from_sentencepiece(sp, name=path.name)
+
+
+def _from_json(path: Path, data: Any) -> Vocab:
+    if isinstance(data, dict) and "model" in data and ("decoder" in data or "added_tokens" in data):
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(str(path))
+        cfg = _read_json(path.parent / "tokenizer_config.json") if path.name == "tokenizer.json" else None
+        return vocab_from_hf_tokenizer(tok, name=str(path), config=cfg)
+    if isinstance(data, dict) and "vocab" in data and "config" in data:
+        from .formats import vocab_from_tekken
+
+        return vocab_from_tekken(path)
+    if isinstance(data, dict) and data and all(isinstance(v, int) for v in data.values()):
+        return _from_dir(path.parent)  # vocab.json: needs merges.txt beside it
+    raise TokenizerLoadError(f"{path}: JSON file is neither a tokenizer.json nor a Tekken file")
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    if not path.is_file():
+        return None
+    try:
+        out = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise TokenizerLoadError(f"cannot read {path}: {e}") from e
+    return out if isinstance(out, dict) else None
+
+
+def _from_dir(path: Path) -> Vocab:
+    cfg = _read_json(path / "tokenizer_config.json")
+    if (path / "tokenizer.json").is_file():
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(str(path / "tokenizer.json"))
+        return vocab_from_hf_tokenizer(tok, name=str(path), config=cfg)
+    if (path / "vocab.json").is_file() and (path / "merges.txt").is_file():
+        return vocab_from_hf_tokenizer(_bpe_from_files(path, cfg), name=str(path), config=cfg)
+    for candidate in ("tokenizer.model", "spiece.model", "sentencepiece.bpe.model"):
+        if (path / candidate).is_file():
+            return _from_path(path / candidate)
+    for candidate in sorted(path.glob("*.tiktoken")) + sorted(path.glob("tekken*.json")):
+        return _from_path(candidate)
+    raise TokenizerLoadError(
+        f"{path}: no tokenizer.json, vocab.json+merges.txt, tokenizer.model, "
+        "*.tiktoken or tekken.json found in this folder"
+    )
+
+
+def _bpe_from_files(path: Path, cfg: dict[str, Any] | None) -> Any:
+    """A byte-level BPE tokenizers.Tokenizer from vocab.json + merges.txt + added tokens."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = json.loads((path / "vocab.json").read_text(encoding="utf-8"))
+    merges = []
+    for line in (path / "merges.txt").read_text(encoding="utf-8").splitlines():
+        if not line or line.startswith("#version"):
+            continue
+        a, _, b = line.partition(" ")
+        merges.append((a, b))
+    tok = Tokenizer(models.BPE(vocab, merges))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    added: dict[int, tuple[str, bool]] = {}
+    extra = _read_json(path / "added_tokens.json") or {}
+    for content, i in extra.items():
+        added[int(i)] = (content, False)
+    for i, spec in ((cfg or {}).get("added_tokens_decoder") or {}).items():
+        added[int(i)] = (spec["content"], bool(spec.get("special", False)))
+    specials = set()
+    for key in ("bos_token", "eos_token", "unk_token", "pad_token"):
+        value = (cfg or {}).get(key)
+        if isinstance(value, dict):
+            value = value.get("content")
+        if isinstance(value, str):
+            specials.add(value)
+    for i in sorted(added):
+        content, special = added[i]
+        if content in vocab:
+            continue
+        token = AddedToken(content, special=special or content in specials, normalized=False)
+        tok.add_tokens([token]) if not token.special else tok.add_special_tokens([token])
+        if tok.token_to_id(content) != i:
+            raise TokenizerLoadError(
+                f"{path}: added token {content!r} expected at id {i}, "
+                f"got {tok.token_to_id(content)}"
+            )
+    return tok
+
+
+# -- Hugging Face tokenizers -------------------------------------------------------------
+
+
+def _flatten(decoder: Any) -> list[dict[str, Any]]:
+    if decoder is None:
+        return []
+    if decoder.get("type") == "Sequence":
+        out: list[dict[str, Any]] = []
+        for d in decoder.get("decoders", []):
+            out.extend(_flatten(d))
+        return out
+    return [decoder]
+
+
+class _Unsupported(Exception):
+    pass
+
+
+def _compile_decoder(
+    steps: list[dict[str, Any]], tokens: list[str | None]
+) -> tuple[list[bytes | None], dict[int, bytes], frozenset[int], str, int]:
+    """Simulate a tokenizers decoder pipeline per token.
+
+    Returns (pieces, first_pieces, byte_ids, byte_mode, strip_leading). Raises
+    `_Unsupported` for a pipeline whose effect is not per-token plus the known
+    whole-text rules, so that the caller can fall back to the generic path.
+    """
+    cur: list[str | bytes | None] = list(tokens)
+    first: dict[int, str | bytes] = {}
+    byte_ids: set[int] = set()
+    mode = "stream"
+    fused = False
+    strip_leading = 0
+    if not steps:  # no decoder: tokens joined with single spaces
+        steps = [{"type": "_join"}]
+
+    def each(fn: Any) -> None:
+        for i, s in enumerate(cur):
+            if s is not None and i not in byte_ids:
+                cur[i] = fn(s)
+        for i, s in list(first.items()):
+            first[i] = fn(s)
+
+    for step in steps:
+        kind = step.get("type")
+        if fused:
+            if kind == "Strip" and step.get("content") == " " and step.get("stop", 0) == 0:
+                strip_leading += int(step.get("start", 0))
+                continue
+            raise _Unsupported(f"{kind} after the text is fused")
+        if kind == "Replace":
+            pattern = step.get("pattern", {})
+            if "String" not in pattern:
+                raise _Unsupported("Replace with a regex pattern")
+            old, new = pattern["String"], step.get("content", "")
+            each(lambda s, old=old, new=new: s.replace(old, new) if isinstance(s, str) else s)
+        elif kind == "ByteFallback":
+            for i, s in enumerate(cur):
+                if isinstance(s, str):
+                    m = _BYTE_TOKEN.match(s)
+                    if m:
+                        cur[i] = bytes([int(m.group(1), 16)])
+                        byte_ids.add(i)
+                        first.pop(i, None)
+            mode = "hf_runs"
+        elif kind == "Fuse":
+            fused = True
+        elif kind == "Strip":
+            content = step.get("content", " ")
+            start, stop = int(step.get("start", 0)), int(step.get("stop", 0))
+
+            def strip(s: Any, c: str = content, a: int = start, b: int = stop) -> Any:
+                if not isinstance(s, str):
+                    return s
+                i = 0
+                while i < a and i < len(s) and s[i] == c:
+                    i += 1
+                j = len(s)
+                while len(s) - j < b and j > i and s[j - 1] == c:
+                    j -= 1
+                return s[i:j]
+
+            each(strip)
+        elif kind == "ByteLevel":
+            alphabet = byte_level_alphabet()
+
+            def to_bytes(s: Any, alphabet: dict[str, int] = alphabet) -> Any:
+                if not isinstance(s, str):
+                    return s
+                try:
+                    return bytes(alphabet[c] for c in s)
+                except KeyError:
+                    return s.encode("utf-8")
+
+            each(to_bytes)
+            if mode == "hf_runs":
+                raise _Unsupported("ByteLevel after ByteFallback")
+            fused = True
+        elif kind == "Metaspace":
+            repl = step.get("replacement", "▁")
+            scheme = step.get("prepend_scheme")
+            if scheme is None:
+                scheme = "always" if step.get("add_prefix_space", True) else "never"
+            for i, s in enumerate(cur):
+                if isinstance(s, str) and i not in byte_ids:
+                    f = first.get(i, s)
+                    if scheme != "never" and isinstance(f, str):
+                        first[i] = f.replace(repl, "")
+                    cur[i] = s.replace(repl, " ")
+        elif kind in ("WordPiece", "_join"):
+            prefix = step.get("prefix", "##") if kind == "WordPiece" else None
+            do_clean = bool(step.get("cleanup", False)) if kind == "WordPiece" else False
+            clean = wordpiece_cleanup
+
+            for i, s in enumerate(cur):
+                if not isinstance(s, str):
+                    continue
+                f = first.get(i, s)
+                if prefix is not None and s.startswith(prefix):
+                    s = s[len(prefix) :]
+                else:
+                    s = " " + s
+                cur[i] = clean(s) if do_clean else s
+                if isinstance(f, str):
+                    first[i] = clean(f) if do_clean else f
+            fused = kind == "_join"
+        else:
+            raise _Unsupported(f"decoder step {kind}")
+    pieces: list[bytes | None] = [
+        None if s is None else (s if isinstance(s, bytes) else s.encode("utf-8")) for s in cur
+    ]
+    first_b = {
+        i: (s if isinstance(s, bytes) else s.encode("utf-8"))
+        for i, s in first.items()
+        if (s if isinstance(s, bytes) else s.encode("utf-8")) != pieces[i]
+    }
+    return pieces, first_b, frozenset(byte_ids), mode, strip_leading
+
+
+def vocab_from_hf_tokenizer(
+    tok: Any, name: str = "tokenizers.Tokenizer", config: dict[str, Any] | None = None,
+    cleanup: bool | None = None, oracle: Any = None, special_ids: set[int] | None = None,
+) -> Vocab:
+    """Compile a `tokenizers.Tokenizer` (and its decoder pipeline) into a Vocab."""
+    spec = json.loads(tok.to_str())
+    size = tok.get_vocab_size(with_added_tokens=True)
+    table = tok.get_vocab(with_added_tokens=True)
+    size = max(size, max(table.values(), default=-1) + 1)
+    tokens: list[str | None] = [None] * size
+    for s, i in table.items():
+        tokens[i] = s
+    special = set(special_ids or ())
+    for added in spec.get("added_tokens", []):
+        if added.get("special"):
+            special.add(int(added["id"]))
+    if cleanup is None:
+        cleanup = bool((config or {}).get("clean_up_tokenization_spaces", False))
+
+    def reference(ids: Sequence[int], skip: bool) -> str:
+        return tok.decode(list(ids), skip_special_tokens=skip)
+
+    try:
+        pieces, first, byte_ids, mode, strip = _compile_decoder(
+            _flatten(spec.get("decoder")), tokens
+        )
+    except _Unsupported as why:
+        from .formats import generic_vocab
+
+        log.info("%s: %s; using the generic decode path", name, why)
+        return generic_vocab(
+            tokens, special, oracle or reference, name=name, cleanup=bool(cleanup), source=tok
+        )
+    if oracle is None:
+        if cleanup:
+            from .align import _cleanup
+
+            def oracle(ids: Sequence[int], skip: bool) -> str:
+                return _cleanup(reference(ids, skip))
+        else:
+            oracle = reference
+    return Vocab(
+        pieces=pieces,
+        name=name,
+        special=frozenset(special),
+        byte_ids=byte_ids,
+        byte_mode=mode,  # type: ignore[arg-type]
+        first_pieces=first,
+        strip_leading=strip,
+        cleanup=bool(cleanup),
+        names={i: t for i, t in enumerate(tokens) if t is not None and i in special},
+        oracle=oracle,
+        source=tok,
+    )
+
+
+def vocab_from_transformers(tok: Any) -> Vocab:
+    """A transformers tokenizer: its tokenizers backend plus its own clean-up rule."""
+    backend = getattr(tok, "_tokenizer", None) or getattr(tok, "backend_tokenizer", None)
+    cleanup = bool(getattr(tok, "clean_up_tokenization_spaces", False))
+
+    def oracle(ids: Sequence[int], skip: bool) -> str:
+        return tok.decode(list(ids), skip_special_tokens=skip)
+
+    special_ids = set(getattr(tok, "all_special_ids", []) or [])
+    if backend is not None and type(backend).__module__.startswith("tokenizers"):
+        return vocab_from_hf_tokenizer(
+            backend, name=type(tok).__name__, cleanup=cleanup, oracle=oracle,
+            special_ids=special_ids,
+        )
+    sp = getattr(tok, "sp_model", None)
+    if sp is not None:
+        v = vocab_from_sentencepiece(sp, name=type(tok).__name__)
+        v.oracle = oracle
+        return v
+    raise TokenizerLoadError(
+        f"transformers tokenizer {type(tok).__name__} has neither a tokenizers backend "
+        "nor a sentencepiece model; pass its tokenizer files instead"
+    )
+
+
+# -- sentencepiece ----------------------------------------------------------------------
+
+
+def vocab_from_sentencepiece(sp: Any, name: str = "sentencepiece") -> Vocab:
+    """Compile a SentencePieceProcessor, following its own decode rules."""
+    from sentencepiece import sentencepiece_model_pb2 as pb
+
+    proto = pb.ModelProto()
+    proto.ParseFromString(sp.serialized_model_proto())
+    norm = proto.normalizer_spec
+    if proto.trainer_spec.treat_whitespace_as_suffix:
+        raise TokenizerLoadError(f"{name}: treat_whitespace_as_suffix models are not supported")
+    strip_all = norm.remove_extra_whitespaces
+    strip_one = norm.add_dummy_prefix or strip_all
+    n = sp.get_piece_size()
+    pieces: list[bytes | None] = []
+    first: dict[int, bytes] = {}
+    hidden: set[int] = set()
+    byte_ids: set[int] = set()
+    names: dict[int, str] = {}
+    for i in range(n):
+        piece = sp.id_to_piece(i)
+        if sp.is_control(i):
+            pieces.append(b"")
+            hidden.add(i)
+            names[i] = piece
+        elif sp.is_unknown(i):
+            pieces.append(sp.decode([i]).encode("utf-8"))
+            names[i] = piece
+        elif sp.is_byte(i):
+            m = _BYTE_TOKEN.match(piece)
+            if not m:
+                raise TokenizerLoadError(f"{name}: byte piece {piece!r} is malformed")
+            pieces.append(bytes([int(m.group(1), 16)]))
+            byte_ids.add(i)
+        else:
+            pieces.append(piece.replace("▁", " ").encode("utf-8"))
+            if strip_one and piece.startswith("▁"):
+                head = piece.lstrip("▁") if strip_all else piece[1:]
+                first[i] = head.replace("▁", " ").encode("utf-8")
+
+    def oracle(ids: Sequence[int], skip: bool) -> str:
+        return sp.decode(list(ids))
+
+    return Vocab(
+        pieces=pieces,
+        name=name,
+        hidden=frozenset(hidden),
+        byte_ids=frozenset(byte_ids),
+        byte_mode="spm_runs",
+        first_pieces=first,
+        skipped_breaks_runs=True,
+        names=names,
+        oracle=oracle,
+        source=sp,
+    )
+
+
+# -- tiktoken ---------------------------------------------------------------------------
+
+#: Llama 3's special tokens are not stored in its rank file; these are its names.
+_LLAMA3_SPECIALS = [
+    "<|begin_of_text|>",
+    "<|end_of_text|>",
+    "<|reserved_special_token_0|>",
+    "<|reserved_special_token_1|>",
+    "<|finetune_right_pad_id|>",
+    "<|step_id|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eom_id|>",
+    "<|eot_id|>",
+    "<|python_tag|>",
+]
+
+_GPT2_PAT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+_LLAMA3_PAT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+def tiktoken_specials(n_ranks: int, path: Path | None = None) -> dict[str, int]:
+    """Special tokens for well-known rank files that do not store them."""
+    if n_ranks == 128000:  # Llama 3.x
+        names = _LLAMA3_SPECIALS + [
+            f"<|reserved_special_token_{i}|>" for i in range(2, 256 - len(_LLAMA3_SPECIALS) + 2)
+        ]
+        return {s: n_ranks + k for k, s in enumerate(names[:256])}
+    if n_ranks == 50256:  # GPT-2 ranks (as shipped by Whisper)
+        return {"<|endoftext|>": 50256}
+    if n_ranks == 151643:  # Qwen
+        out = {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645}
+        for k in range(205):
+            out[f"<|extra_{k}|>"] = 151646 + k
+        return out
+    return {}
+
+
+def vocab_from_tiktoken_file(path: Path, special_tokens: dict[str, int] | None = None) -> Vocab:
+    import tiktoken
+
+    ranks: dict[bytes, int] = {}
+    try:
+        for lineno, line in enumerate(path.read_bytes().splitlines(), 1):
+            if not line.strip():
+                continue
+            tok_b64, _, rank = line.partition(b" ")
+            ranks[base64.b64decode(tok_b64)] = int(rank)
+    except (ValueError, base64.binascii.Error) as e:  # type: ignore[attr-defined]
+        raise TokenizerLoadError(f"{path}: bad tiktoken line {lineno}: {e}") from e
+    specials = special_tokens if special_tokens is not None else tiktoken_specials(len(ranks), path)
+    pat = _LLAMA3_PAT if len(ranks) > 100000 else _GPT2_PAT
+    enc = tiktoken.Encoding(
+        name=path.name, pat_str=pat, mergeable_ranks=ranks, special_tokens=specials
+    )
+    v = vocab_from_tiktoken(enc)
+    v.name = str(path)
+    return v
+
+
+def vocab_from_tiktoken(enc: Any) -> Vocab:
+    """Compile a tiktoken.Encoding: bytes per rank, special tokens as their text."""
+    n = enc.n_vocab
+    pieces: list[bytes | None] = [None] * n
+    for b, i in enc._mergeable_ranks.items():
+        pieces[i] = b
+    special_map: dict[str, int] = dict(enc._special_tokens)
+    for s, i in special_map.items():
+        if i >= len(pieces):
+            pieces.extend([None] * (i + 1 - len(pieces)))
+        pieces[i] = s.encode("utf-8")
+    special = frozenset(special_map.values())
+
+    def oracle(ids: Sequence[int], skip: bool) -> str:
+        ids = [i for i in ids if not (skip and i in special)]
+        return enc.decode(ids)
+
+    return Vocab(
+        pieces=pieces,
+        name=getattr(enc, "name", "tiktoken"),
+        special=special,
+        names={i: s for s, i in special_map.items()},
+        oracle=oracle,
+        source=enc,
+    )

@@ -1,0 +1,124 @@
+"""The values the aligner emits: segments of final text and the tokens behind them."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Alternative:
+    """One candidate the model weighed at a step: its id, logprob, raw bytes and text."""
+
+    id: int
+    logprob: float
+    bytes: bytes
+    text: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "logprob": self.logprob,
+            "bytes": list(self.bytes),
+            "text": self.text,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class TokenSpan:
+    """A token's share of one segment.
+
+    `index` is the token's position in the stream, `id` its vocabulary id, and
+    `start`/`end` the byte offsets, within that token's own bytes, that this segment
+    consumed. A token whose bytes are split across segments appears in each with its
+    own range; a token with no bytes (a skipped special token) has ``start == end``.
+    """
+
+    index: int
+    id: int
+    start: int
+    end: int
+    logprob: float | None = None
+    top_logprobs: tuple[Alternative, ...] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "index": self.index,
+            "id": self.id,
+            "start": self.start,
+            "end": self.end,
+        }
+        if self.logprob is not None:
+            out["logprob"] = self.logprob
+        if self.top_logprobs is not None:
+            out["top_logprobs"] = [alt.to_dict() for alt in self.top_logprobs]
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Confidence:
+    """How sure the model was of a segment, aggregated over its tokens' logprobs.
+
+    `entropy` is the mean, over tokens with alternatives, of the entropy (nats) of the
+    renormalised top-k distribution; it is None when no alternatives were given.
+    """
+
+    mean_logprob: float
+    min_logprob: float
+    perplexity: float
+    probability: float
+    entropy: float | None = None
+    n_tokens: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "mean_logprob": self.mean_logprob,
+            "min_logprob": self.min_logprob,
+            "perplexity": self.perplexity,
+            "probability": self.probability,
+            "entropy": self.entropy,
+            "n_tokens": self.n_tokens,
+        }
+
+
+def confidence_of(tokens: tuple[TokenSpan, ...] | list[TokenSpan]) -> Confidence | None:
+    """Aggregate the logprobs of `tokens`; None when none of them carries a logprob."""
+    lps = [t.logprob for t in tokens if t.logprob is not None]
+    if not lps:
+        return None
+    mean = math.fsum(lps) / len(lps)
+    entropies = []
+    for t in tokens:
+        if t.top_logprobs:
+            ps = [math.exp(a.logprob) for a in t.top_logprobs]
+            z = math.fsum(ps)
+            if z > 0:
+                entropies.append(-math.fsum(p / z * math.log(p / z) for p in ps if p > 0))
+    return Confidence(
+        mean_logprob=mean,
+        min_logprob=min(lps),
+        perplexity=math.exp(-mean),
+        probability=math.exp(math.fsum(lps)),
+        entropy=math.fsum(entropies) / len(entropies) if entropies else None,
+        n_tokens=len(lps),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """A piece of text that became final, with the tokens whose bytes make it up."""
+
+    text: str
+    tokens: tuple[TokenSpan, ...] = field(default_factory=tuple)
+
+    @property
+    def confidence(self) -> Confidence | None:
+        return confidence_of(self.tokens)
+
+    @property
+    def token_ids(self) -> list[int]:
+        return [t.id for t in self.tokens]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"text": self.text, "tokens": [t.to_dict() for t in self.tokens]}

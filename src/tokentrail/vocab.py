@@ -1,0 +1,150 @@
+"""A tokenizer compiled to what streaming needs: id -> bytes, plus the few decode rules
+that are not plain byte concatenation.
+
+The aligner never calls a tokenizer library while streaming; it only reads a `Vocab`.
+Adapters for each tokenizer format live in `tokentrail.loaders` and build one of these.
+"""
+
+from __future__ import annotations
+
+import codecs
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+#: How invalid UTF-8 turns into U+FFFD, which differs between tokenizer libraries.
+#: - "stream": the whole byte stream is decoded with maximal-subpart replacement
+#:   (Python's and Rust's lossy UTF-8 decode); used by byte-level BPE and tiktoken.
+#: - "hf_runs": a run of consecutive byte-fallback tokens decodes to its text when the
+#:   whole run is valid UTF-8, else every token of the run becomes one U+FFFD
+#:   (tokenizers' ByteFallback decoder).
+#: - "spm_runs": a run of byte pieces is decoded character by character, every invalid
+#:   byte becoming one U+FFFD (sentencepiece's decoder).
+ByteMode = Literal["stream", "hf_runs", "spm_runs"]
+
+#: transformers' `clean_up_tokenization_spaces` replacements, applied in this order.
+CLEANUP_RULES: tuple[tuple[str, str], ...] = (
+    (" .", "."),
+    (" ?", "?"),
+    (" !", "!"),
+    (" ,", ","),
+    (" ' ", "'"),
+    (" n't", "n't"),
+    (" 'm", "'m"),
+    (" 's", "'s"),
+    (" 've", "'ve"),
+    (" 're", "'re"),
+)
+
+
+def wordpiece_cleanup(text: str) -> str:
+    """tokenizers' WordPiece decoder clean-up (one more rule than transformers')."""
+    for old, new in (*CLEANUP_RULES[:7], (" do not", " don't"), *CLEANUP_RULES[7:]):
+        text = text.replace(old, new)
+    return text
+
+
+def _replace_one_byte(err: UnicodeDecodeError) -> tuple[str, int]:
+    """Error handler: each invalid byte becomes one U+FFFD (sentencepiece's rule)."""
+    return "\ufffd", err.start + 1
+
+
+codecs.register_error("tokentrail-per-byte", _replace_one_byte)
+
+
+def byte_level_alphabet() -> dict[str, int]:
+    """The byte-level BPE alphabet: one printable character stands for each byte.
+
+    Printable Latin-1 bytes stand for themselves; the other 68 bytes are mapped, in
+    byte order, to the code points from U+0100 upwards.
+    """
+    keep = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    keep_set = set(keep)
+    out = {chr(b): b for b in keep}
+    extra = 0
+    for b in range(256):
+        if b not in keep_set:
+            out[chr(0x100 + extra)] = b
+            extra += 1
+    return out
+
+
+@dataclass(eq=False)
+class Vocab:
+    """Everything the aligner needs to know about a tokenizer's decode.
+
+    `pieces[id]` is the bytes a token contributes; `first_pieces[id]`, when present,
+    replaces it for the first token that is not skipped (SentencePiece's dummy-prefix
+    space, Metaspace, WordPiece). `special` ids vanish with skip_special_tokens; `hidden`
+    ids always decode to nothing (sentencepiece control pieces). `byte_ids` are byte
+    fallback tokens, whose runs follow `byte_mode`. `strip_leading` spaces are removed
+    from the start of the text (tokenizers' Strip decoder after Fuse) and `cleanup`
+    applies transformers' clean-up of spaces before punctuation.
+    """
+
+    pieces: list[bytes | None]
+    name: str = "tokenizer"
+    special: frozenset[int] = frozenset()
+    hidden: frozenset[int] = frozenset()
+    byte_ids: frozenset[int] = frozenset()
+    byte_mode: ByteMode = "stream"
+    first_pieces: dict[int, bytes] = field(default_factory=dict)
+    strip_leading: int = 0
+    cleanup: bool = False
+    #: Whether a skipped token ends a byte-fallback run (true for sentencepiece, whose
+    #: control pieces stay in the decode loop; false for tokenizers, which drops them).
+    skipped_breaks_runs: bool = False
+    #: Display names (token strings) for tokens whose bytes are empty, such as `<s>`.
+    names: dict[int, str] = field(default_factory=dict)
+    #: The tokenizer library's own decode: (ids, skip_special_tokens) -> str.
+    oracle: Callable[[Sequence[int], bool], str] | None = None
+    #: The tokenizer object the vocab was built from, if any (kept for encode()).
+    source: object = None
+    #: Set for decoder pipelines that are not per-token plus known rules: the aligner
+    #: then re-decodes (slower, still exact on the final text) with this function.
+    generic: Callable[[Sequence[int], bool], str] | None = None
+
+    def __post_init__(self) -> None:
+        self.size = len(self.pieces)
+        self._text: list[str | None] = []
+        for b in self.pieces:
+            if b is None:
+                self._text.append(None)
+                continue
+            try:
+                self._text.append(b.decode("utf-8"))
+            except UnicodeDecodeError:
+                self._text.append(None)
+
+    def check_id(self, token_id: int) -> None:
+        """Raise a ValueError naming the problem when `token_id` is not in the vocabulary."""
+        if type(token_id) is not int:
+            try:
+                token_id = int(token_id)  # numpy / mlx scalars
+            except (TypeError, ValueError):
+                raise TypeError(
+                    f"token id must be an int, got {type(token_id).__name__}: {token_id!r}"
+                ) from None
+        if not 0 <= token_id < self.size or self.pieces[token_id] is None:
+            raise ValueError(
+                f"token id {token_id} is outside the vocabulary of {self.name} "
+                f"(valid ids are 0..{self.size - 1})"
+            )
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The raw bytes of a token as it appears mid-text."""
+        self.check_id(token_id)
+        return self.pieces[token_id] or b""
+
+    def token_text(self, token_id: int) -> str:
+        """Readable form of one token: its bytes decoded, or its name if it has none."""
+        b = self.token_bytes(token_id)
+        if not b or token_id in self.hidden:
+            return self.names.get(token_id, b.decode("utf-8", "replace"))
+        return b.decode("utf-8", "replace")
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        """Reference decode through the tokenizer's own library."""
+        if self.oracle is None:
+            raise RuntimeError(f"{self.name} has no reference decoder")
+        return self.oracle(list(ids), skip_special_tokens)

@@ -389,6 +389,11 @@ def vocab_from_transformers(tok: Any) -> Vocab:
     """A transformers tokenizer: its tokenizers backend plus its own clean-up rule."""
     backend = getattr(tok, "_tokenizer", None) or getattr(tok, "backend_tokenizer", None)
     cleanup = bool(getattr(tok, "clean_up_tokenization_spaces", False))
+    if cleanup and backend is not None:
+        # Versions differ on when the clean-up really runs (transformers 5 skips it for
+        # BPE models unless forced): ask the tokenizer itself on a probe.
+        probe = backend.encode("a , b", add_special_tokens=False).ids
+        cleanup = tok.decode(probe) != backend.decode(probe, skip_special_tokens=False)
 
     def oracle(ids: Sequence[int], skip: bool) -> str:
         return tok.decode(list(ids), skip_special_tokens=skip)

@@ -143,6 +143,25 @@ class Vocab:
             return self.names.get(token_id, b.decode("utf-8", "replace"))
         return b.decode("utf-8", "replace")
 
+    def encode(self, text: str) -> list[int]:
+        """Token ids for `text` through the source tokenizer, without added special tokens."""
+        src = self.source
+        mod = type(src).__module__
+        if src is None:
+            raise RuntimeError(f"{self.name} has no tokenizer to encode with")
+        if mod.startswith("tokenizers"):
+            return list(src.encode(text, add_special_tokens=False).ids)
+        if mod.startswith("sentencepiece"):
+            return list(src.encode(text))
+        if mod.startswith("tiktoken"):
+            return list(src.encode(text, disallowed_special=()))
+        if hasattr(src, "encode"):
+            try:
+                return list(src.encode(text, add_special_tokens=False))
+            except TypeError:
+                return list(src.encode(text))
+        raise RuntimeError(f"{self.name}: cannot encode with {type(src).__name__}")
+
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         """Reference decode through the tokenizer's own library."""
         if self.oracle is None:

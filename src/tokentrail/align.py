@@ -111,12 +111,22 @@ class Aligner:
         # Text for ids that take the fast path: not skipped, not byte fallback, valid UTF-8.
         fast = list(v._text)
         for i in self._skipped | v.byte_ids:
-            if 0 <= i < len(fast):
+            # sentencepiece decodes byte runs char by char, so an ASCII byte is final at
+            # once; tokenizers' all-or-nothing runs must wait for the run to end.
+            ascii_ok = self._mode == "spm_runs" and i not in self._skipped
+            if 0 <= i < len(fast) and not (ascii_ok and (v.pieces[i] or b"\x80") < b"\x80"):
                 fast[i] = None
         self._fast_text = fast
         self._alt_cache: dict[int, tuple[bytes, str]] = {}
         self._generic = v.generic
         self.reset()
+
+    def fresh(self) -> Aligner:
+        """A new aligner over the same compiled tables, with an empty stream (cheap)."""
+        clone = object.__new__(Aligner)
+        clone.__dict__.update(self.__dict__)
+        clone.reset()
+        return clone
 
     # -- state ---------------------------------------------------------------------
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Alternative:
     """One candidate the model weighed at a step: its id, logprob, raw bytes and text."""
 
@@ -25,7 +25,7 @@ class Alternative:
         }
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class TokenSpan:
     """A token's share of one segment.
 
@@ -56,7 +56,7 @@ class TokenSpan:
         return out
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Confidence:
     """How sure the model was of a segment, aggregated over its tokens' logprobs.
 
@@ -105,7 +105,7 @@ def confidence_of(tokens: tuple[TokenSpan, ...] | list[TokenSpan]) -> Confidence
     )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Segment:
     """A piece of text that became final, with the tokens whose bytes make it up."""
 

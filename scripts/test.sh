@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Set up a virtual environment with everything the tests need, then run them.
+# This is the README's test command and what .ci/run calls.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+if [ -n "${TOKENTRAIL_EXTRA_PIP:-}" ]; then
+  # shellcheck disable=SC2086
+  .venv/bin/python -m pip install -q $TOKENTRAIL_EXTRA_PIP
+fi
+.venv/bin/python -m pip install -q -e ".[dev,mlx,server,hf,gguf,mistral]"
+.venv/bin/ruff check src tests benchmarks scripts
+exec .venv/bin/python -m pytest -q "$@"

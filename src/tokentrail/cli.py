@@ -1,0 +1,211 @@
+"""Command line: `tokentrail align | generate | serve | realign | bench`.
+
+Each command lives with the code it drives; this module only builds the parser. Errors
+in input exit with status 2 and one line on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import re
+import sys
+import time
+from collections.abc import Sequence
+from typing import NoReturn
+
+log = logging.getLogger(__name__)
+
+
+class UsageError(Exception):
+    """Bad input from the command line: exit 2 with this message."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        raise SystemExit(2)
+
+
+def fail(message: str) -> int:
+    """Print one line on stderr and return the usage-error status."""
+    first = " ".join(str(message).split())
+    sys.stderr.write(f"tokentrail: error: {first}\n")
+    return 2
+
+
+# -- align -----------------------------------------------------------------------------
+
+_ID_SPLIT = re.compile(r"[,\s]+")
+
+
+def parse_ids(text: str, where: str) -> list[int]:
+    """Ids separated by commas or whitespace; a non-integer is a UsageError naming it."""
+    ids = []
+    for part in _ID_SPLIT.split(text.strip()):
+        if not part:
+            continue
+        try:
+            ids.append(int(part))
+        except ValueError:
+            raise UsageError(f"{where}: {part!r} is not an integer token id") from None
+    return ids
+
+
+def _run_align(args: argparse.Namespace) -> int:
+    from .align import Aligner
+    from .loaders import TokenizerLoadError
+
+    try:
+        aligner = Aligner(args.tokenizer, skip_special_tokens=args.skip_special_tokens)
+    except (TokenizerLoadError, OSError, ValueError) as e:
+        return fail(f"cannot load tokenizer {args.tokenizer}: {e}")
+    except Exception as e:  # a tokenizer library rejecting a corrupt file
+        return fail(f"cannot load tokenizer {args.tokenizer}: {type(e).__name__}: {e}")
+    try:
+        if args.text is not None:
+            sequences = [(None, aligner.vocab.encode(args.text))]
+        elif args.ids is not None:
+            sequences = [(None, parse_ids(args.ids, "--ids"))]
+        else:
+            try:
+                with open(args.ids_file, encoding="utf-8") as f:
+                    lines = f.read().splitlines()
+            except OSError as e:
+                return fail(f"cannot read --ids-file {args.ids_file}: {e.strerror}")
+            sequences = [
+                (n, parse_ids(line, f"{args.ids_file} line {n + 1}")) for n, line in enumerate(lines)
+            ]
+        for _, ids in sequences:  # validate everything before printing anything
+            for i in ids:
+                aligner.vocab.check_id(i)
+    except UsageError as e:
+        return fail(str(e))
+    except (ValueError, TypeError) as e:
+        return fail(str(e))
+    out = sys.stdout
+    for seq, ids in sequences:
+        for segment in aligner.align(ids):
+            obj = segment.to_dict()
+            if seq is not None:
+                obj = {"seq": seq, **obj}
+            out.write(json.dumps(obj, ensure_ascii=False) + "\n")
+    return 0
+
+
+def _register_align(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "align",
+        help="align token ids to text segments",
+        description="Print one JSON object per segment: its text and the tokens behind it.",
+    )
+    p.add_argument("--tokenizer", required=True, help="tokenizer file or model folder")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--ids", help="token ids, separated by commas or spaces")
+    src.add_argument("--ids-file", help="file with one id sequence per line")
+    src.add_argument("--text", help="text to encode with the tokenizer, then align")
+    p.add_argument("--skip-special-tokens", action="store_true")
+    p.set_defaults(func=_run_align)
+
+
+# -- bench -----------------------------------------------------------------------------
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    from .align import Aligner
+    from .loaders import TokenizerLoadError
+
+    try:
+        aligner = Aligner(args.tokenizer)
+    except (TokenizerLoadError, OSError, ValueError) as e:
+        return fail(f"cannot load tokenizer {args.tokenizer}: {e}")
+    if args.tokens < 1:
+        return fail("--tokens must be at least 1")
+    if args.text_file:
+        try:
+            with open(args.text_file, encoding="utf-8") as f:
+                text = f.read()
+        except OSError as e:
+            return fail(f"cannot read --text-file {args.text_file}: {e.strerror}")
+    else:
+        import pydoc_data.topics
+
+        text = "\n".join(pydoc_data.topics.topics.values())
+    ids = aligner.vocab.encode(text)
+    if not ids:
+        return fail("the text encodes to no tokens")
+    while len(ids) < args.tokens:
+        ids = ids + ids
+    ids = ids[: args.tokens]
+    runs = []
+    for _ in range(args.repeat):
+        t0 = time.perf_counter_ns()
+        push = aligner.push
+        for i in ids:
+            push(i)
+        aligner.finish()
+        runs.append((time.perf_counter_ns() - t0) / 1000 / len(ids))
+    runs.sort()
+    print(
+        json.dumps(
+            {
+                "tokenizer": args.tokenizer,
+                "tokens": len(ids),
+                "us_per_token_median": round(runs[len(runs) // 2], 3),
+                "us_per_token_min": round(runs[0], 3),
+            }
+        )
+    )
+    return 0
+
+
+def _register_bench(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="measure the aligner's cost per token on a tokenizer")
+    p.add_argument("--tokenizer", required=True)
+    p.add_argument("--tokens", type=int, default=20000)
+    p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--text-file", help="text to encode (default: Python's bundled docs)")
+    p.set_defaults(func=_run_bench)
+
+
+# -- entry point -----------------------------------------------------------------------
+
+# Modules that add their own sub-command through `register(subparsers)`.
+_PLUGINS = ("tokentrail.generate_cli", "tokentrail.server", "tokentrail.realign")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="tokentrail", description=__doc__.splitlines()[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="log to stderr")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    _register_align(sub)
+    for name in _PLUGINS:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name != name:
+                raise
+            continue
+        module.register(sub)
+    _register_bench(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
+    try:
+        return int(args.func(args) or 0)
+    except UsageError as e:
+        return fail(str(e))
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,82 @@
+"""`tokentrail align`: JSON lines per segment, and exit code 2 with one stderr line on bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import corpus_path
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tokentrail", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_align_ids_matches_reference_decode() -> None:
+    from tokenizers import Tokenizer
+
+    path = corpus_path("tokenizers", "gpt2", "tokenizer.json")
+    tok = Tokenizer.from_file(str(path))
+    ids = tok.encode("Grüße 🙂 你好!").ids
+    r = run("align", "--tokenizer", str(path), "--ids", ",".join(map(str, ids)))
+    assert r.returncode == 0, r.stderr
+    objs = [json.loads(line) for line in r.stdout.splitlines()]
+    assert "".join(o["text"] for o in objs) == tok.decode(ids, skip_special_tokens=False)
+    assert set(objs[0]) == {"text", "tokens"}
+    assert set(objs[0]["tokens"][0]) == {"index", "id", "start", "end"}
+    indices = [t["index"] for o in objs for t in o["tokens"]]
+    assert sorted(set(indices)) == list(range(len(ids))) and indices == sorted(indices)
+
+
+def test_align_ids_file_marks_each_sequence(tmp_path: Path) -> None:
+    import sentencepiece as spm
+
+    path = corpus_path("tokenizers", "llama2", "tokenizer.model")
+    sp = spm.SentencePieceProcessor(model_file=str(path))
+    lines = [sp.encode("Hello world"), [1, *sp.encode("ไทย ٤٠٠")], sp.encode("x")]
+    f = tmp_path / "ids.txt"
+    f.write_text("\n".join(" ".join(map(str, ids)) for ids in lines) + "\n")
+    r = run("align", "--tokenizer", str(path), "--ids-file", str(f))
+    assert r.returncode == 0, r.stderr
+    objs = [json.loads(line) for line in r.stdout.splitlines()]
+    for n, ids in enumerate(lines):
+        assert "".join(o["text"] for o in objs if o["seq"] == n) == sp.decode(ids)
+
+
+def test_align_text(tmp_path: Path) -> None:
+    path = corpus_path("tokenizers", "qwen2")
+    r = run("align", "--tokenizer", str(path), "--text", "naïve café")
+    assert r.returncode == 0, r.stderr
+    assert "".join(json.loads(x)["text"] for x in r.stdout.splitlines()) == "naïve café"
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--ids", "1,x,3"], "'x' is not an integer"),
+        (["--ids", "1,99999999"], "token id 99999999 is outside the vocabulary"),
+        (["--ids-file", "/nonexistent/ids.txt"], "cannot read --ids-file"),
+    ],
+)
+def test_align_bad_input_exits_2_with_one_line(args: list[str], needle: str) -> None:
+    path = corpus_path("tokenizers", "gpt2", "tokenizer.json")
+    r = run("align", "--tokenizer", str(path), *args)
+    assert r.returncode == 2
+    assert r.stdout == ""
+    assert len(r.stderr.strip().splitlines()) == 1 and needle in r.stderr
+
+
+def test_align_unknown_tokenizer_exits_2(tmp_path: Path) -> None:
+    for bad in (tmp_path / "missing.json", tmp_path):
+        r = run("align", "--tokenizer", str(bad), "--ids", "1")
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+        assert "cannot load tokenizer" in r.stderr
+    junk = tmp_path / "junk.model"
+    junk.write_bytes(b"\x00\xff" * 100)
+    r = run("align", "--tokenizer", str(junk), "--ids", "1")
+    assert r.returncode == 2 and "not a recognised tokenizer file" in r.stderr

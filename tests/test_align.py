@@ -49,6 +49,12 @@ SPECS = [
     ("mistral-v3-hf-json", "tokenizers/mistral/mistral_instruct_tokenizer_240323.model.v3", "hf"),
     ("qwen2-transformers-clean", "tokenizers/qwen2", "transformers-clean"),
     ("gpt2-mlx-wrapper", "tokenizers/gpt2/tokenizer.json", "mlx"),
+    ("gpt2-added-tokens", "tokenizers/gpt2/tokenizer.json", "added"),
+    ("llama2-hf-no-strip", "tokenizers/llama2/tokenizer.model", "hf-no-strip"),
+    ("pegasus-metaspace-first", "tokenizers/pegasus/tokenizer.json", "metaspace-first"),
+    ("pegasus-metaspace-never", "tokenizers/pegasus/tokenizer.json", "metaspace-never"),
+    ("wordpiece-trained", "tokenizers/MANIFEST.json", "wordpiece"),
+    ("wordpiece-trained-cleanup", "tokenizers/MANIFEST.json", "wordpiece-cleanup"),
 ]
 
 
@@ -68,7 +74,7 @@ def _converted(model_file: str) -> Path:
 
 @functools.cache
 def _tokenizer_source(key: str) -> object:
-    name, rel, how = next(s for s in SPECS if s[0] == key)
+    _name, rel, how = next(s for s in SPECS if s[0] == key)
     path = CORPUS / rel
     if how is None:
         return str(path)
@@ -90,6 +96,33 @@ def _tokenizer_source(key: str) -> object:
         folder = Path(tempfile.mkdtemp(prefix="tt-mlx-"))
         (folder / "tokenizer.json").symlink_to(path)
         return mlx_load(folder)
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+    if how == "added":  # added tokens, special and not, some outside the byte alphabet
+        tok = Tokenizer.from_file(str(path))
+        tok.add_tokens([AddedToken("<think>"), AddedToken(" two words "), AddedToken("→ü")])
+        tok.add_special_tokens([AddedToken("<|tool|>", special=True)])
+        return tok
+    if how == "hf-no-strip":  # Gemma-style SentencePiece decoder without Strip
+        tok = Tokenizer.from_file(str(_converted(str(path)) / "tokenizer.json"))
+        tok.decoder = decoders.Sequence(
+            [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+        )
+        return tok
+    if how.startswith("metaspace-"):
+        tok = Tokenizer.from_file(str(path))
+        tok.decoder = decoders.Metaspace(prepend_scheme=how.split("-")[1])
+        return tok
+    if how.startswith("wordpiece"):  # a WordPiece model trained here on the samples
+        from tokenizers.trainers import WordPieceTrainer
+
+        tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+        tok.normalizer = normalizers.NFC()
+        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        trainer = WordPieceTrainer(vocab_size=400, special_tokens=["[UNK]", "[CLS]", "[SEP]"])
+        tok.train_from_iterator(SAMPLES * 5, trainer)
+        tok.decoder = decoders.WordPiece(cleanup=how.endswith("cleanup"))
+        return tok
     raise AssertionError(how)
 
 
@@ -99,7 +132,7 @@ def _aligner(key: str, skip: bool) -> Aligner:
 
 
 def _get(key: str, skip: bool) -> Aligner:
-    name, rel, _ = next(s for s in SPECS if s[0] == key)
+    _name, rel, _ = next(s for s in SPECS if s[0] == key)
     corpus_path(rel)
     return _aligner(key, skip)
 
@@ -154,7 +187,9 @@ def check_invariants(aligner: Aligner, ids: list[int]) -> None:
             continue
         decoded = seg_bytes.decode("utf-8")
         if first and v.strip_leading | bool(v.first_pieces):
-            assert decoded.endswith(seg.text) and not decoded[: len(decoded) - len(seg.text)].strip(" ")
+            assert decoded.endswith(seg.text) and not decoded[: len(decoded) - len(seg.text)].strip(
+                " "
+            )
         else:
             assert decoded == seg.text, (decoded, seg.text)
         first = first and not seg.text
@@ -310,7 +345,10 @@ def test_character_split_between_tokens_attributed_to_both(corpus: Path) -> None
     straddler = next(
         i
         for i, p in enumerate(v.pieces)
-        if p and len(p) >= 2 and 0x80 <= p[0] < 0xC0 and 0xE0 <= p[-1] < 0xF0
+        if p
+        and len(p) >= 2
+        and 0x80 <= p[0] < 0xC0
+        and 0xE0 <= p[-1] < 0xF0
         and all(b < 0x80 for b in p[1:-1])
     )
     ids = [single[b"\xc3"], straddler, single[b"\x81"], single[b"\x82"]]

@@ -11,7 +11,7 @@ from conftest import corpus_path
 from tokentrail.detokenizer import StreamingDetokenizer, install
 
 
-def _wrapper(name: str, file: str):  # noqa: ANN202 - mlx-lm type
+def _wrapper(name: str, file: str):
     from mlx_lm.tokenizer_utils import load
 
     folder = Path(tempfile.mkdtemp(prefix="tt-detok-"))

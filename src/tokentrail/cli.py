@@ -76,7 +76,8 @@ def _run_align(args: argparse.Namespace) -> int:
             except OSError as e:
                 return fail(f"cannot read --ids-file {args.ids_file}: {e.strerror}")
             sequences = [
-                (n, parse_ids(line, f"{args.ids_file} line {n + 1}")) for n, line in enumerate(lines)
+                (n, parse_ids(line, f"{args.ids_file} line {n + 1}"))
+                for n, line in enumerate(lines)
             ]
         for _, ids in sequences:  # validate everything before printing anything
             for i in ids:

@@ -32,8 +32,10 @@ class StreamingDetokenizer:
     """
 
     def __init__(self, tokenizer: Any, skip_special_tokens: bool = False) -> None:
-        self._aligner = tokenizer if isinstance(tokenizer, Aligner) else Aligner(
-            tokenizer, skip_special_tokens=skip_special_tokens
+        self._aligner = (
+            tokenizer
+            if isinstance(tokenizer, Aligner)
+            else Aligner(tokenizer, skip_special_tokens=skip_special_tokens)
         )
         self.reset()
 

@@ -108,7 +108,9 @@ def _from_json(path: Path, data: Any) -> Vocab:
         from tokenizers import Tokenizer
 
         tok = Tokenizer.from_file(str(path))
-        cfg = _read_json(path.parent / "tokenizer_config.json") if path.name == "tokenizer.json" else None
+        cfg = None
+        if path.name == "tokenizer.json":
+            cfg = _read_json(path.parent / "tokenizer_config.json")
         return vocab_from_hf_tokenizer(tok, name=str(path), config=cfg)
     if isinstance(data, dict) and "vocab" in data and "config" in data:
         from .formats import vocab_from_tekken
@@ -308,10 +310,8 @@ def _compile_decoder(
                 if not isinstance(s, str):
                     continue
                 f = first.get(i, s)
-                if prefix is not None and s.startswith(prefix):
-                    s = s[len(prefix) :]
-                else:
-                    s = " " + s
+                has_prefix = prefix is not None and s.startswith(prefix)
+                s = s[len(prefix or "") :] if has_prefix else " " + s
                 cur[i] = clean(s) if do_clean else s
                 if isinstance(f, str):
                     first[i] = clean(f) if do_clean else f
@@ -330,8 +330,12 @@ def _compile_decoder(
 
 
 def vocab_from_hf_tokenizer(
-    tok: Any, name: str = "tokenizers.Tokenizer", config: dict[str, Any] | None = None,
-    cleanup: bool | None = None, oracle: Any = None, special_ids: set[int] | None = None,
+    tok: Any,
+    name: str = "tokenizers.Tokenizer",
+    config: dict[str, Any] | None = None,
+    cleanup: bool | None = None,
+    oracle: Any = None,
+    special_ids: set[int] | None = None,
 ) -> Vocab:
     """Compile a `tokenizers.Tokenizer` (and its decoder pipeline) into a Vocab."""
     spec = json.loads(tok.to_str())
@@ -401,7 +405,10 @@ def vocab_from_transformers(tok: Any) -> Vocab:
     special_ids = set(getattr(tok, "all_special_ids", []) or [])
     if backend is not None and type(backend).__module__.startswith("tokenizers"):
         return vocab_from_hf_tokenizer(
-            backend, name=type(tok).__name__, cleanup=cleanup, oracle=oracle,
+            backend,
+            name=type(tok).__name__,
+            cleanup=cleanup,
+            oracle=oracle,
             special_ids=special_ids,
         )
     sp = getattr(tok, "sp_model", None)
@@ -518,8 +525,9 @@ def vocab_from_tiktoken_file(path: Path, special_tokens: dict[str, int] | None =
     import tiktoken
 
     ranks: dict[bytes, int] = {}
+    lineno = 0
     try:
-        for lineno, line in enumerate(path.read_bytes().splitlines(), 1):
+        for lineno, line in enumerate(path.read_bytes().splitlines(), 1):  # noqa: B007
             if not line.strip():
                 continue
             tok_b64, _, rank = line.partition(b" ")

@@ -242,7 +242,7 @@ class Aligner:
 
     def _end_run(self, parts: list[str]) -> None:
         """Close a byte-fallback run (tokenizers' all-or-nothing rule)."""
-        if self._mode == "spm_runs":
+        if self._mode != "hf_runs":  # stream / spm_runs: flush the incomplete tail
             parts.append(self._dec.decode(b"", True))
             self._dec.reset()
             return

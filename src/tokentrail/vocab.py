@@ -155,6 +155,8 @@ class Vocab:
             return list(src.encode(text))
         if mod.startswith("tiktoken"):
             return list(src.encode(text, disallowed_special=()))
+        if mod.startswith("mistral_common"):
+            return list(src.encode(text, bos=False, eos=False))
         if hasattr(src, "encode"):
             try:
                 return list(src.encode(text, add_special_tokens=False))

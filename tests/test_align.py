@@ -55,6 +55,8 @@ SPECS = [
     ("pegasus-metaspace-never", "tokenizers/pegasus/tokenizer.json", "metaspace-never"),
     ("wordpiece-trained", "tokenizers/MANIFEST.json", "wordpiece"),
     ("wordpiece-trained-cleanup", "tokenizers/MANIFEST.json", "wordpiece-cleanup"),
+    # Needs no corpus: the demo model's own tokenizer runs on a fresh clone too.
+    ("demo-model", "", "demo"),
 ]
 
 
@@ -76,6 +78,10 @@ def _converted(model_file: str) -> Path:
 def _tokenizer_source(key: str) -> object:
     _name, rel, how = next(s for s in SPECS if s[0] == key)
     path = CORPUS / rel
+    if how == "demo":
+        from tokentrail.generate import DEMO_MODEL
+
+        return str(DEMO_MODEL)
     if how is None:
         return str(path)
     if how == "hf":
@@ -132,8 +138,9 @@ def _aligner(key: str, skip: bool) -> Aligner:
 
 
 def _get(key: str, skip: bool) -> Aligner:
-    _name, rel, _ = next(s for s in SPECS if s[0] == key)
-    corpus_path(rel)
+    _name, rel, how = next(s for s in SPECS if s[0] == key)
+    if how != "demo":
+        corpus_path(rel)
     return _aligner(key, skip)
 
 

@@ -82,6 +82,11 @@ class Confidence:
         }
 
 
+def _exp(x: float) -> float:
+    """exp() that saturates to inf instead of raising for very negative logprobs."""
+    return math.exp(x) if x < 709.0 else math.inf
+
+
 def confidence_of(tokens: tuple[TokenSpan, ...] | list[TokenSpan]) -> Confidence | None:
     """Aggregate the logprobs of `tokens`; None when none of them carries a logprob."""
     lps = [t.logprob for t in tokens if t.logprob is not None]
@@ -98,8 +103,8 @@ def confidence_of(tokens: tuple[TokenSpan, ...] | list[TokenSpan]) -> Confidence
     return Confidence(
         mean_logprob=mean,
         min_logprob=min(lps),
-        perplexity=math.exp(-mean),
-        probability=math.exp(math.fsum(lps)),
+        perplexity=_exp(-mean),
+        probability=_exp(math.fsum(lps)),
         entropy=math.fsum(entropies) / len(entropies) if entropies else None,
         n_tokens=len(lps),
     )

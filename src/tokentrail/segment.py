@@ -72,12 +72,16 @@ class Confidence:
     n_tokens: int = 0
 
     def to_dict(self) -> dict[str, Any]:
+        # JSON has no infinities: a saturated figure is reported as null.
+        def finite(x: float | None) -> float | None:
+            return x if x is not None and math.isfinite(x) else None
+
         return {
-            "mean_logprob": self.mean_logprob,
-            "min_logprob": self.min_logprob,
-            "perplexity": self.perplexity,
-            "probability": self.probability,
-            "entropy": self.entropy,
+            "mean_logprob": finite(self.mean_logprob),
+            "min_logprob": finite(self.min_logprob),
+            "perplexity": finite(self.perplexity),
+            "probability": finite(self.probability),
+            "entropy": finite(self.entropy),
             "n_tokens": self.n_tokens,
         }
 

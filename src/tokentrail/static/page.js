@@ -1,0 +1,277 @@
+// tokentrail live confidence page.
+// Streams /v1/chat/completions or /v1/completions (stream=true) with fetch + ReadableStream,
+// reads the SSE events, and renders each segment of the "tokentrail" extension as a span
+// shaded by its confidence. Hovering (or tapping) a span shows its tokens, their logprobs
+// and the top alternatives. No dependencies.
+"use strict";
+
+(function () {
+  const $ = (id) => document.getElementById(id);
+  const output = $("output");
+  const tip = $("tip");
+  const status = $("status");
+  let segments = [];      // segment objects from the stream, by position
+  let controller = null;  // AbortController of the running request
+  let pinned = null;      // span whose tooltip stays open after a tap
+
+  // Confidence bucket of a segment: its tokens' geometric-mean probability.
+  function bucket(conf) {
+    if (!conf || conf.mean_logprob === null || conf.mean_logprob === undefined) return "none";
+    const p = Math.exp(conf.mean_logprob);
+    if (p >= 0.9) return "4";
+    if (p >= 0.7) return "3";
+    if (p >= 0.45) return "2";
+    if (p >= 0.2) return "1";
+    return "0";
+  }
+
+  function setStatus(text, isError) {
+    status.textContent = text;
+    status.classList.toggle("error", !!isError);
+  }
+
+  async function loadModels() {
+    try {
+      const r = await fetch("/v1/models");
+      const j = await r.json();
+      const select = $("model");
+      select.textContent = "";
+      for (const m of j.data) {
+        const o = document.createElement("option");
+        o.value = o.textContent = m.id;
+        select.appendChild(o);
+      }
+      output.dataset.models = String(j.data.length);
+    } catch (e) {
+      setStatus("cannot list models: " + e, true);
+    }
+  }
+
+  function numberOr(id, fallback) {
+    const v = $(id).value.trim();
+    return v === "" ? fallback : Number(v);
+  }
+
+  function requestBody() {
+    const mode = $("mode").value;
+    const top = numberOr("top", 0);
+    const body = {
+      model: $("model").value,
+      stream: true,
+      stream_options: { include_usage: true },
+      max_tokens: numberOr("max-tokens", 80),
+      temperature: numberOr("temperature", 0.7),
+    };
+    const seed = numberOr("seed", null);
+    if (seed !== null) body.seed = seed;
+    if (mode === "chat") {
+      body.messages = [{ role: "user", content: $("prompt").value }];
+      body.logprobs = true;
+      if (top > 0) body.top_logprobs = top;
+    } else {
+      body.prompt = $("prompt").value;
+      body.logprobs = top;
+    }
+    return [mode === "chat" ? "/v1/chat/completions" : "/v1/completions", body];
+  }
+
+  function addSegment(seg) {
+    const i = segments.length;
+    segments.push(seg);
+    const span = document.createElement("span");
+    span.className = seg.text === "" ? "seg empty" : "seg";
+    span.dataset.segment = String(i);
+    span.dataset.bucket = bucket(seg.confidence);
+    span.textContent = seg.text;
+    output.appendChild(span);
+  }
+
+  function handleEvent(raw) {
+    for (const line of raw.split("\n")) {
+      if (!line.startsWith("data: ")) continue;
+      const payload = line.slice(6);
+      if (payload === "[DONE]") {
+        output.dataset.state = "done";
+        continue;
+      }
+      const chunk = JSON.parse(payload);
+      if (chunk.error) throw new Error(chunk.error.message);
+      if (chunk.usage) {
+        const u = chunk.usage;
+        setStatus(`${u.completion_tokens} tokens (prompt ${u.prompt_tokens})`);
+      }
+      const ext = chunk.tokentrail;
+      if (!ext) continue;
+      if (ext.token) output.dataset.tokens = String(Number(output.dataset.tokens) + 1);
+      for (const seg of ext.segments) addSegment(seg);
+      const choice = chunk.choices && chunk.choices[0];
+      if (choice && choice.finish_reason) output.dataset.finish = choice.finish_reason;
+    }
+  }
+
+  async function generate(event) {
+    event.preventDefault();
+    if (controller) controller.abort();
+    hideTip(true);
+    segments = [];
+    output.textContent = "";
+    output.dataset.tokens = "0";
+    output.dataset.state = "streaming";
+    delete output.dataset.finish;
+    setStatus("waiting for the model…");
+    const [url, body] = requestBody();
+    controller = new AbortController();
+    $("go").disabled = true;
+    $("stop").disabled = false;
+    try {
+      const r = await fetch(url, {
+        method: "POST",
+        headers: { "Content-Type": "application/json" },
+        body: JSON.stringify(body),
+        signal: controller.signal,
+      });
+      if (!r.ok) {
+        let message = r.status + " " + r.statusText;
+        try { message = (await r.json()).error.message; } catch (e) { /* not JSON */ }
+        throw new Error(message);
+      }
+      setStatus("streaming…");
+      const reader = r.body.getReader();
+      const decoder = new TextDecoder();
+      let buffer = "";
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        buffer += decoder.decode(value, { stream: true });
+        let cut;
+        while ((cut = buffer.indexOf("\n\n")) >= 0) {
+          handleEvent(buffer.slice(0, cut));
+          buffer = buffer.slice(cut + 2);
+        }
+      }
+      if (output.dataset.state !== "done") throw new Error("the stream ended early");
+    } catch (e) {
+      if (e.name === "AbortError") {
+        output.dataset.state = "stopped";
+        setStatus("stopped");
+      } else {
+        output.dataset.state = "error";
+        setStatus(String(e.message || e), true);
+      }
+    } finally {
+      controller = null;
+      $("go").disabled = false;
+      $("stop").disabled = true;
+    }
+  }
+
+  // -- tooltip --
+
+  function el(tag, attrs, text) {
+    const e = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) e.setAttribute(k, v);
+    if (text !== undefined) e.textContent = text;
+    return e;
+  }
+
+  const show = (s) => JSON.stringify(s);
+  // A token that is not valid UTF-8 on its own shows as U+FFFD: give its real bytes too.
+  const hex = (bytes) => bytes.map((b) => b.toString(16).toUpperCase().padStart(2, "0")).join(" ");
+  function tokenCode(text, bytes) {
+    const code = el("code", {}, show(text));
+    if (text.includes("\ufffd") && bytes && bytes.length) code.title = "bytes " + hex(bytes);
+    const wrap = el("span");
+    wrap.appendChild(code);
+    if (text.includes("\ufffd") && bytes && bytes.length) {
+      wrap.appendChild(el("span", { class: "part" }, " [" + hex(bytes) + "]"));
+    }
+    return wrap;
+  }
+  const pct = (lp) => (100 * Math.exp(lp)).toFixed(1) + "%";
+  const fmt = (lp) => (lp === null || lp === undefined ? "–" : lp.toFixed(3));
+
+  function fillTip(seg) {
+    tip.textContent = "";
+    const c = seg.confidence;
+    const head = el("div", { class: "head" });
+    head.appendChild(el("b", {}, show(seg.text)));
+    if (c) {
+      head.appendChild(document.createTextNode(
+        ` · ${seg.tokens.length} token${seg.tokens.length === 1 ? "" : "s"}` +
+        ` · mean logprob ${fmt(c.mean_logprob)} (${pct(c.mean_logprob)})` +
+        ` · min ${fmt(c.min_logprob)}` +
+        (c.entropy === null ? "" : ` · entropy ${c.entropy.toFixed(3)}`)));
+    }
+    tip.appendChild(head);
+    const table = el("table");
+    const hr = el("tr");
+    for (const h of ["#", "token", "logprob", "p", "alternatives"]) hr.appendChild(el("th", {}, h));
+    table.appendChild(hr);
+    for (const t of seg.tokens) {
+      const tr = el("tr", { "data-token-index": t.index, "data-token-id": t.id });
+      tr.appendChild(el("td", { class: "num" }, String(t.index)));
+      const cell = el("td");
+      cell.appendChild(tokenCode(t.text, t.bytes));
+      if (t.end - t.start !== t.bytes.length) {
+        cell.appendChild(el("span", { class: "part" },
+          ` bytes ${t.start}–${t.end} of ${t.bytes.length}`));
+      }
+      tr.appendChild(cell);
+      tr.appendChild(el("td", { class: "num logprob" }, fmt(t.logprob)));
+      tr.appendChild(el("td", { class: "num" }, t.logprob === null ? "–" : pct(t.logprob)));
+      const alts = el("td", { class: "alt" });
+      for (const a of t.top_logprobs || []) {
+        const item = el("div", { "data-alt-id": a.id });
+        item.appendChild(tokenCode(a.text, a.bytes));
+        item.appendChild(document.createTextNode(` ${fmt(a.logprob)} (${pct(a.logprob)})`));
+        alts.appendChild(item);
+      }
+      tr.appendChild(alts);
+      table.appendChild(tr);
+    }
+    tip.appendChild(table);
+  }
+
+  function showTip(span) {
+    const seg = segments[Number(span.dataset.segment)];
+    if (!seg) return;
+    for (const s of output.querySelectorAll(".seg.active")) s.classList.remove("active");
+    span.classList.add("active");
+    fillTip(seg);
+    tip.hidden = false;
+    const r = span.getBoundingClientRect();
+    const left = Math.max(4, Math.min(r.left + window.scrollX,
+      window.scrollX + document.documentElement.clientWidth - tip.offsetWidth - 4));
+    tip.style.left = left + "px";
+    tip.style.top = (r.bottom + window.scrollY + 6) + "px";
+  }
+
+  function hideTip(force) {
+    if (pinned && !force) return;
+    pinned = null;
+    tip.hidden = true;
+    for (const s of output.querySelectorAll(".seg.active")) s.classList.remove("active");
+  }
+
+  output.addEventListener("mouseover", (e) => {
+    const span = e.target.closest(".seg");
+    if (span && !pinned) showTip(span);
+  });
+  output.addEventListener("mouseleave", () => hideTip(false));
+  output.addEventListener("click", (e) => {  // tap: pin the tooltip; tap again to close
+    const span = e.target.closest(".seg");
+    if (!span) return hideTip(true);
+    if (pinned === span) return hideTip(true);
+    pinned = null;
+    showTip(span);
+    pinned = span;
+  });
+  document.addEventListener("keydown", (e) => { if (e.key === "Escape") hideTip(true); });
+
+  $("form").addEventListener("submit", generate);
+  $("stop").addEventListener("click", () => { if (controller) controller.abort(); });
+  $("prompt").addEventListener("keydown", (e) => {
+    if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) $("form").requestSubmit();
+  });
+  loadModels();
+})();

@@ -624,8 +624,10 @@ def test_own_server_chat_stream_realigns_with_and_without_its_extension(served: 
         assert span_key(result.segments) == span_key(plain.segments)
 
 
-def test_own_server_completion_token_strings_are_flagged_lossy(served: Any) -> None:
-    """/v1/completions names tokens by text: the ones that are not UTF-8 alone are refused."""
+def test_own_server_completion_token_strings_are_lossless(served: Any) -> None:
+    """/v1/completions names a token that is not UTF-8 alone in OpenAI's `bytes:\\xNN`
+    form, so realign recovers every id without the extension; a U+FFFD stand-in would be
+    refused."""
     server, model_dir = served
     vocab = load_vocab(model_dir)
     stream = _client(server).completions.create(
@@ -647,6 +649,10 @@ def test_own_server_completion_token_strings_are_flagged_lossy(served: Any) -> N
     stand_ins = {k for k, name in enumerate(names) if "\ufffd" in name}
     assert {r.index for r in plain.refused} == stand_ins
     assert plain.lossy == bool(stand_ins)
+    assert not stand_ins and plain.exact, plain.summary()
+    assert any(name.startswith("bytes:") for name in names) or all(
+        vocab.pieces[i] is not None and vocab._text[i] is not None for i in ids.values()
+    )
     assert all(ids[i] == t for i, t in attributed(plain).items())
 
 

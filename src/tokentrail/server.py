@@ -837,6 +837,20 @@ class Formatter:
         except ValueError:  # an id the model has but the tokenizer lacks (padding rows)
             return ""
 
+    def _completion_token(self, token_id: int, raw: bytes | None = None) -> str:
+        """A completions-API token string: its text, or OpenAI's `bytes:\\xNN` form when
+        its bytes are not valid UTF-8 on their own (so no information is lost)."""
+        if raw is None:
+            try:
+                raw = self.vocab.token_bytes(token_id)
+            except ValueError:
+                return ""
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+        return text if raw else self._token_text(token_id)
+
     def _token_bytes(self, token_id: int) -> list[int]:
         try:
             return list(self.vocab.token_bytes(token_id))
@@ -894,7 +908,7 @@ class Formatter:
     def _completion_top(self, step: Step) -> dict[str, float | None]:
         top: dict[str, float | None] = {}
         for a in self._alternatives(step.top):
-            top.setdefault(a.text, _lp(a.logprob))
+            top.setdefault(self._completion_token(a.id, a.bytes), _lp(a.logprob))
         return top
 
     def _note(self, step: Step) -> int:
@@ -956,7 +970,7 @@ class Formatter:
                 "index": 0,
                 "text": step.text,
                 "logprobs": {
-                    "tokens": [self._token_text(step.token)],
+                    "tokens": [self._completion_token(step.token)],
                     "token_logprobs": [_lp(step.logprob)],
                     "top_logprobs": [self._completion_top(step)],
                     "text_offset": [offset],
@@ -1000,7 +1014,7 @@ class Formatter:
                 if self.req.kind == "chat":
                     chat_lps.append(self.chat_logprob(step))
                 else:
-                    tokens.append(self._token_text(step.token))
+                    tokens.append(self._completion_token(step.token))
                     token_lps.append(_lp(step.logprob))
                     tops.append(self._completion_top(step))
         text = "".join(text_parts)

@@ -1,0 +1,465 @@
+"""The PyTorch engine: any transformers causal LM, a KV cache, and on-device logprobs.
+
+Each step runs the model on one token with the KV cache, applies mlx-lm's logits
+processors and samplers (the same settings mean the same thing as on the MLX engine),
+and packs the sampled token, its logprob and the top-k alternatives into one small
+vector, so the host reads one vector per step and never the whole vocabulary. On CUDA
+the next step is queued before that vector is read, so the GPU works while the host
+turns the token into text (as the MLX engine does); on the CPU there is nothing to
+overlap and each step runs only when asked for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+import math
+import os
+import re
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..sampling import SamplingParams
+from .base import Step
+
+log = logging.getLogger(__name__)
+
+#: Prompt tokens processed per forward pass while filling the cache (as the MLX engine).
+PREFILL_STEP_SIZE = 2048
+#: How many recent tokens the repetition penalty looks at (mlx-lm's default).
+REPETITION_CONTEXT_SIZE = 20
+#: Config keys that hold a model's context length, in order of preference.
+_CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "n_ctx")
+#: float32 holds every integer below 2**24 exactly, so token ids travel packed as floats.
+_EXACT_FLOAT_IDS = 2**24
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+__all__ = ["TorchEngine", "accepts", "default_device", "load", "load_tokenizer", "wrap"]
+
+
+def default_device() -> torch.device:
+    """CUDA when available, else Apple's MPS when available, else the CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def _transformers_major_minor() -> tuple[int, int]:
+    import transformers
+
+    parts = re.findall(r"\d+", transformers.__version__)[:2]
+    return int(parts[0]), int(parts[1]) if len(parts) > 1 else 0
+
+
+def _check_folder(p: Path) -> None:
+    if not p.is_dir():
+        raise ValueError(f"model path must be a folder with config.json and weights, got file {p}")
+    config_file = p / "config.json"
+    if not config_file.is_file():
+        raise FileNotFoundError(f"no config.json in model folder {p}")
+    import json
+
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"cannot read {config_file}: {e}") from e
+    if not isinstance(config, dict) or "model_type" not in config:
+        raise ValueError(f"{config_file} has no model_type; is this a Hugging Face model folder?")
+    if not (any(p.glob("*.safetensors")) or any(p.glob("pytorch_model*.bin"))):
+        raise FileNotFoundError(f"no *.safetensors or pytorch_model*.bin weights in {p}")
+
+
+def load(
+    path: str | os.PathLike[str],
+    *,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype | str | None = None,
+) -> tuple[Any, Any]:
+    """Load a Hugging Face-layout folder with transformers; return (model, tokenizer).
+
+    The model is an `AutoModelForCausalLM` in eval mode on `device` (default: CUDA, MPS or
+    CPU, in that order), in `dtype` (default: float32 on the CPU, the checkpoint's own
+    dtype elsewhere). The tokenizer is transformers' `AutoTokenizer` with an added
+    `eos_token_ids` set that includes the generation config's end tokens. A path that
+    does not exist is an error, except a bare ``org/name`` hub id, which transformers
+    downloads (the only case that touches the network).
+    """
+    from transformers import AutoModelForCausalLM
+
+    p = Path(path).expanduser()
+    local = p.exists()
+    if local:
+        _check_folder(p)
+        source = str(p)
+    elif isinstance(path, str) and _HUB_ID.match(path) and not path.startswith("."):
+        log.info("%s is not a local folder; asking transformers to fetch it from the hub", path)
+        source = path
+    else:
+        raise FileNotFoundError(f"model folder not found: {p}")
+    dev = torch.device(device) if device is not None else default_device()
+    if dtype is None:
+        dtype = torch.float32 if dev.type == "cpu" else "auto"
+    dtype_key = "dtype" if _transformers_major_minor() >= (4, 56) else "torch_dtype"
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            source, local_files_only=local, **{dtype_key: dtype}
+        )
+    except (ValueError, KeyError) as e:
+        model_type = _model_type(p) if local else None
+        if model_type is not None and (
+            model_type in str(e) or "Unrecognized configuration class" in str(e)
+        ):
+            raise ValueError(
+                f"{source}: model architecture {model_type!r} is not a causal language model "
+                f"that transformers can load ({e})"
+            ) from e
+        raise ValueError(f"cannot load model from {source}: {e}") from e
+    except OSError as e:
+        kind = ValueError if local else FileNotFoundError
+        raise kind(f"cannot load model from {source}: {e}") from e
+    model.to(dev)
+    model.eval()
+    tokenizer = load_tokenizer(source, eos_token_ids=_model_eos_ids(model), local=local)
+    return model, tokenizer
+
+
+def _model_type(p: Path) -> str | None:
+    import json
+
+    try:
+        value = json.loads((p / "config.json").read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, str) else None
+
+
+def _as_ids(value: Any) -> list[int]:
+    if value is None:
+        return []
+    if isinstance(value, int) and not isinstance(value, bool):
+        return [value]
+    if isinstance(value, list | tuple | set | frozenset):
+        return [int(v) for v in value if isinstance(v, int) and not isinstance(v, bool)]
+    return []
+
+
+def _model_eos_ids(model: Any) -> list[int]:
+    """End-of-sequence ids from the generation config, else the model config (as mlx-lm)."""
+    gen = getattr(model, "generation_config", None)
+    ids = _as_ids(getattr(gen, "eos_token_id", None))
+    if not ids:
+        ids = _as_ids(getattr(getattr(model, "config", None), "eos_token_id", None))
+    return ids
+
+
+def load_tokenizer(
+    path: str | os.PathLike[str], *, eos_token_ids: Sequence[int] = (), local: bool = True
+) -> Any:
+    """transformers' `AutoTokenizer` for `path`, with `eos_token_ids` (a frozenset) added.
+
+    `stream_generate` stops on any id in `tokenizer.eos_token_ids` (as with mlx-lm's
+    TokenizerWrapper), so a chat model whose generation config ends turns with a token
+    other than `eos_token` (e.g. ``<|im_end|>``) stops where it should.
+    """
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=local)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"cannot load the tokenizer from {path}: {e}") from e
+    eos = set(eos_token_ids)
+    if tokenizer.eos_token_id is not None:
+        eos.add(int(tokenizer.eos_token_id))
+    try:
+        # transformers' __setattr__ treats any `*_ids` name as a special-token setter.
+        object.__setattr__(tokenizer, "eos_token_ids", frozenset(eos))
+    except AttributeError:  # a future transformers may define it read-only
+        log.warning("cannot attach eos_token_ids %s to %s", sorted(eos), type(tokenizer).__name__)
+    return tokenizer
+
+
+def accepts(model: Any) -> bool:
+    """Whether `model` is a transformers model that can generate text."""
+    from transformers import PreTrainedModel
+
+    if not isinstance(model, PreTrainedModel):
+        return False
+    try:
+        return bool(model.can_generate())
+    except Exception:  # can_generate is a heuristic; a failure means "no"
+        return False
+
+
+def wrap(model: Any) -> TorchEngine:
+    return TorchEngine(model)
+
+
+def _config_int(config: Any, keys: Sequence[str]) -> int | None:
+    sources = [config]
+    get_text = getattr(config, "get_text_config", None)
+    if callable(get_text):
+        with contextlib.suppress(Exception):  # some need arguments; the top level will do
+            sources.insert(0, get_text())
+    for source in sources:
+        for key in keys:
+            value = getattr(source, key, None)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+    return None
+
+
+class TorchEngine:
+    """Runs a transformers causal LM with a KV cache; see `tokentrail.engines.Engine`.
+
+    Sampling follows mlx-lm exactly: logit bias, then the repetition penalty over the
+    last 20 tokens (prompt included), give the processed logits; `logprobs` is their
+    log_softmax; top-p, then min-p, then top-k filter it, and the token is drawn with
+    temperature `temp` (argmax when `temp == 0`). Logits are processed in float32.
+    A seed gives a reproducible stream on a given device, but not the same tokens as
+    MLX, whose random generator differs.
+    """
+
+    name = "torch"
+
+    def __init__(self, model: Any, *, prefill_step_size: int = PREFILL_STEP_SIZE) -> None:
+        if not callable(model) or not hasattr(model, "config"):
+            raise TypeError(
+                f"TorchEngine needs a transformers causal LM, got {type(model).__name__}"
+            )
+        if prefill_step_size < 1:
+            raise ValueError(f"prefill_step_size must be >= 1, got {prefill_step_size}")
+        if getattr(model, "training", False):
+            log.warning("the model is in training mode (dropout on); call model.eval() first")
+        self.model = model
+        self.prefill_step_size = prefill_step_size
+        config = model.config
+        self.vocab_size: int | None = _config_int(config, ("vocab_size",))
+        if self.vocab_size is None:
+            out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+            weight = getattr(out, "weight", None)
+            self.vocab_size = int(weight.shape[0]) if weight is not None else None
+        self.context_length: int | None = _config_int(config, _CONTEXT_KEYS)
+        self.eos_token_ids = frozenset(_model_eos_ids(model))
+        param = next(iter(model.parameters()), None)
+        self.device: torch.device = param.device if param is not None else torch.device("cpu")
+        names = inspect.signature(model.forward).parameters
+        # transformers 5 renamed past_key_values to cache; earlier versions only know the old name.
+        self._cache_arg = "cache" if "cache" in names else "past_key_values"
+        self._keep_arg = next(
+            (k for k in ("logits_to_keep", "num_logits_to_keep") if k in names), None
+        )
+        # Queue the next step before reading this one where the device runs asynchronously.
+        self._pipelined = self.device.type == "cuda"
+
+    def peak_memory(self) -> float:
+        """Peak CUDA memory allocated by torch, in GB; 0.0 on other devices."""
+        if self.device.type == "cuda":
+            return torch.cuda.max_memory_allocated(self.device) / 1e9
+        return 0.0
+
+    def generate(
+        self, prompt_ids: Sequence[int], params: SamplingParams, max_tokens: int | None
+    ) -> Iterator[Step]:
+        """Yield Steps; see `Engine.generate`. Arguments are checked here, at the call."""
+        ids = list(prompt_ids)
+        if not ids:
+            raise ValueError("prompt_ids is empty; the model needs at least one token")
+        vocab = self.vocab_size
+        for i in ids:
+            if isinstance(i, bool) or not isinstance(i, int):
+                raise TypeError(f"prompt_ids must be ints, got {i!r}")
+            if i < 0 or (vocab is not None and i >= vocab):
+                limit = "" if vocab is None else f" (valid ids are 0..{vocab - 1})"
+                raise ValueError(f"prompt_ids contains token id {i}, outside the vocabulary{limit}")
+        if max_tokens is not None and (
+            isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1
+        ):
+            raise ValueError(f"max_tokens must be None or an int >= 1, got {max_tokens!r}")
+        if not isinstance(params, SamplingParams):
+            raise TypeError(
+                f"params must be a tokentrail SamplingParams, got {type(params).__name__}"
+            )
+        if vocab is not None and params.top_logprobs > vocab:
+            raise ValueError(
+                f"top_logprobs={params.top_logprobs} exceeds the vocabulary size {vocab}"
+            )
+        return self._steps(ids, params, max_tokens)
+
+    # -- internals --
+
+    def _forward(self, ids: torch.Tensor, cache: Any) -> tuple[torch.Tensor, Any]:
+        """Run the model on `ids` (1-D) after `cache`; return last-position logits, cache."""
+        kwargs: dict[str, Any] = {self._cache_arg: cache, "use_cache": True}
+        if self._keep_arg is not None:
+            kwargs[self._keep_arg] = 1
+        out = self.model(input_ids=ids[None], **kwargs)
+        new_cache = getattr(out, "cache", None)
+        if new_cache is None:
+            new_cache = getattr(out, "past_key_values", None)
+        return out.logits[0, -1], new_cache
+
+    def _steps(
+        self, ids: list[int], params: SamplingParams, max_tokens: int | None
+    ) -> Iterator[Step]:
+        device = self.device
+        k = params.top_logprobs
+        generator: torch.Generator | None = None
+        if params.seed is not None:
+            generator = torch.Generator(device=device)
+            generator.manual_seed(params.seed)
+        process = _make_processors(params, device)
+        sample = _make_sampler(params, generator)
+        cache: Any = None
+        history: torch.Tensor | None = None
+        vocab = self.vocab_size
+        pack = torch.float32 if vocab is not None and vocab <= _EXACT_FLOAT_IDS else torch.float64
+
+        with torch.inference_mode():
+            prompt = torch.tensor(ids, dtype=torch.long, device=device)
+            if process is not None:
+                history = prompt[-REPETITION_CONTEXT_SIZE:]
+            rest = prompt
+            while rest.numel() > 1:
+                n = min(self.prefill_step_size, rest.numel() - 1)
+                _, cache = self._forward(rest[:n], cache)
+                rest = rest[n:]
+
+        def step(inputs: torch.Tensor, first: bool) -> tuple[torch.Tensor, torch.Tensor, Any]:
+            nonlocal cache, history
+            with torch.inference_mode():
+                logits, cache = self._forward(inputs, cache)
+                logits = logits.float()
+                if process is not None:
+                    if not first:
+                        history = torch.cat([history, inputs])[-REPETITION_CONTEXT_SIZE:]
+                    logits = process(history, logits)
+                logprobs = torch.log_softmax(logits, dim=-1)
+                token = sample(logprobs)
+                # One vector: [token, logprob, top ids..., top logprobs...]. Logprobs are
+                # float32 already; float32 also holds every id below 2**24 exactly.
+                parts = [token.to(pack), logprobs.gather(0, token).to(pack)]
+                if k:
+                    top = torch.topk(logprobs, k)
+                    parts += [top.indices.to(pack), top.values.to(pack)]
+                return token, torch.cat(parts), logprobs
+
+        def read(info: torch.Tensor) -> tuple[int, float, list[tuple[int, float]]]:
+            values = info.tolist()
+            top = list(zip(map(int, values[2 : 2 + k]), values[2 + k :], strict=True))
+            return int(values[0]), values[1], top
+
+        token, info, logprobs = step(rest, True)
+        n = 0
+        while True:
+            n += 1
+            more = max_tokens is None or n < max_tokens
+            if self._pipelined:
+                host, ready = _copy_to_host(info)
+                if more:
+                    upcoming = step(token, False)
+                ready.synchronize()
+                tid, lp, top = read(host)
+            else:
+                tid, lp, top = read(info)
+            yield Step(tid, lp, top, logprobs)
+            if not more:
+                return
+            if not self._pipelined:
+                upcoming = step(token, False)
+            token, info, logprobs = upcoming
+
+
+def _copy_to_host(info: torch.Tensor) -> tuple[torch.Tensor, Any]:
+    """Start copying `info` into pinned host memory; return it and an event to wait on."""
+    host = torch.empty(info.shape, dtype=info.dtype, pin_memory=True)
+    host.copy_(info, non_blocking=True)
+    event = torch.cuda.Event()
+    event.record()
+    return host, event
+
+
+# -- mlx-lm's logits processors and samplers, in torch --------------------------------
+
+
+def _make_processors(
+    params: SamplingParams, device: torch.device
+) -> Callable[[Any, torch.Tensor], torch.Tensor] | None:
+    """Logit bias, then the repetition penalty (mlx-lm's `make_logits_processors`)."""
+    bias_ids = bias_values = None
+    if params.logit_bias:
+        bias_ids = torch.tensor(list(params.logit_bias), dtype=torch.long, device=device)
+        bias_values = torch.tensor(
+            list(params.logit_bias.values()), dtype=torch.float32, device=device
+        )
+    penalty = params.repetition_penalty
+    if penalty == 0:
+        penalty = None
+    if bias_ids is None and penalty is None:
+        return None
+
+    def process(history: Any, logits: torch.Tensor) -> torch.Tensor:
+        if bias_ids is not None:
+            logits = logits.index_add(0, bias_ids, bias_values)
+        if penalty is not None and history is not None and history.numel():
+            selected = logits[history]
+            # Sign-aware: a penalty > 1 always makes a seen token less likely.
+            logits[history] = torch.where(selected < 0, selected * penalty, selected / penalty)
+        return logits
+
+    return process
+
+
+def _make_sampler(
+    params: SamplingParams, generator: torch.Generator | None
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Pick a token from logprobs (1-D); returns a 1-element long tensor on the device."""
+    if params.temp == 0:
+        return lambda logprobs: torch.argmax(logprobs, dim=-1, keepdim=True)
+    top_p, min_p, top_k, inv_temp = params.top_p, params.min_p, params.top_k, 1.0 / params.temp
+
+    def sampler(logprobs: torch.Tensor) -> torch.Tensor:
+        x = logprobs
+        if 0 < top_p < 1:
+            x = _apply_top_p(x, top_p)
+        if min_p > 0:
+            x = _apply_min_p(x, min_p)
+        if 0 < top_k < x.shape[-1]:
+            x = _apply_top_k(x, top_k)
+        probs = torch.softmax(x * inv_temp, dim=-1)
+        # argmax(p / E) with E ~ Exp(1) draws from p without a host sync (unlike
+        # torch.multinomial on CUDA); the clamp keeps a zero draw from dividing by zero.
+        noise = torch.empty_like(probs).exponential_(generator=generator)
+        return torch.argmax(probs / noise.clamp_min(torch.finfo(probs.dtype).tiny), keepdim=True)
+
+    return sampler
+
+
+def _apply_top_p(logprobs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Keep the tokens whose more likely tokens hold less than `top_p` of the mass."""
+    ordered = torch.sort(logprobs).values  # ascending
+    probs = ordered.exp()
+    rev = torch.cumsum(probs.flip(0), dim=0)
+    # mass_above[i]: the total probability of the tokens after position i (more likely).
+    mass_above = torch.cat([rev.new_zeros(1), rev[:-1]]).flip(0)
+    total = mass_above[:1] + probs[:1]
+    dropped = (mass_above >= top_p * total).sum(dim=-1, keepdim=True)
+    threshold = ordered.gather(0, dropped)
+    return logprobs.masked_fill(logprobs < threshold, -math.inf)
+
+
+def _apply_min_p(logprobs: torch.Tensor, min_p: float) -> torch.Tensor:
+    """Keep the tokens at least `min_p` times as likely as the most likely one."""
+    return logprobs.masked_fill(logprobs < logprobs.max() + math.log(min_p), -math.inf)
+
+
+def _apply_top_k(logprobs: torch.Tensor, top_k: int) -> torch.Tensor:
+    """Keep exactly the `top_k` most likely tokens."""
+    top = torch.topk(logprobs, top_k)
+    return torch.full_like(logprobs, -math.inf).scatter(0, top.indices, top.values)

@@ -1,0 +1,411 @@
+"""The vLLM engine: vLLM's scheduler, kernels and parallelism behind tokentrail's Step stream.
+
+vLLM runs in process. `load` starts vLLM's `AsyncLLM` (tensor / pipeline parallel over
+GPUs, and over nodes with Ray) on a private asyncio loop in a background thread, so
+that any number of threads can stream at once and vLLM batches them continuously.
+Each request asks for `logprobs=k` with `RequestOutputKind.DELTA`: every output carries
+the new token ids and, per token, the sampled token's logprob and the top-k
+alternatives, which become `Step`s. Text, attribution and stop strings stay
+tokentrail's: vLLM's detokenizer is switched off, and so is its EOS stop (the shared
+loop stops on the tokenizer's end tokens, as with every engine).
+
+Differences from the MLX and torch engines, all vLLM's own semantics:
+
+* `Step.logprobs` (the full vector) is None: vLLM returns only the top-k.
+* Logprobs are vLLM's default `raw_logprobs`: the model's distribution before logit
+  bias and repetition penalty (identical to the other engines when neither is set).
+* vLLM applies temperature before top-p and min-p (mlx-lm after), and its repetition
+  penalty covers the whole prompt and output (mlx-lm: the last 20 tokens).
+* A seed reproduces a stream on the same deployment; the tokens differ from torch/MLX.
+
+vLLM itself is imported only when used; without it, `load` raises an ImportError that
+says how to install it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import logging
+import os
+import queue
+import re
+import threading
+import uuid
+from collections.abc import Coroutine, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..sampling import SamplingParams
+from .base import Step
+
+log = logging.getLogger(__name__)
+
+INSTALL_HINT = (
+    "vLLM is not installed: pip install vllm (Linux with an NVIDIA or AMD GPU; "
+    "see docs/engines.md for multi-GPU and multi-node set-up)"
+)
+#: Extra engine arguments as a JSON object, e.g. '{"enforce_eager": true}'; merged under
+#: the keyword arguments given to `load`, so `tokentrail serve` can pass any of them.
+ARGS_ENV = "TOKENTRAIL_VLLM_ARGS"
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+__all__ = ["ARGS_ENV", "INSTALL_HINT", "VLLMEngine", "accepts", "load", "wrap"]
+
+
+def _require_vllm() -> Any:
+    try:
+        import vllm
+    except ImportError as e:
+        raise ImportError(INSTALL_HINT) from e
+    return vllm
+
+
+def load(
+    path: str | os.PathLike[str],
+    *,
+    tensor_parallel_size: int = 1,
+    pipeline_parallel_size: int = 1,
+    dtype: str = "auto",
+    max_model_len: int | None = None,
+    gpu_memory_utilization: float = 0.9,
+    **engine_args: Any,
+) -> tuple[VLLMEngine, Any]:
+    """Start vLLM on the model at `path`; return (engine, tokenizer).
+
+    The engine is a ready `VLLMEngine` (pass it to `stream_generate` as the model); the
+    tokenizer is transformers' `AutoTokenizer` with `eos_token_ids` from the generation
+    config. Keyword arguments are vLLM engine arguments (`AsyncEngineArgs` fields, e.g.
+    `enforce_eager=True`, `distributed_executor_backend="ray"`), as are the keys of the
+    JSON object in the ``TOKENTRAIL_VLLM_ARGS`` environment variable (keywords win).
+    """
+    _require_vllm()
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    from .torch_engine import load_tokenizer
+
+    p = Path(path).expanduser()
+    local = p.exists()
+    if local:
+        if not p.is_dir():
+            raise ValueError(f"model path must be a folder with config.json and weights, got {p}")
+        if not (p / "config.json").is_file():
+            raise FileNotFoundError(f"no config.json in model folder {p}")
+        source = str(p)
+    elif isinstance(path, str) and _HUB_ID.match(path) and not path.startswith("."):
+        source = path  # vLLM downloads it: the only case that touches the network
+    else:
+        raise FileNotFoundError(f"model folder not found: {p}")
+    args: dict[str, Any] = _env_args()
+    args.update(
+        tensor_parallel_size=tensor_parallel_size,
+        pipeline_parallel_size=pipeline_parallel_size,
+        dtype=dtype,
+        max_model_len=max_model_len,
+        gpu_memory_utilization=gpu_memory_utilization,
+    )
+    args.update(engine_args)
+    args["model"] = source
+    try:
+        engine_args_obj = AsyncEngineArgs(**args)
+    except TypeError as e:
+        raise ValueError(f"bad vLLM engine argument: {e}") from e
+    engine = VLLMEngine.from_engine_args(engine_args_obj)
+    try:
+        tokenizer = load_tokenizer(source, eos_token_ids=_eos_ids(source), local=local)
+    except BaseException:
+        engine.shutdown()
+        raise
+    return engine, tokenizer
+
+
+def _env_args() -> dict[str, Any]:
+    raw = os.environ.get(ARGS_ENV)
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{ARGS_ENV} must be a JSON object of vLLM engine arguments: {e}") from e
+    if not isinstance(value, dict):
+        raise ValueError(f"{ARGS_ENV} must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _eos_ids(source: str) -> list[int]:
+    """End ids from the generation config, else the model config (as mlx-lm and torch)."""
+    from transformers import AutoConfig, GenerationConfig
+
+    from .torch_engine import _as_ids
+
+    try:
+        ids = _as_ids(GenerationConfig.from_pretrained(source).eos_token_id)
+    except (OSError, ValueError):
+        ids = []
+    if not ids:
+        try:
+            ids = _as_ids(AutoConfig.from_pretrained(source).eos_token_id)
+        except (OSError, ValueError):
+            ids = []
+    return ids
+
+
+def accepts(model: Any) -> bool:
+    """Whether `model` is a vLLM `AsyncLLM` / `AsyncLLMEngine` or offline `LLM` object."""
+    cls = type(model)
+    return cls.__module__.startswith("vllm") and cls.__name__ in (
+        "AsyncLLM",
+        "AsyncLLMEngine",
+        "LLM",
+    )
+
+
+def wrap(model: Any) -> VLLMEngine:
+    return VLLMEngine(model)
+
+
+class _Loop:
+    """An asyncio loop on a daemon thread: where AsyncLLM lives and all its calls run."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self._run, name="tokentrail-vllm", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def submit(self, coro: Coroutine[Any, Any, Any]) -> concurrent.futures.Future[Any]:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def call(self, fn: Any, *args: Any) -> Any:
+        """Run the plain function `fn(*args)` on the loop's thread and return its result."""
+
+        async def run() -> Any:
+            return fn(*args)
+
+        return self.submit(run()).result()
+
+    def stop(self) -> None:
+        if self.loop.is_running():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+
+
+class VLLMEngine:
+    """Runs a vLLM engine; see `tokentrail.engines.Engine`.
+
+    Wraps an `AsyncLLM` (streams from any number of threads at once, batched by vLLM)
+    or an offline `vllm.LLM` (one stream at a time, stepped in the caller's thread).
+    An `AsyncLLM` must have been created outside a running event loop (`load` and
+    `from_engine_args` do this for you): its output handler then starts on the
+    engine's own loop.
+    """
+
+    name = "vllm"
+
+    def __init__(self, engine: Any, *, _loop: _Loop | None = None) -> None:
+        self.engine = engine
+        self._offline = hasattr(engine, "llm_engine")  # vllm.LLM
+        # An AsyncLLM's calls all run on one loop of ours; an offline LLM needs none.
+        self._loop: _Loop | None = None if self._offline else (_loop or _Loop())
+        self._busy = threading.Lock()
+        model_config = _model_config(engine)
+        self.vocab_size: int | None = None
+        self.context_length: int | None = None
+        if model_config is not None:
+            get_vocab = getattr(model_config, "get_vocab_size", None)
+            self.vocab_size = int(get_vocab()) if callable(get_vocab) else None
+            max_len = getattr(model_config, "max_model_len", None)
+            self.context_length = int(max_len) if max_len else None
+
+    @classmethod
+    def from_engine_args(cls, engine_args: Any) -> VLLMEngine:
+        """Start an `AsyncLLM` from `AsyncEngineArgs` on a fresh background loop."""
+        _require_vllm()
+        try:
+            from vllm.v1.engine.async_llm import AsyncLLM
+        except ImportError:  # older releases export it under its V0 name only
+            from vllm import AsyncLLMEngine as AsyncLLM
+
+        loop = _Loop()
+        try:
+            engine = loop.call(AsyncLLM.from_engine_args, engine_args)
+        except BaseException:
+            loop.stop()
+            raise
+        return cls(engine, _loop=loop)
+
+    def peak_memory(self) -> float:
+        """0.0: vLLM reserves `gpu_memory_utilization` of each GPU in worker processes."""
+        return 0.0
+
+    def shutdown(self) -> None:
+        """Stop vLLM's workers and the background loop."""
+        shutdown = getattr(self.engine, "shutdown", None)
+        if callable(shutdown):
+            if self._loop is not None and not self._offline:
+                self._loop.call(shutdown)
+            else:
+                shutdown()
+        if self._loop is not None:
+            self._loop.stop()
+
+    def generate(
+        self, prompt_ids: Sequence[int], params: SamplingParams, max_tokens: int | None
+    ) -> Iterator[Step]:
+        """Yield Steps; see `Engine.generate`. Arguments are checked here, at the call."""
+        ids = _check_ids(prompt_ids, self.vocab_size)
+        if max_tokens is not None and (
+            isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1
+        ):
+            raise ValueError(f"max_tokens must be None or an int >= 1, got {max_tokens!r}")
+        if not isinstance(params, SamplingParams):
+            raise TypeError(
+                f"params must be a tokentrail SamplingParams, got {type(params).__name__}"
+            )
+        sampling = _sampling_params(params, max_tokens, self.vocab_size)
+        if self._offline:
+            return self._offline_steps(ids, sampling, params.top_logprobs)
+        return self._async_steps(ids, sampling, params.top_logprobs)
+
+    # -- the two drivers --
+
+    def _async_steps(self, ids: list[int], sampling: Any, k: int) -> Iterator[Step]:
+        assert self._loop is not None
+        request_id = f"tokentrail-{uuid.uuid4().hex}"
+        out: queue.SimpleQueue[tuple[str, Any, Any]] = queue.SimpleQueue()
+        engine = self.engine
+
+        async def pump() -> None:
+            stream = engine.generate({"prompt_token_ids": ids}, sampling, request_id)
+            try:
+                async for output in stream:
+                    for completion in output.outputs:
+                        out.put(("tokens", list(completion.token_ids), completion.logprobs))
+                    if output.finished:
+                        break
+            except asyncio.CancelledError:
+                raise  # the reader closed the stream; AsyncLLM aborts the request
+            except BaseException as e:
+                out.put(("error", e, None))
+                return
+            finally:
+                await stream.aclose()
+            out.put(("end", None, None))
+
+        future = self._loop.submit(pump())
+        try:
+            while True:
+                kind, token_ids, logprobs = out.get()
+                if kind == "end":
+                    return
+                if kind == "error":
+                    raise token_ids
+                for i, tid in enumerate(token_ids):
+                    yield _step(tid, None if logprobs is None else logprobs[i], k)
+        finally:
+            if not future.done():
+                future.cancel()  # cancels pump(): vLLM aborts the request, no more steps
+
+    def _offline_steps(self, ids: list[int], sampling: Any, k: int) -> Iterator[Step]:
+        llm_engine = self.engine.llm_engine
+        if not self._busy.acquire(blocking=False):
+            raise RuntimeError(
+                "this vllm.LLM is already streaming a request; an offline LLM runs one stream "
+                "at a time (use tokentrail.engines.vllm_engine.load for concurrent streams)"
+            )
+        request_id = f"tokentrail-{uuid.uuid4().hex}"
+        finished = False
+        try:
+            llm_engine.add_request(request_id, {"prompt_token_ids": ids}, sampling)
+            while not finished:
+                for output in llm_engine.step():
+                    if output.request_id != request_id:
+                        continue
+                    finished = bool(output.finished)
+                    for completion in output.outputs:
+                        logprobs = completion.logprobs
+                        for i, tid in enumerate(completion.token_ids):
+                            yield _step(tid, None if logprobs is None else logprobs[i], k)
+        finally:
+            if not finished:
+                llm_engine.abort_request([request_id])
+            self._busy.release()
+
+
+def _model_config(engine: Any) -> Any:
+    config = getattr(engine, "model_config", None)
+    if config is None:
+        inner = getattr(engine, "llm_engine", None)
+        config = getattr(inner, "model_config", None)
+    return config
+
+
+def _check_ids(prompt_ids: Sequence[Any], vocab: int | None) -> list[int]:
+    ids = list(prompt_ids)
+    if not ids:
+        raise ValueError("prompt_ids is empty; the model needs at least one token")
+    for i in ids:
+        if isinstance(i, bool) or not isinstance(i, int):
+            raise TypeError(f"prompt_ids must be ints, got {i!r}")
+        if i < 0 or (vocab is not None and i >= vocab):
+            limit = "" if vocab is None else f" (valid ids are 0..{vocab - 1})"
+            raise ValueError(f"prompt_ids contains token id {i}, outside the vocabulary{limit}")
+    return ids
+
+
+def _sampling_params(params: SamplingParams, max_tokens: int | None, vocab: int | None) -> Any:
+    """vLLM `SamplingParams` for tokentrail's settings: DELTA outputs with top-k logprobs."""
+    from vllm import SamplingParams as VLLMSamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    top_k = params.top_k if params.top_k > 0 and (vocab is None or params.top_k < vocab) else -1
+    kwargs: dict[str, Any] = {
+        "n": 1,
+        "temperature": params.temp,
+        "top_p": params.top_p,
+        "top_k": top_k,
+        "min_p": params.min_p,
+        "seed": params.seed,
+        "max_tokens": max_tokens,
+        "logprobs": params.top_logprobs,  # 0: only the sampled token's logprob
+        "ignore_eos": True,  # the shared loop stops on the tokenizer's end tokens
+        "detokenize": False,  # tokentrail makes the text
+        "skip_special_tokens": False,
+        "output_kind": RequestOutputKind.DELTA,
+    }
+    if params.repetition_penalty is not None:
+        kwargs["repetition_penalty"] = params.repetition_penalty
+    if params.logit_bias:
+        kwargs["logit_bias"] = dict(params.logit_bias)
+    return VLLMSamplingParams(**kwargs)
+
+
+def _step(token: int, position: Mapping[int, Any] | None, k: int) -> Step:
+    """A Step from one position of vLLM's sample logprobs: {id: Logprob(logprob, rank)}.
+
+    vLLM returns the top-k plus the sampled token when it is not among them (with its
+    true rank), so the alternatives are the entries ranked 1..k, most likely first.
+    """
+    token = int(token)
+    if position is None or token not in position:
+        raise RuntimeError(
+            f"vLLM returned no logprob for generated token {token}; was the request made "
+            "with logprobs set (tokentrail always sets it)?"
+        )
+    entries = [
+        (int(tid), float(e.logprob), getattr(e, "rank", None)) for tid, e in position.items()
+    ]
+    if k:
+        ranked = [e for e in entries if e[2] is not None]
+        if len(ranked) == len(entries):
+            chosen = sorted((e for e in entries if e[2] <= k), key=lambda e: (e[2], -e[1]))[:k]
+        else:  # no ranks: the k most likely entries
+            chosen = sorted(entries, key=lambda e: -e[1])[:k]
+        top = [(tid, lp) for tid, lp, _ in chosen]
+    else:
+        top = []
+    return Step(token, float(position[token].logprob), top, None)

@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from .segment import Alternative, Segment, TokenSpan
+from .segment import Alternative, Segment, TokenSpan, _OneTokenSegment
 from .vocab import CLEANUP_RULES, Vocab
 
 TopLogprobs = Mapping[int, float] | Iterable[tuple[int, float]]
@@ -185,11 +185,11 @@ class Aligner:
         if self._fast:
             text = self._fast_text[token_id]
             if text is not None:
+                # Nothing pending and a complete token: it is its own segment. (`_done`
+                # equals `_pos` whenever nothing is pending; the slow path relies on it.)
                 n = len(piece)
                 self._pos += n
-                self._done = self._pos
-                self._first = False
-                return [Segment(text, (TokenSpan(idx, token_id, 0, n, logprob, top),))]
+                return [_OneTokenSegment(text, (idx, token_id, 0, n, logprob, top))]
         if self._generic is not None:
             return self._push_generic(idx, token_id, logprob, top, final=False)
         return self._push_slow(idx, token_id, logprob, top)
@@ -273,6 +273,8 @@ class Aligner:
         mode = self._mode
         parts: list[str] = []
         start = self._pos
+        if not self._pending:
+            self._done = start  # the fast path does not keep `_done` up to date
         if token_id in self._skipped:
             if v.skipped_breaks_runs:
                 self._end_run(parts)

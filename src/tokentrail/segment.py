@@ -114,12 +114,19 @@ def confidence_of(tokens: tuple[TokenSpan, ...] | list[TokenSpan]) -> Confidence
     )
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class Segment:
     """A piece of text that became final, with the tokens whose bytes make it up."""
 
     text: str
     tokens: tuple[TokenSpan, ...] = field(default_factory=tuple)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Segment):
+            return NotImplemented
+        return self.text == other.text and tuple(self.tokens) == tuple(other.tokens)
+
+    __hash__ = None  # type: ignore[assignment]
 
     @property
     def confidence(self) -> Confidence | None:
@@ -131,3 +138,31 @@ class Segment:
 
     def to_dict(self) -> dict[str, Any]:
         return {"text": self.text, "tokens": [t.to_dict() for t in self.tokens]}
+
+
+_TOKENS_SLOT = Segment.__dict__["tokens"]
+
+
+class _OneTokenSegment(Segment):
+    """A segment made by exactly one whole token (the aligner's hot path).
+
+    Its `TokenSpan` is built on first access to `tokens`: most streaming consumers read
+    `text` for every token but look at the tokens far less often.
+    """
+
+    __slots__ = ("_spec",)
+
+    def __init__(self, text: str, spec: tuple[Any, ...]) -> None:
+        self.text = text
+        self._spec = spec
+
+    def __repr__(self) -> str:
+        return f"Segment(text={self.text!r}, tokens={self.tokens!r})"
+
+    @property  # type: ignore[override]
+    def tokens(self) -> tuple[TokenSpan, ...]:
+        spec = self._spec
+        if spec is not None:
+            _TOKENS_SLOT.__set__(self, (TokenSpan(*spec),))
+            self._spec = None
+        return _TOKENS_SLOT.__get__(self)

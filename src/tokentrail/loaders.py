@@ -111,7 +111,7 @@ def _from_json(path: Path, data: Any) -> Vocab:
         cfg = None
         if path.name == "tokenizer.json":
             cfg = _read_json(path.parent / "tokenizer_config.json")
-        return vocab_from_hf_tokenizer(tok, name=str(path), config=cfg)
+        return vocab_from_hf_tokenizer(tok, name=str(path), config=cfg, spec=data)
     if isinstance(data, dict) and "vocab" in data and "config" in data:
         from .formats import vocab_from_tekken
 
@@ -277,14 +277,17 @@ def _compile_decoder(
             each(strip)
         elif kind == "ByteLevel":
             alphabet = byte_level_alphabet()
+            # A token made only of alphabet characters maps to their bytes; any other
+            # character makes tokenizers keep the token's own UTF-8 (added tokens).
+            table = str.maketrans({c: chr(b) for c, b in alphabet.items()})
+            outside = re.compile("[^" + re.escape("".join(alphabet)) + "]")
 
-            def to_bytes(s: Any, alphabet: dict[str, int] = alphabet) -> Any:
+            def to_bytes(s: Any, table: dict[int, str] = table, outside: Any = outside) -> Any:
                 if not isinstance(s, str):
                     return s
-                try:
-                    return bytes(alphabet[c] for c in s)
-                except KeyError:
+                if outside.search(s):
                     return s.encode("utf-8")
+                return s.translate(table).encode("latin-1")
 
             each(to_bytes)
             if mode == "hf_runs":
@@ -336,9 +339,14 @@ def vocab_from_hf_tokenizer(
     cleanup: bool | None = None,
     oracle: Any = None,
     special_ids: set[int] | None = None,
+    spec: dict[str, Any] | None = None,
 ) -> Vocab:
-    """Compile a `tokenizers.Tokenizer` (and its decoder pipeline) into a Vocab."""
-    spec = json.loads(tok.to_str())
+    """Compile a `tokenizers.Tokenizer` (and its decoder pipeline) into a Vocab.
+
+    `spec` is the tokenizer's JSON when the caller has already parsed it.
+    """
+    if spec is None:
+        spec = json.loads(tok.to_str())
     size = tok.get_vocab_size(with_added_tokens=True)
     table = tok.get_vocab(with_added_tokens=True)
     size = max(size, max(table.values(), default=-1) + 1)

@@ -9,6 +9,7 @@ per token; each step goes through the `Aligner` (text and token attribution), th
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 import weakref
@@ -80,11 +81,14 @@ class GenerationResponse:
         }
 
 
-def load(path: str | os.PathLike[str] | None = None, *, engine: str = "mlx") -> tuple[Any, Any]:
+def load(
+    path: str | os.PathLike[str] | None = None, *, engine: str = "mlx", **options: Any
+) -> tuple[Any, Any]:
     """Load a model folder (Hugging Face layout) and its tokenizer with `engine`.
 
-    `path=None` loads the built-in demo model. Returns (model, tokenizer), ready for
-    `stream_generate`.
+    `path=None` loads the built-in demo model. `engine` is "mlx" (default), "torch" or
+    "vllm"; `options` go to that engine's loader (e.g. `device`, `dtype` for torch).
+    Returns (model, tokenizer), ready for `stream_generate`.
     """
     if path is None:
         if not (DEMO_MODEL / "config.json").is_file():
@@ -92,7 +96,9 @@ def load(path: str | os.PathLike[str] | None = None, *, engine: str = "mlx") -> 
                 f"the built-in demo model is missing from {DEMO_MODEL}; pass a model folder"
             )
         path = DEMO_MODEL
-    return load_model(path, engine=engine)
+    model, tokenizer = load_model(path, engine=engine, **options)
+    _vocab(tokenizer)  # compile the tokenizer now, not on the first generation
+    return model, tokenizer
 
 
 # -- tokenizer helpers (work with mlx-lm's TokenizerWrapper and transformers tokenizers) --
@@ -113,11 +119,16 @@ def _vocab(tokenizer: Any) -> Vocab:
 
 
 def _eos_ids(tokenizer: Any) -> frozenset[int]:
-    ids = getattr(tokenizer, "eos_token_ids", None)
-    if ids is None:
-        one = getattr(tokenizer, "eos_token_id", None)
-        ids = [] if one is None else (one if isinstance(one, list | tuple) else [one])
-    return frozenset(int(i) for i in ids)
+    """End-of-sequence ids: mlx-lm's `eos_token_ids` (which merges the model config's),
+    else a transformers tokenizer's own `eos_token_id`."""
+    for name in ("eos_token_ids", "eos_token_id"):
+        ids = getattr(tokenizer, name, None)
+        if ids is None:
+            continue
+        if isinstance(ids, int):
+            return frozenset((ids,))
+        return frozenset(int(i) for i in ids)
+    return frozenset()
 
 
 def _check_ids(ids: Sequence[Any], vocab_size: int | None, what: str) -> list[int]:
@@ -184,6 +195,16 @@ def _chat_ids(
     if isinstance(ids, Mapping):  # some tokenizers return a BatchEncoding regardless
         ids = ids["input_ids"]
     return _check_ids(list(ids), vocab_size, "chat template output")
+
+
+def _confidence(spans: list[TokenSpan]) -> Confidence | None:
+    """`confidence_of(spans)`, with a shortcut for the common one-token segment."""
+    if len(spans) == 1:
+        t = spans[0]
+        lp = t.logprob
+        if lp is not None and not t.top_logprobs:
+            return Confidence(lp, lp, math.exp(-lp), math.exp(lp), None, 1)
+    return confidence_of(spans) if spans else None
 
 
 def _stops(stop: Any) -> StopMatcher | None:
@@ -261,15 +282,17 @@ def _generate(
     vocab = aligner.vocab
     alt_cache: dict[int, tuple[bytes, str]] = {}
 
+    # Models often pad their embeddings past the tokenizer's last id; such ids have no
+    # text, so they are left out of the alternatives (a sampled one is an error).
+    padded = engine.vocab_size is not None and engine.vocab_size > vocab.size
+    pieces = vocab.pieces
+
     def alternatives(pairs: list[tuple[int, float]]) -> list[Alternative]:
         out = []
         for tid, lp in pairs:
             hit = alt_cache.get(tid)
             if hit is None:
-                if 0 <= tid < vocab.size and vocab.pieces[tid] is not None:
-                    hit = (vocab.token_bytes(tid), vocab.token_text(tid))
-                else:  # an id the model has but the tokenizer lacks (padded embeddings)
-                    hit = (b"", "")
+                hit = (vocab.token_bytes(tid), vocab.token_text(tid))
                 alt_cache[tid] = hit
             out.append(Alternative(tid, lp, hit[0], hit[1]))
         return out
@@ -285,6 +308,8 @@ def _generate(
                 tic = now
             token = step.token
             pairs = step.top_logprobs
+            if padded and pairs:
+                pairs = [p for p in pairs if p[0] < vocab.size and pieces[p[0]] is not None]
             is_eos = token in eos
             last = is_eos or (limit is not None and n + 1 >= limit)
             eos_span = None
@@ -329,10 +354,9 @@ def _generate(
             else:
                 top_list = alternatives(pairs)
 
+            finish = None
             if last:
                 finish = "stop" if (is_eos or stop_string is not None) else "length"
-            else:
-                finish = None
             yield GenerationResponse(
                 text=text,
                 token=token,
@@ -345,7 +369,7 @@ def _generate(
                 peak_memory=engine.peak_memory(),
                 finish_reason=finish,
                 last_segment_tokens=spans,
-                confidence=confidence_of(spans) if spans else None,
+                confidence=_confidence(spans),
                 token_logprob=step.logprob,
                 top_logprobs=top_list,
                 stop_string=stop_string,
@@ -353,6 +377,10 @@ def _generate(
             )
             if last:
                 return
+        raise RuntimeError(
+            f"the {engine.name} engine stopped before EOS or the token limit; engines must "
+            "yield a step for every token up to max_tokens"
+        )
     finally:
         close = getattr(steps, "close", None)
         if close is not None:

@@ -1,0 +1,242 @@
+"""The MLX engine: mlx-lm's model zoo, prompt cache and samplers, plus on-device logprobs.
+
+Each step computes, in one lazy graph, the next token, its logprob and (when asked) the
+top-k alternatives, then evaluates them together with `mx.async_eval` while the host
+handles the previous step, exactly as `mlx_lm.generate.generate_step` pipelines its
+steps. The host reads a few scalars per step, so logprobs and alternatives cost a
+handful of extra device ops per step, never a transfer of the whole vocabulary.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from ..sampling import SamplingParams
+from .base import Step
+
+log = logging.getLogger(__name__)
+
+#: Prompt tokens processed per forward pass while filling the cache (as mlx-lm).
+PREFILL_STEP_SIZE = 2048
+#: Config keys that hold a model's context length, in order of preference.
+_CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "n_ctx")
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+#: Block size of the two-stage top-k, and the vocabulary size from which it pays off
+#: (below it one partition of the whole row takes fewer device ops).
+_TOPK_BLOCK = 256
+_TOPK_TWO_STAGE_FROM = 16384
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What `load` learned about a model folder, kept on the model object."""
+
+    path: str
+    config: dict[str, Any] = field(repr=False)
+
+
+def _config_int(config: dict[str, Any], keys: Sequence[str]) -> int | None:
+    for source in (config, config.get("text_config") or {}):
+        for key in keys:
+            value = source.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+    return None
+
+
+def top_k_ids(x: mx.array, k: int, block: int = _TOPK_BLOCK) -> mx.array:
+    """Ids of the `k` largest entries of each row of `x` (unordered), on the device.
+
+    Two stages instead of one partition of the whole vocabulary, which on large
+    vocabularies costs several times an argmax: take the max of each block of
+    `block` entries, keep the `k` blocks with the largest maxima, and partition only
+    their entries (plus the ragged tail). Every entry larger than the k-th largest
+    value lies in one of those blocks, so the values found are exactly the top k.
+    """
+    rows, size = x.shape
+    n_blocks = size // block
+    if size < _TOPK_TWO_STAGE_FROM or n_blocks <= k:
+        return mx.argpartition(x, kth=size - k, axis=-1)[:, size - k :]
+    head = x if size % block == 0 else x[:, : n_blocks * block]
+    blocked = head.reshape(rows, n_blocks, block)
+    best = mx.argpartition(blocked.max(axis=-1), kth=n_blocks - k, axis=-1)[:, n_blocks - k :]
+    cand = (best[:, :, None] * block + mx.arange(block, dtype=best.dtype)).reshape(rows, -1)
+    if size % block:
+        tail = mx.arange(n_blocks * block, size, dtype=cand.dtype)
+        cand = mx.concatenate([cand, mx.broadcast_to(tail, (rows, tail.size))], axis=-1)
+    n = cand.shape[-1]
+    pick = mx.argpartition(mx.take_along_axis(x, cand, axis=-1), kth=n - k, axis=-1)[:, n - k :]
+    return mx.take_along_axis(cand, pick, axis=-1)
+
+
+def load(path: str | os.PathLike[str]) -> tuple[nn.Module, Any]:
+    """Load a Hugging Face-layout folder with mlx-lm; return (model, TokenizerWrapper).
+
+    A path that does not exist is an error, except a bare ``org/name`` Hugging Face
+    repository id, which mlx-lm downloads (the only case that touches the network).
+    """
+    p = Path(path).expanduser()
+    if not p.exists():
+        if isinstance(path, str) and _HUB_ID.match(path) and not path.startswith("."):
+            log.info("%s is not a local folder; asking mlx-lm to fetch it from the hub", path)
+            from mlx_lm.utils import load as mlx_load
+
+            try:
+                model, tokenizer, config = mlx_load(path, return_config=True)
+            except Exception as e:
+                raise FileNotFoundError(
+                    f"model {path!r} is not a local folder and could not be fetched from the "
+                    f"Hugging Face hub: {e}"
+                ) from e
+            _remember(model, path, config)
+            return model, tokenizer
+        raise FileNotFoundError(f"model folder not found: {p}")
+    if not p.is_dir():
+        raise ValueError(f"model path must be a folder with config.json and weights, got file {p}")
+    config_file = p / "config.json"
+    if not config_file.is_file():
+        raise FileNotFoundError(f"no config.json in model folder {p}")
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"cannot read {config_file}: {e}") from e
+    if not isinstance(config, dict) or "model_type" not in config:
+        raise ValueError(f"{config_file} has no model_type; is this a Hugging Face model folder?")
+    if not any(p.glob("model*.safetensors")):
+        raise FileNotFoundError(f"no model*.safetensors weights in model folder {p}")
+    from mlx_lm.utils import load as mlx_load  # imports transformers: after the cheap checks
+
+    try:
+        model, tokenizer, config = mlx_load(str(p), return_config=True)
+    except ValueError as e:
+        if "not supported" in str(e):
+            raise ValueError(
+                f"{p}: model architecture {config['model_type']!r} is not supported by mlx-lm"
+            ) from e
+        raise ValueError(f"cannot load model from {p}: {e}") from e
+    except (OSError, KeyError, TypeError) as e:
+        raise ValueError(f"cannot load model from {p}: {e}") from e
+    _remember(model, str(p), config)
+    return model, tokenizer
+
+
+def _remember(model: nn.Module, path: str, config: dict[str, Any]) -> None:
+    # nn.Module stores dicts as parameter trees; a non-container object stays an attribute.
+    object.__setattr__(model, "_tokentrail_info", ModelInfo(path, config))
+
+
+def accepts(model: Any) -> bool:
+    """Whether `model` is an MLX module this engine can run."""
+    return isinstance(model, nn.Module) and callable(model)
+
+
+def wrap(model: nn.Module) -> MLXEngine:
+    return MLXEngine(model)
+
+
+class MLXEngine:
+    """Runs an mlx-lm model; see `tokentrail.engines.Engine`."""
+
+    name = "mlx"
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        info = getattr(model, "_tokentrail_info", None)
+        config: dict[str, Any] = dict(info.config) if isinstance(info, ModelInfo) else {}
+        args = getattr(model, "args", None)
+        if args is not None:
+            for key in ("vocab_size", *_CONTEXT_KEYS):
+                value = getattr(args, key, None)
+                if key not in config and value is not None:
+                    config[key] = value
+        self.vocab_size: int | None = _config_int(config, ("vocab_size",))
+        self.context_length: int | None = _config_int(config, _CONTEXT_KEYS)
+
+    def peak_memory(self) -> float:
+        return mx.get_peak_memory() / 1e9
+
+    def generate(
+        self, prompt_ids: Sequence[int], params: SamplingParams, max_tokens: int | None
+    ) -> Iterator[Step]:
+        """Yield Steps; see `Engine.generate`. Prompt ids must already be validated."""
+        from mlx_lm.generate import generation_stream, wired_limit
+        from mlx_lm.models.cache import make_prompt_cache
+        from mlx_lm.sample_utils import make_logits_processors, make_sampler
+
+        model = self.model
+        k = params.top_logprobs
+        vocab = self.vocab_size
+        top_k = params.top_k if vocab is None or params.top_k < vocab else 0
+        sampler = make_sampler(params.temp, params.top_p, params.min_p, 1, top_k=top_k)
+        processors = make_logits_processors(params.logit_bias, params.repetition_penalty)
+        cache = make_prompt_cache(model)
+        stream = generation_stream
+        if params.seed is not None:
+            mx.random.seed(params.seed)
+        prompt = mx.array(list(prompt_ids), dtype=mx.int32)
+        history = prompt if processors else None
+
+        def step(inputs: mx.array) -> list[mx.array]:
+            """Queue one step: [token, its logprob, full logprobs, (top ids, top logprobs)]."""
+            nonlocal history
+            with mx.stream(stream):
+                logits = model(inputs[None], cache=cache)[:, -1, :]
+                if processors:
+                    if inputs is not prompt_tail:
+                        history = mx.concatenate([history, inputs])
+                    for processor in processors:
+                        logits = processor(history, logits)
+                logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+                token = sampler(logprobs)
+                out = [token, mx.take_along_axis(logprobs, token[:, None], axis=-1), logprobs[0]]
+                if k:
+                    ids = top_k_ids(logprobs, k)
+                    out += [ids, mx.take_along_axis(logprobs, ids, axis=-1)]
+                return out
+
+        def read(arrays: list[mx.array]) -> Step:
+            # Separate small reads cost less than device ops to pack them into one array.
+            top: list[tuple[int, float]] = []
+            if k:
+                # Whole-array tolist(): indexing first would be one more device op each.
+                top = list(zip(arrays[3].tolist()[0], arrays[4].tolist()[0], strict=True))
+                top.sort(key=lambda pair: -pair[1])  # k <= 20: sorting here beats the device
+            return Step(arrays[0].item(), arrays[1].item(), top, arrays[2])
+
+        with wired_limit(model, [stream]):
+            with mx.stream(stream):
+                rest = prompt
+                while rest.size > 1:
+                    n = min(PREFILL_STEP_SIZE, rest.size - 1)
+                    model(rest[:n][None], cache=cache)
+                    mx.eval([c.state for c in cache])
+                    rest = rest[n:]
+                    mx.clear_cache()
+            prompt_tail = rest
+            current = step(rest)
+            mx.async_eval(*current)
+            n = 0
+            while True:
+                n += 1
+                more = max_tokens is None or n < max_tokens
+                if more:
+                    # Queue the next step before reading this one, so the device works
+                    # while the host turns this token into text.
+                    following = step(current[0])
+                    mx.async_eval(*following)
+                yield read(current)
+                if not more:
+                    return
+                if n % 256 == 0:
+                    mx.clear_cache()
+                current = following

@@ -1,0 +1,199 @@
+"""`tokentrail generate`: stream text coloured by the model's confidence, or JSON lines.
+
+In a terminal each segment is coloured by its probability (green: sure, yellow:
+hesitant, red: unsure) and a summary lists the least confident segments with the
+alternatives the model weighed. With `--json`, every response is one JSON object per
+line, for scripts. Bad input exits with status 2 and one line on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from typing import Any, NoReturn
+
+#: Alternatives per token in terminal mode when --top-logprobs is not given.
+DEFAULT_TERMINAL_TOP_LOGPROBS = 5
+#: Segment probability thresholds for green and yellow; below the second is red.
+SURE, HESITANT = 0.75, 0.35
+_PROG = "tokentrail generate"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the `generate` command to the tokentrail CLI."""
+    p = subparsers.add_parser(
+        "generate",
+        help="generate text with per-segment tokens, logprobs and confidence",
+        description=(
+            "Generate text from PROMPT (or from stdin when PROMPT is omitted). In a terminal "
+            "the text is coloured by confidence, followed by a summary; --json prints one "
+            "JSON object per generated token."
+        ),
+    )
+    p.add_argument("prompt", nargs="?", metavar="PROMPT", help="the prompt (default: stdin)")
+    p.add_argument(
+        "--model", metavar="PATH", default=None,
+        help="model folder in Hugging Face layout (default: the built-in demo model)",
+    )
+    p.add_argument("--engine", default="mlx", choices=("mlx", "torch", "vllm"),
+                   help="model runtime (default: mlx)")
+    p.add_argument("--max-tokens", type=int, default=256, metavar="N",
+                   help="most tokens to generate; -1 for no limit (default: 256)")
+    p.add_argument("--temp", type=float, default=0.0, metavar="T",
+                   help="sampling temperature; 0 is greedy (default: 0)")
+    p.add_argument("--top-p", type=float, default=1.0, metavar="P",
+                   help="nucleus sampling threshold in (0, 1] (default: 1)")
+    p.add_argument("--top-k", type=int, default=0, metavar="K",
+                   help="sample from the K most likely tokens; 0 is off (default: 0)")
+    p.add_argument("--seed", type=int, default=None, metavar="S",
+                   help="random seed for reproducible sampling")
+    p.add_argument("--stop", action="append", default=None, metavar="STR",
+                   help="stop when the text contains STR (repeat for several)")
+    p.add_argument(
+        "--top-logprobs", type=int, default=None, metavar="K",
+        help=f"alternatives reported per token, 0..20 (default: "
+        f"{DEFAULT_TERMINAL_TOP_LOGPROBS} in a terminal, 0 with --json)",
+    )
+    p.add_argument("--chat", action="store_true",
+                   help="send PROMPT as a user message through the model's chat template")
+    p.add_argument("--json", action="store_true", help="print one JSON object per token")
+    # One line on stderr and status 2 for bad arguments, like every other input error.
+    p.error = _fail  # type: ignore[method-assign]
+    p.set_defaults(func=run)
+
+
+def _fail(message: str) -> NoReturn:
+    sys.stderr.write(f"{_PROG}: error: {' '.join(str(message).split())}\n")
+    raise SystemExit(2)
+
+
+def _read_prompt(args: argparse.Namespace) -> str:
+    if args.prompt is not None:
+        return str(args.prompt)
+    if sys.stdin is None or sys.stdin.isatty():
+        _fail("no prompt: give PROMPT as an argument or pipe it on stdin")
+    return sys.stdin.read().rstrip("\n")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run `tokentrail generate`; return the exit status."""
+    from .loaders import TokenizerLoadError
+    from .sampling import check_max_tokens, make_params
+    from .stops import StopMatcher
+
+    top = args.top_logprobs
+    if top is None:
+        top = 0 if args.json else DEFAULT_TERMINAL_TOP_LOGPROBS
+    try:
+        # Settings are checked before the (slow) model load, so mistakes fail fast.
+        check_max_tokens(args.max_tokens)
+        make_params(temp=args.temp, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
+                    top_logprobs=top)
+        if args.stop:
+            StopMatcher(args.stop)
+    except (ValueError, TypeError) as e:
+        _fail(str(e))
+    prompt_text = _read_prompt(args)
+    try:
+        from .generate import load, stream_generate
+
+        model, tokenizer = load(args.model, engine=args.engine)
+        prompt: Any = [{"role": "user", "content": prompt_text}] if args.chat else prompt_text
+        responses = stream_generate(
+            model, tokenizer, prompt, max_tokens=args.max_tokens, temp=args.temp,
+            top_p=args.top_p, top_k=args.top_k, seed=args.seed, stop=args.stop,
+            top_logprobs=top,
+        )
+    except (FileNotFoundError, ValueError, TypeError, TokenizerLoadError, ImportError) as e:
+        _fail(str(e))
+    try:
+        if args.json:
+            for r in responses:
+                sys.stdout.write(json.dumps(r.to_dict()) + "\n")
+                sys.stdout.flush()
+            return 0
+        return _show(responses)
+    except KeyboardInterrupt:
+        responses.close()
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+def _pct(p: float) -> str:
+    return f"{p:.2f}" if p >= 0.01 else f"{p:.0e}"
+
+
+def _style(probability: float | None) -> str:
+    if probability is None:
+        return ""
+    if probability >= SURE:
+        return "green"
+    return "yellow" if probability >= HESITANT else "red"
+
+
+def _show(responses: Any) -> int:
+    """Stream coloured text to the terminal, then a summary of the least sure segments."""
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    out = Console(highlight=False, soft_wrap=True)
+    # The summary goes with the text in a terminal, to stderr when stdout is redirected.
+    info = out if out.is_terminal else Console(stderr=True, highlight=False)
+    segments: list[tuple[str, Any, Any]] = []
+    last = None
+    start = time.perf_counter()
+    for r in responses:
+        last = r
+        if r.text:
+            prob = r.confidence.probability if r.confidence else None
+            # Text objects are never parsed as markup, so model output prints verbatim.
+            out.print(Text(r.text, style=_style(prob)), end="")
+            segments.append((r.text, r.confidence, r.last_segment_tokens))
+    out.print()
+    if last is None:
+        return 0
+    elapsed = time.perf_counter() - start
+    reason = last.finish_reason
+    if last.stop_string is not None:
+        reason = f"stop string {last.stop_string!r}"
+    elif reason == "stop":
+        reason = "end-of-sequence token"
+    elif reason == "length":
+        reason = "token limit"
+    info.print(
+        Text(
+            f"{last.generation_tokens} tokens, {last.generation_tps:.1f} tokens/s "
+            f"(prompt {last.prompt_tokens} tokens, {last.prompt_tps:.1f} tokens/s; "
+            f"{elapsed:.2f} s in all), finished: {reason}",
+            style="dim",
+        )
+    )
+    scored = [s for s in segments if s[1] is not None and s[0].strip()]
+    scored.sort(key=lambda s: s[1].probability)
+    if not scored:
+        return 0
+    table = Table(title="least confident segments", title_justify="left", show_edge=False)
+    table.add_column("segment")
+    table.add_column("p", justify="right")
+    table.add_column("alternatives for its least likely token")
+    for text, conf, spans in scored[:5]:
+        weakest = min(
+            (t for t in spans if t.logprob is not None), key=lambda t: t.logprob, default=None
+        )
+        alts = ""
+        if weakest is not None and weakest.top_logprobs:
+            alts = ", ".join(
+                f"{a.text!r} {_pct(math.exp(a.logprob))}" for a in weakest.top_logprobs
+            )
+        table.add_row(
+            Text(repr(text), style=_style(conf.probability)),
+            _pct(conf.probability),
+            Text(alts),
+        )
+    info.print(table)
+    return 0

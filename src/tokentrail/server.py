@@ -62,6 +62,7 @@ import logging
 import math
 import os
 import queue
+import sys
 import threading
 import time
 import uuid
@@ -572,6 +573,8 @@ class Engine:
         max_queue: int = DEFAULT_MAX_QUEUE,
         model_name: str | None = None,
         generate_fn: Callable[..., Iterator[Any]] | None = None,
+        engine: str = "mlx",
+        load_options: dict[str, Any] | None = None,
     ) -> None:
         if (model is None) != (tokenizer is None):
             raise ValueError("pass both model and tokenizer, or neither (to load model_path)")
@@ -580,6 +583,8 @@ class Engine:
         self.model = model
         self.tokenizer = tokenizer
         self.model_path = model_path
+        self.engine_name = engine
+        self.load_options = dict(load_options or {})
         self.max_queue = max_queue
         self.model_name = model_name or _served_name(model_path)
         self.created = int(time.time())
@@ -716,8 +721,10 @@ class Engine:
         if self.model is None:
             from . import generate
 
-            logger.info("loading model %s", self.model_path or "(built-in demo model)")
-            self.model, self.tokenizer = generate.load(self.model_path)
+            logger.debug("loading model %s", self.model_path or "(built-in demo model)")
+            self.model, self.tokenizer = generate.load(
+                self.model_path, engine=self.engine_name, **self.load_options
+            )
         if self._generate_fn is None:
             from . import generate
 
@@ -1350,6 +1357,8 @@ def create_app(
     max_queue: int = DEFAULT_MAX_QUEUE,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     model_name: str | None = None,
+    engine: str = "mlx",
+    load_options: dict[str, Any] | None = None,
 ) -> Starlette:
     """Build the ASGI app serving one model.
 
@@ -1357,7 +1366,8 @@ def create_app(
     (None: the built-in demo model), which is then loaded on the worker thread when the
     app starts (or earlier through ``app.state.engine.start()``). `max_queue` requests
     may wait behind the running one; more are answered 429. Bodies over
-    `max_body_bytes` are answered 413.
+    `max_body_bytes` are answered 413. `engine` ("mlx", "torch" or "vllm") and
+    `load_options` (that engine's loader keywords) apply when loading `model_path`.
     """
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
@@ -1366,7 +1376,15 @@ def create_app(
 
     if max_body_bytes < 1:
         raise ValueError(f"max_body_bytes must be >= 1, got {max_body_bytes}")
-    engine = Engine(model, tokenizer, model_path, max_queue=max_queue, model_name=model_name)
+    engine = Engine(
+        model,
+        tokenizer,
+        model_path,
+        max_queue=max_queue,
+        model_name=model_name,
+        engine=engine,
+        load_options=load_options,
+    )
     server = _Server(engine, max_body_bytes)
 
     @contextlib.asynccontextmanager
@@ -1432,6 +1450,18 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         help="id the model is served under (default: the folder name, or tokentrail-demo)",
     )
     parser.add_argument(
+        "--engine",
+        default="mlx",
+        choices=["mlx", "torch", "vllm"],
+        help="model runtime (default mlx; torch runs transformers, vllm a vLLM deployment)",
+    )
+    parser.add_argument("--device", help="torch engine: cuda, mps or cpu (default: best)")
+    parser.add_argument("--dtype", help="torch/vllm engines: float32, bfloat16, float16, auto")
+    parser.add_argument("--tensor-parallel-size", type=int, metavar="N", help="vllm engine")
+    parser.add_argument("--pipeline-parallel-size", type=int, metavar="N", help="vllm engine")
+    parser.add_argument("--gpu-memory-utilization", type=float, metavar="F", help="vllm engine")
+    parser.add_argument("--max-model-len", type=int, metavar="N", help="vllm engine")
+    parser.add_argument(
         "--log-level",
         default="info",
         choices=["debug", "info", "warning", "error"],
@@ -1472,17 +1502,51 @@ def run(args: argparse.Namespace) -> int:
     if args.max_body_bytes < 1:
         logger.error("--max-body-bytes must be >= 1, got %d", args.max_body_bytes)
         return 2
+    options: dict[str, Any] = {}
+    allowed = {
+        "mlx": (),
+        "torch": ("device", "dtype"),
+        "vllm": (
+            "dtype",
+            "tensor_parallel_size",
+            "pipeline_parallel_size",
+            "gpu_memory_utilization",
+            "max_model_len",
+        ),
+    }[args.engine]
+    for key in (
+        "device",
+        "dtype",
+        "tensor_parallel_size",
+        "pipeline_parallel_size",
+        "gpu_memory_utilization",
+        "max_model_len",
+    ):
+        value = getattr(args, key, None)
+        if value is None:
+            continue
+        if key not in allowed:
+            flag = "--" + key.replace("_", "-")
+            sys.stderr.write(
+                f"tokentrail serve: error: {flag} does not apply to --engine {args.engine}\n"
+            )
+            return 2
+        options[key] = value
     app = create_app(
         model_path=args.model,
         max_queue=args.max_queue,
         max_body_bytes=args.max_body_bytes,
         model_name=args.model_name,
+        engine=args.engine,
+        load_options=options,
     )
     try:
         app.state.engine.start()
-    except (OSError, ValueError) as e:
-        logger.error("cannot load the model: %s", e)
-        return 1
+    except (OSError, ValueError, ImportError, TypeError) as e:
+        sys.stderr.write(
+            f"tokentrail serve: error: cannot load the model: {' '.join(str(e).split())}\n"
+        )
+        return 2
     logger.info("serving %s on http://%s:%d", app.state.engine.model_name, args.host, args.port)
     uvicorn.run(
         app,

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tiny_models import write_tokenizer_files
 
 mx = pytest.importorskip("mlx.core")
 pytest.importorskip("mlx_lm")
@@ -47,10 +47,6 @@ TINY_CONFIG = {
     "eos_token_id": 50256,
     "torch_dtype": "float32",
 }
-CHAT_TEMPLATE = (
-    "{% for m in messages %}{{ m['role'] + ': ' + m['content'] + '\\n' }}{% endfor %}"
-    "{% if add_generation_prompt %}{{ 'assistant:' }}{% endif %}"
-)
 
 
 def build_tiny_llama(out: Path, tokenizer_json: Path) -> Path:
@@ -66,19 +62,7 @@ def build_tiny_llama(out: Path, tokenizer_json: Path) -> Path:
     # A larger output layer gives peaked but varied next-token distributions.
     weights["lm_head.weight"] = weights["lm_head.weight"] * 4
     mx.save_safetensors(str(out / "model.safetensors"), weights)
-    shutil.copy(tokenizer_json, out / "tokenizer.json")
-    (out / "tokenizer_config.json").write_text(
-        json.dumps(
-            {
-                "tokenizer_class": "PreTrainedTokenizerFast",
-                "bos_token": "<|endoftext|>",
-                "eos_token": "<|endoftext|>",
-                "clean_up_tokenization_spaces": False,
-                "chat_template": CHAT_TEMPLATE,
-            }
-        ),
-        encoding="utf-8",
-    )
+    write_tokenizer_files(out, tokenizer_json)
     return out
 
 

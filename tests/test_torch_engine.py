@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+from tiny_models import write_tokenizer_files
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -32,10 +32,6 @@ CORPUS = REPO.parent / "shared" / "corpus"
 GPT2_EOS = 50256
 #: A second end token in the tiny model's generation config (as chat models have).
 EXTRA_EOS = 50255
-CHAT_TEMPLATE = (
-    "{% for m in messages %}{{ m['role'] + ': ' + m['content'] + '\\n' }}{% endfor %}"
-    "{% if add_generation_prompt %}{{ 'assistant:' }}{% endif %}"
-)
 PROMPTS = ["The quick brown fox", "def main():\n    ", "Zürich ist schön, 東京も"]
 
 
@@ -67,19 +63,7 @@ def build_tiny_llama(out: Path, tokenizer_json: Path) -> Path:
         bos_token_id=GPT2_EOS, eos_token_id=[GPT2_EOS, EXTRA_EOS]
     )
     model.save_pretrained(out)
-    shutil.copy(tokenizer_json, out / "tokenizer.json")
-    (out / "tokenizer_config.json").write_text(
-        json.dumps(
-            {
-                "tokenizer_class": "PreTrainedTokenizerFast",
-                "bos_token": "<|endoftext|>",
-                "eos_token": "<|endoftext|>",
-                "clean_up_tokenization_spaces": False,
-                "chat_template": CHAT_TEMPLATE,
-            }
-        ),
-        encoding="utf-8",
-    )
+    write_tokenizer_files(out, tokenizer_json)
     return out
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tiny_models import write_tokenizer_files
 
 from tokentrail.engines import vllm_engine as ve
 from tokentrail.generate import DEMO_MODEL
@@ -97,18 +97,7 @@ def build_tiny_llama(out: Path, tokenizer_json: Path) -> Path:
             model.model.embed_tokens.weight.normal_(0.0, 1.0)
             model.lm_head.weight.normal_(0.0, 0.5)
     model.save_pretrained(out)
-    shutil.copy(tokenizer_json, out / "tokenizer.json")
-    (out / "tokenizer_config.json").write_text(
-        json.dumps(
-            {
-                "tokenizer_class": "PreTrainedTokenizerFast",
-                "bos_token": "<|endoftext|>",
-                "eos_token": "<|endoftext|>",
-                "clean_up_tokenization_spaces": False,
-            }
-        ),
-        encoding="utf-8",
-    )
+    write_tokenizer_files(out, tokenizer_json, chat_template=None)
     return out
 
 

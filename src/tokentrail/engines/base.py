@@ -7,8 +7,10 @@ Everything above it (alignment, stop strings, responses) is shared by all engine
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from ..sampling import SamplingParams
@@ -57,3 +59,23 @@ class Engine(Protocol):
     def peak_memory(self) -> float:
         """Peak device memory in use so far, in GB (0.0 if the engine cannot tell)."""
         ...
+
+
+def read_model_config(p: Path) -> dict[str, Any]:
+    """Check that `p` is a Hugging Face-layout model folder; return its config.json.
+
+    Raises FileNotFoundError or ValueError naming what is missing or unreadable, so
+    every engine reports a bad model path the same way.
+    """
+    if not p.is_dir():
+        raise ValueError(f"model path must be a folder with config.json and weights, got file {p}")
+    config_file = p / "config.json"
+    if not config_file.is_file():
+        raise FileNotFoundError(f"no config.json in model folder {p}")
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"cannot read {config_file}: {e}") from e
+    if not isinstance(config, dict) or "model_type" not in config:
+        raise ValueError(f"{config_file} has no model_type; is this a Hugging Face model folder?")
+    return config

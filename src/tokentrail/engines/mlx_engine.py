@@ -9,7 +9,6 @@ handful of extra device ops per step, never a transfer of the whole vocabulary.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -22,7 +21,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..sampling import SamplingParams
-from .base import Step
+from .base import Step, read_model_config
 
 log = logging.getLogger(__name__)
 
@@ -101,17 +100,7 @@ def load(path: str | os.PathLike[str]) -> tuple[nn.Module, Any]:
             _remember(model, path, config)
             return model, tokenizer
         raise FileNotFoundError(f"model folder not found: {p}")
-    if not p.is_dir():
-        raise ValueError(f"model path must be a folder with config.json and weights, got file {p}")
-    config_file = p / "config.json"
-    if not config_file.is_file():
-        raise FileNotFoundError(f"no config.json in model folder {p}")
-    try:
-        config = json.loads(config_file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"cannot read {config_file}: {e}") from e
-    if not isinstance(config, dict) or "model_type" not in config:
-        raise ValueError(f"{config_file} has no model_type; is this a Hugging Face model folder?")
+    config = read_model_config(p)
     if not any(p.glob("model*.safetensors")):
         raise FileNotFoundError(f"no model*.safetensors weights in model folder {p}")
     from mlx_lm.utils import load as mlx_load  # imports transformers: after the cheap checks

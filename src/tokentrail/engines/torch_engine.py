@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from ..sampling import SamplingParams
-from .base import Step
+from .base import Step, read_model_config
 
 log = logging.getLogger(__name__)
 
@@ -59,19 +59,7 @@ def _transformers_major_minor() -> tuple[int, int]:
 
 
 def _check_folder(p: Path) -> None:
-    if not p.is_dir():
-        raise ValueError(f"model path must be a folder with config.json and weights, got file {p}")
-    config_file = p / "config.json"
-    if not config_file.is_file():
-        raise FileNotFoundError(f"no config.json in model folder {p}")
-    import json
-
-    try:
-        config = json.loads(config_file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"cannot read {config_file}: {e}") from e
-    if not isinstance(config, dict) or "model_type" not in config:
-        raise ValueError(f"{config_file} has no model_type; is this a Hugging Face model folder?")
+    read_model_config(p)
     if not (any(p.glob("*.safetensors")) or any(p.glob("pytorch_model*.bin"))):
         raise FileNotFoundError(f"no *.safetensors or pytorch_model*.bin weights in {p}")
 

@@ -79,3 +79,26 @@ def read_model_config(p: Path) -> dict[str, Any]:
     if not isinstance(config, dict) or "model_type" not in config:
         raise ValueError(f"{config_file} has no model_type; is this a Hugging Face model folder?")
     return config
+
+
+def check_generate_args(
+    prompt_ids: Sequence[Any], params: Any, max_tokens: Any, vocab_size: int | None
+) -> list[int]:
+    """Validate `Engine.generate`'s arguments (for engines called directly, without
+    `stream_generate`); return the prompt ids as a list. Errors name the argument."""
+    ids = list(prompt_ids)
+    if not ids:
+        raise ValueError("prompt_ids is empty; the model needs at least one token")
+    for i in ids:
+        if isinstance(i, bool) or not isinstance(i, int):
+            raise TypeError(f"prompt_ids must be ints, got {i!r}")
+        if i < 0 or (vocab_size is not None and i >= vocab_size):
+            limit = "" if vocab_size is None else f" (valid ids are 0..{vocab_size - 1})"
+            raise ValueError(f"prompt_ids contains token id {i}, outside the vocabulary{limit}")
+    if max_tokens is not None and (
+        isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1
+    ):
+        raise ValueError(f"max_tokens must be None or an int >= 1, got {max_tokens!r}")
+    if not isinstance(params, SamplingParams):
+        raise TypeError(f"params must be a tokentrail SamplingParams, got {type(params).__name__}")
+    return ids

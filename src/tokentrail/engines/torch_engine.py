@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from ..sampling import SamplingParams
-from .base import Step, read_model_config
+from .base import Step, check_generate_args, read_model_config
 
 log = logging.getLogger(__name__)
 
@@ -256,24 +256,8 @@ class TorchEngine:
         self, prompt_ids: Sequence[int], params: SamplingParams, max_tokens: int | None
     ) -> Iterator[Step]:
         """Yield Steps; see `Engine.generate`. Arguments are checked here, at the call."""
-        ids = list(prompt_ids)
-        if not ids:
-            raise ValueError("prompt_ids is empty; the model needs at least one token")
         vocab = self.vocab_size
-        for i in ids:
-            if isinstance(i, bool) or not isinstance(i, int):
-                raise TypeError(f"prompt_ids must be ints, got {i!r}")
-            if i < 0 or (vocab is not None and i >= vocab):
-                limit = "" if vocab is None else f" (valid ids are 0..{vocab - 1})"
-                raise ValueError(f"prompt_ids contains token id {i}, outside the vocabulary{limit}")
-        if max_tokens is not None and (
-            isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1
-        ):
-            raise ValueError(f"max_tokens must be None or an int >= 1, got {max_tokens!r}")
-        if not isinstance(params, SamplingParams):
-            raise TypeError(
-                f"params must be a tokentrail SamplingParams, got {type(params).__name__}"
-            )
+        ids = check_generate_args(prompt_ids, params, max_tokens, vocab)
         if vocab is not None and params.top_logprobs > vocab:
             raise ValueError(
                 f"top_logprobs={params.top_logprobs} exceeds the vocabulary size {vocab}"

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from ..sampling import SamplingParams
-from .base import Step
+from .base import Step, check_generate_args
 
 log = logging.getLogger(__name__)
 
@@ -257,15 +257,7 @@ class VLLMEngine:
         self, prompt_ids: Sequence[int], params: SamplingParams, max_tokens: int | None
     ) -> Iterator[Step]:
         """Yield Steps; see `Engine.generate`. Arguments are checked here, at the call."""
-        ids = _check_ids(prompt_ids, self.vocab_size)
-        if max_tokens is not None and (
-            isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1
-        ):
-            raise ValueError(f"max_tokens must be None or an int >= 1, got {max_tokens!r}")
-        if not isinstance(params, SamplingParams):
-            raise TypeError(
-                f"params must be a tokentrail SamplingParams, got {type(params).__name__}"
-            )
+        ids = check_generate_args(prompt_ids, params, max_tokens, self.vocab_size)
         sampling = _sampling_params(params, max_tokens, self.vocab_size)
         if self._offline:
             return self._offline_steps(ids, sampling, params.top_logprobs)
@@ -342,19 +334,6 @@ def _model_config(engine: Any) -> Any:
         inner = getattr(engine, "llm_engine", None)
         config = getattr(inner, "model_config", None)
     return config
-
-
-def _check_ids(prompt_ids: Sequence[Any], vocab: int | None) -> list[int]:
-    ids = list(prompt_ids)
-    if not ids:
-        raise ValueError("prompt_ids is empty; the model needs at least one token")
-    for i in ids:
-        if isinstance(i, bool) or not isinstance(i, int):
-            raise TypeError(f"prompt_ids must be ints, got {i!r}")
-        if i < 0 or (vocab is not None and i >= vocab):
-            limit = "" if vocab is None else f" (valid ids are 0..{vocab - 1})"
-            raise ValueError(f"prompt_ids contains token id {i}, outside the vocabulary{limit}")
-    return ids
 
 
 def _sampling_params(params: SamplingParams, max_tokens: int | None, vocab: int | None) -> Any:

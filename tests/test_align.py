@@ -233,7 +233,7 @@ def _pools(key: str) -> tuple[list[int], list[int], list[int]]:
 
 KEYS = [s[0] for s in SPECS]
 SETTINGS = settings(
-    max_examples=40,
+    max_examples=80,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )

@@ -55,3 +55,41 @@ def test_copies_do_not_share_state() -> None:
     a.finalize()
     b.finalize()
     assert (a.text, b.text) == ("alpha", "beta")
+
+
+def test_inside_mlx_lm_stream_generate_on_the_demo_model() -> None:
+    """The seed's scenario: mlx-lm's own stream_generate with the drop-in installed; the
+    tokens read after each `last_segment` cover every generated token exactly."""
+    import mlx_lm
+
+    from tokentrail.generate import DEMO_MODEL
+
+    model, tokenizer = mlx_lm.load(str(DEMO_MODEL))
+    install(tokenizer)
+    texts, tokens, spans = [], [], []
+    # mlx-lm reads `last_segment` inside stream_generate; the tokens behind that text are
+    # on the detokenizer it uses, which we reach through the wrapper's per-call copy.
+    seen: list[StreamingDetokenizer] = []
+    original = type(tokenizer).detokenizer
+
+    def spy(self: object) -> StreamingDetokenizer:
+        det = original.fget(self)
+        seen.append(det)
+        return det
+
+    type(tokenizer).detokenizer = property(spy)
+    try:
+        for r in mlx_lm.stream_generate(model, tokenizer, "The word for water is", max_tokens=40):
+            texts.append(r.text)
+            tokens.append(r.token)
+            spans.extend(seen[-1].last_segment_tokens)
+    finally:
+        type(tokenizer).detokenizer = original
+    det = seen[-1]
+    assert "".join(texts) == det.text == tokenizer.decode(det.tokens)
+    assert sorted({t.index for t in spans}) == list(range(len(det.tokens)))
+    covered: dict[int, int] = {}
+    for t in spans:  # each token's bytes covered once, in order, across responses
+        assert t.id == det.tokens[t.index]
+        assert t.start == covered.get(t.index, 0)
+        covered[t.index] = t.end

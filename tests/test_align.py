@@ -55,6 +55,8 @@ SPECS = [
     ("pegasus-metaspace-never", "tokenizers/pegasus/tokenizer.json", "metaspace-never"),
     ("wordpiece-trained", "tokenizers/MANIFEST.json", "wordpiece"),
     ("wordpiece-trained-cleanup", "tokenizers/MANIFEST.json", "wordpiece-cleanup"),
+    # transformers' Python-side sentencepiece backend: its own decode rules, generic path
+    ("llama2-transformers-slow", "tokenizers/llama2/tokenizer.model", "slow"),
     # Needs no corpus: the demo model's own tokenizer runs on a fresh clone too.
     ("demo-model", "", "demo"),
 ]
@@ -86,6 +88,10 @@ def _tokenizer_source(key: str) -> object:
         return str(path)
     if how == "hf":
         return str(_converted(str(path)))
+    if how == "slow":
+        from transformers import SentencePieceBackend
+
+        return SentencePieceBackend(vocab_file=str(path))
     if how == "transformers-clean":
         from transformers import AutoTokenizer
 

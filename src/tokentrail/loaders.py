@@ -419,11 +419,21 @@ def vocab_from_transformers(tok: Any) -> Vocab:
             oracle=oracle,
             special_ids=special_ids,
         )
-    sp = getattr(tok, "sp_model", None)
-    if sp is not None:
-        v = vocab_from_sentencepiece(sp, name=type(tok).__name__)
-        v.oracle = oracle
-        return v
+    if hasattr(tok, "convert_ids_to_tokens") and hasattr(tok, "__len__"):
+        # A Python-side ("slow") tokenizer: its decode has rules of its own (transformers'
+        # sentencepiece backend prints byte pieces as "<0xNN>", for one), so take the
+        # generic path, which is exact against its decode whatever those rules are.
+        from .formats import generic_vocab
+
+        n = len(tok)
+        names = tok.convert_ids_to_tokens(list(range(n)))
+        return generic_vocab(
+            [t if isinstance(t, str) else None for t in names],
+            special_ids,
+            oracle,
+            name=type(tok).__name__,
+            source=tok,
+        )
     raise TokenizerLoadError(
         f"transformers tokenizer {type(tok).__name__} has neither a tokenizers backend "
         "nor a sentencepiece model; pass its tokenizer files instead"

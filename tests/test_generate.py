@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import CORPUS as CORPUS_ROOT
+from conftest import CORPUS
 from tiny_models import write_tokenizer_files
 
 mx = pytest.importorskip("mlx.core")
@@ -29,7 +29,6 @@ from tokentrail.generate import DEMO_MODEL, _vocab  # noqa: E402
 from tokentrail.sampling import SamplingParams  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-CORPUS = CORPUS_ROOT  # ../shared/corpus, or $TOKENTRAIL_CORPUS
 
 TINY_CONFIG = {
     "model_type": "llama",

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import CORPUS as CORPUS_ROOT
+from conftest import CORPUS
 from tiny_models import write_tokenizer_files
 
 torch = pytest.importorskip("torch")
@@ -29,7 +29,6 @@ from tokentrail.generate import DEMO_MODEL, GenerationResponse, _vocab  # noqa: 
 from tokentrail.sampling import SamplingParams, make_params  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-CORPUS = CORPUS_ROOT  # ../shared/corpus, or $TOKENTRAIL_CORPUS
 GPT2_EOS = 50256
 #: A second end token in the tiny model's generation config (as chat models have).
 EXTRA_EOS = 50255

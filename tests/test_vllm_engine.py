@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import CORPUS as CORPUS_ROOT
+from conftest import CORPUS
 from tiny_models import write_tokenizer_files
 
 from tokentrail.engines import vllm_engine as ve
@@ -27,7 +27,6 @@ from tokentrail.generate import DEMO_MODEL
 from tokentrail.sampling import make_params
 
 REPO = Path(__file__).resolve().parents[1]
-CORPUS = CORPUS_ROOT  # ../shared/corpus, or $TOKENTRAIL_CORPUS
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 PROMPTS = ["The quick brown fox", "def main():\n    ", "Zürich ist schön, 東京も"]
 

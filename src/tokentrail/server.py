@@ -1488,8 +1488,9 @@ def run(args: argparse.Namespace) -> int:
         import starlette  # noqa: F401
         import uvicorn
     except ModuleNotFoundError as e:
-        logger.error(
-            "tokentrail serve needs %s: pip install 'tokentrail[server]'", e.name or "uvicorn"
+        sys.stderr.write(
+            f"tokentrail serve: error: needs {e.name or 'uvicorn'}: "
+            "pip install 'tokentrail[server]'\n"
         )
         return 2
 
@@ -1497,10 +1498,14 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("tokentrail").setLevel(level)  # also under `tokentrail -v serve`
     if args.max_queue < 0:
-        logger.error("--max-queue must be >= 0, got %d", args.max_queue)
+        sys.stderr.write(
+            f"tokentrail serve: error: --max-queue must be >= 0, got {args.max_queue}\n"
+        )
         return 2
     if args.max_body_bytes < 1:
-        logger.error("--max-body-bytes must be >= 1, got %d", args.max_body_bytes)
+        sys.stderr.write(
+            f"tokentrail serve: error: --max-body-bytes must be >= 1, got {args.max_body_bytes}\n"
+        )
         return 2
     options: dict[str, Any] = {}
     allowed = {

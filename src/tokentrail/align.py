@@ -11,12 +11,15 @@ O(1) amortised, and only bytes whose text can still change are held back.
 from __future__ import annotations
 
 import codecs
+import logging
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from .segment import Alternative, Segment, TokenSpan, _OneTokenSegment
 from .vocab import CLEANUP_RULES, Vocab
+
+log = logging.getLogger(__name__)
 
 TopLogprobs = Mapping[int, float] | Iterable[tuple[int, float]]
 
@@ -344,6 +347,21 @@ class Aligner:
         if not stable.startswith(self._emitted):
             if not final:
                 return []
+            # The decoder rewrote text that had looked final (no known pipeline does).
+            # Text already sent cannot be taken back: say so rather than stay silent.
+            log.warning(
+                "%s: the decode rewrote already-emitted text; the stream differs from "
+                "decode() after character %d",
+                self.vocab.name,
+                next(
+                    (
+                        i
+                        for i, (a, b) in enumerate(zip(self._emitted, full, strict=False))
+                        if a != b
+                    ),
+                    min(len(self._emitted), len(full)),
+                ),
+            )
             stable = self._emitted + full[len(self._emitted) :]
         text = stable[len(self._emitted) :]
         self._emitted = stable

@@ -184,7 +184,7 @@ class Aligner:
         self._n = idx + 1
         if logprob is not None:
             logprob = float(logprob)
-        top = None if top_logprobs is None else self._alternatives(top_logprobs)
+        top = None if top_logprobs is None else self.alternatives(top_logprobs)
         if self._fast:
             text = self._fast_text[token_id]
             if text is not None:
@@ -230,7 +230,9 @@ class Aligner:
 
     # -- internals -----------------------------------------------------------------
 
-    def _alternatives(self, top: TopLogprobs) -> tuple[Alternative, ...]:
+    def alternatives(self, top: TopLogprobs) -> tuple[Alternative, ...]:
+        """(id, logprob) pairs (or an id -> logprob mapping) as `Alternative`s with their
+        bytes and text; the per-id lookups are cached for the life of the aligner."""
         items = top.items() if isinstance(top, Mapping) else top
         out = []
         cache = self._alt_cache

@@ -280,22 +280,11 @@ def _generate(
 ) -> Iterator[GenerationResponse]:
     n_prompt = len(prompt_ids)
     vocab = aligner.vocab
-    alt_cache: dict[int, tuple[bytes, str]] = {}
 
     # Models often pad their embeddings past the tokenizer's last id; such ids have no
     # text, so they are left out of the alternatives (a sampled one is an error).
     padded = engine.vocab_size is not None and engine.vocab_size > vocab.size
     pieces = vocab.pieces
-
-    def alternatives(pairs: list[tuple[int, float]]) -> list[Alternative]:
-        out = []
-        for tid, lp in pairs:
-            hit = alt_cache.get(tid)
-            if hit is None:
-                hit = (vocab.token_bytes(tid), vocab.token_text(tid))
-                alt_cache[tid] = hit
-            out.append(Alternative(tid, lp, hit[0], hit[1]))
-        return out
 
     steps = engine.generate(prompt_ids, params, limit)
     tic = time.perf_counter()
@@ -316,7 +305,7 @@ def _generate(
             if is_eos:
                 # EOS ends the text: it adds no characters but is still reported.
                 segs = aligner.finish()
-                top = tuple(alternatives(pairs)) if pairs else None
+                top = aligner.alternatives(pairs) if pairs else None
                 eos_span = TokenSpan(n, token, 0, 0, step.logprob, top)
             else:
                 segs = aligner.push(token, step.logprob, pairs or None)
@@ -352,7 +341,7 @@ def _generate(
             elif spans and spans[-1].index == n and spans[-1].top_logprobs is not None:
                 top_list = list(spans[-1].top_logprobs)
             else:
-                top_list = alternatives(pairs)
+                top_list = list(aligner.alternatives(pairs))
 
             finish = None
             if last:

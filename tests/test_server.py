@@ -274,6 +274,18 @@ def check_attribution(chunk_exts: list[dict[str, Any]], n_tokens: int) -> None:
     assert seen == list(range(n_tokens))
 
 
+def wait_until_finished(server: Server, job_id: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Poll /health until job `job_id` is among the finished ones; return it and /health."""
+    deadline = time.monotonic() + 120
+    while True:
+        h = server.health()
+        done = [j for j in h["recent"] if j["id"] == job_id]
+        if done:
+            return done[0], h
+        assert time.monotonic() < deadline, f"generation never stopped: {h}"
+        time.sleep(0.05)
+
+
 def sse_events(raw: bytes) -> list[str]:
     """Split an SSE body into its data payloads, checking the framing strictly."""
     assert raw.endswith(b"\n\n"), raw[-200:]
@@ -809,15 +821,7 @@ def test_hang_up_stops_generation_and_next_request_is_served(stress: Server) -> 
         assert running is not None and running["id"] == job_id
         at_hang_up = running["generated_tokens"]
     # Leaving the block closes the connection mid-stream.
-    deadline = time.monotonic() + 120
-    while True:
-        h = stress.health()
-        done = [j for j in h["recent"] if j["id"] == job_id]
-        if done:
-            break
-        assert time.monotonic() < deadline, f"generation never stopped: {h}"
-        time.sleep(0.05)
-    (job,) = done
+    job, h = wait_until_finished(stress, job_id)
     assert job["outcome"] == "cancelled"
     assert job["generated_tokens"] < 100000
     # Stopped within a few dozen tokens of the hang-up (at ~100 tokens/s: well under a
@@ -859,16 +863,9 @@ def test_hang_up_while_not_streaming_stops_generation(stress: Server) -> None:
             return str(s["running"]["id"])
 
     job_id = asyncio.run(scenario())
-    deadline = time.monotonic() + 120
-    while True:
-        h = stress.health()
-        done = [j for j in h["recent"] if j["id"] == job_id]
-        if done:
-            break
-        assert time.monotonic() < deadline, f"generation never stopped: {h}"
-        time.sleep(0.05)
-    assert done[0]["outcome"] == "cancelled"
-    assert done[0]["generated_tokens"] < 100000
+    job, h = wait_until_finished(stress, job_id)
+    assert job["outcome"] == "cancelled"
+    assert job["generated_tokens"] < 100000
     assert h["cancelled"] == before["cancelled"] + 1
 
 

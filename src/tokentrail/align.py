@@ -11,6 +11,7 @@ O(1) amortised, and only bytes whose text can still change are held back.
 from __future__ import annotations
 
 import codecs
+import copy
 import logging
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
@@ -22,6 +23,13 @@ from .vocab import CLEANUP_RULES, Vocab
 log = logging.getLogger(__name__)
 
 TopLogprobs = Mapping[int, float] | Iterable[tuple[int, float]]
+
+
+class _Keep:
+    """Marker: keep the aligner's current prompt."""
+
+
+_KEEP = _Keep()
 
 _ERRORS = {"stream": "replace", "spm_runs": "tokentrail-per-byte", "hf_runs": "strict"}
 
@@ -100,13 +108,27 @@ class Aligner:
     The concatenated segment texts equal the tokenizer's own decode of the ids (with the
     same `skip_special_tokens`); emitted text never changes; every token appears in at
     least one segment, in order, with the byte range of its own bytes each one used.
+
+    With `prompt_ids`, the stream continues that prompt: the prompt is read-only
+    context, pushed through the same rules but never returned. `prompt_text` is the text
+    the prompt alone made final; what `push`/`finish` return is exactly the rest, so
+    `prompt_text + "".join(continuation texts) == decode(prompt_ids + ids)`. A prompt's
+    still-open tail (half a character, a held-back space) comes out with the first
+    continuation segment that completes it, listing the prompt tokens that carry it with
+    negative `index` (-1 is the prompt's last token); continuation tokens count from 0.
     """
 
-    def __init__(self, tokenizer: Any, skip_special_tokens: bool = False) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        skip_special_tokens: bool = False,
+        prompt_ids: Sequence[int] | None = None,
+    ) -> None:
         from .loaders import load_vocab
 
         self.vocab: Vocab = load_vocab(tokenizer)
         self.skip_special_tokens = bool(skip_special_tokens)
+        self._prompt: tuple[int, ...] = self._check_prompt(prompt_ids)
         v = self.vocab
         self._skipped = v.hidden | (v.special if skip_special_tokens else frozenset())
         self._mode = v.byte_mode
@@ -124,17 +146,55 @@ class Aligner:
         self._generic = v.generic
         self.reset()
 
-    def fresh(self) -> Aligner:
-        """A new aligner over the same compiled tables, with an empty stream (cheap)."""
+    def fresh(self, prompt_ids: Sequence[int] | _Keep | None = _KEEP) -> Aligner:
+        """A new aligner over the same compiled tables, with an empty stream (cheap).
+
+        It continues the same prompt as this one unless `prompt_ids` names another
+        (None: no prompt)."""
         clone = object.__new__(Aligner)
         clone.__dict__.update(self.__dict__)
-        clone.reset()
+        clone.reset(prompt_ids)
         return clone
+
+    def __copy__(self) -> Aligner:
+        """A copy mid-stream that shares no mutable state with the original."""
+        clone = object.__new__(Aligner)
+        clone.__dict__.update(self.__dict__)
+        clone._pending = deque(list(p) for p in self._pending)
+        clone._dec = codecs.getincrementaldecoder("utf-8")(_ERRORS[self._mode])
+        clone._dec.setstate(self._dec.getstate())
+        clone._run_text = list(self._run_text)
+        clone._clean = copy.deepcopy(self._clean)
+        clone._ids = list(self._ids)
+        return clone
+
+    @property
+    def prompt_ids(self) -> tuple[int, ...]:
+        """The prompt this stream continues (empty: none)."""
+        return self._prompt
+
+    def _check_prompt(self, prompt_ids: Sequence[int] | None) -> tuple[int, ...]:
+        if prompt_ids is None:
+            return ()
+        if isinstance(prompt_ids, (str, bytes)):
+            raise TypeError("prompt_ids must be a sequence of token ids, not a string")
+        ids = tuple(prompt_ids)
+        for i in ids:
+            try:
+                self.vocab.check_id(i)
+            except (TypeError, ValueError) as e:
+                raise type(e)(f"prompt_ids: {e}") from None
+        return tuple(int(i) for i in ids)
 
     # -- state ---------------------------------------------------------------------
 
-    def reset(self) -> None:
-        """Forget the stream; the next push starts a new sequence."""
+    def reset(self, prompt_ids: Sequence[int] | _Keep | None = _KEEP) -> None:
+        """Forget the stream; the next push starts a new sequence.
+
+        The new sequence continues the same prompt as before, unless `prompt_ids`
+        names another (None: no prompt)."""
+        if not isinstance(prompt_ids, _Keep):
+            self._prompt = self._check_prompt(prompt_ids)
         self._n = 0
         self._pos = 0  # bytes appended to the global stream
         self._done = 0  # bytes consumed by emitted segments (or dropped by rules)
@@ -149,6 +209,17 @@ class Aligner:
         self._ids: list[int] = []  # generic path only
         self._emitted = ""  # generic path only
         self._update_fast()
+        self.prompt_text = ""
+        if self._prompt:
+            self._prime(self._prompt)
+
+    def _prime(self, prompt: Sequence[int]) -> None:
+        """Push the prompt as context: its final text is kept as `prompt_text`, and
+        its tokens take indices -len(prompt)..-1 so the continuation counts from 0."""
+        self._n = -len(prompt)
+        push = self.push
+        parts = [s.text for i in prompt for s in push(i)]
+        self.prompt_text = "".join(parts)
 
     def _update_fast(self) -> None:
         self._fast = (

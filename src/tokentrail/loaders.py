@@ -30,9 +30,22 @@ class TokenizerLoadError(ValueError):
 
 
 def load_vocab(tokenizer: Any) -> Vocab:
-    """Compile a tokenizer object, or a path to tokenizer files, into a `Vocab`."""
+    """Compile a tokenizer object, or a path to tokenizer files, into a `Vocab`.
+
+    An object with a `__tokentrail_vocab__()` method (an engine's own tokenizer, such
+    as llama.cpp's) compiles itself: that method returns its `Vocab`.
+    """
     if isinstance(tokenizer, Vocab):
         return tokenizer
+    hook = getattr(type(tokenizer), "__tokentrail_vocab__", None)
+    if hook is not None:
+        vocab = hook(tokenizer)
+        if not isinstance(vocab, Vocab):
+            raise TokenizerLoadError(
+                f"{type(tokenizer).__name__}.__tokentrail_vocab__() returned "
+                f"{type(vocab).__name__}, not a tokentrail Vocab"
+            )
+        return vocab
     if isinstance(tokenizer, str | os.PathLike):
         return _from_path(Path(tokenizer))
     mod = type(tokenizer).__module__

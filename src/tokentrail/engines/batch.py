@@ -1,7 +1,7 @@
 """Batches: several sequences decoded together, joining and leaving between steps.
 
 An engine that batches natively (mlx-lm's `BatchGenerator`, vLLM, llama.cpp's parallel
-sequences) implements `open_batch(max_batch) -> Batch`. `open_batch(engine, n)` returns
+sequences) implements `open_batch(max_batch, **options) -> Batch`. `open_batch(engine, n)` returns
 that, or a `SerialBatch` for engines that only generate one sequence at a time: it
 advances each sequence's own generator by one token per step, so every sequence still
 makes progress and none waits for another to finish.
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator, Sequence
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from ..sampling import SamplingParams
 from .base import Engine, Step
@@ -97,9 +97,13 @@ class SerialBatch:
             self.remove(uid)
 
 
-def open_batch(engine: Engine, max_batch: int) -> Batch:
-    """The engine's own batch if it has one, else a `SerialBatch` over it."""
+def open_batch(engine: Engine, max_batch: int, **options: Any) -> Batch:
+    """The engine's own batch if it has one, else a `SerialBatch` over it.
+
+    `options` are for engines that batch natively (e.g. `prompt_cache_bytes`, the
+    memory bound of a prompt cache shared across requests); `SerialBatch` ignores them.
+    """
     opener = getattr(engine, "open_batch", None)
     if callable(opener):
-        return opener(max_batch)
+        return opener(max_batch, **options)
     return SerialBatch(engine, max_batch)

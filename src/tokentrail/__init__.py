@@ -1,37 +1,72 @@
-"""tokentrail: streamed text where every piece carries the exact tokens that made it."""
+"""tokentrail: streamed text where every piece carries the exact tokens that made it.
+
+The light parts (the aligner, vocabularies, segments) import at once; the parts that
+pull in a model runtime or a web stack (`load`, `stream_generate`, the mlx-lm drop-in
+detokenizer, the stream re-aligner) are reachable from here too but load only when
+first asked for, so `import tokentrail` stays fast and needs no optional extra.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from .align import Aligner
 from .loaders import TokenizerLoadError, load_vocab
 from .segment import Alternative, Confidence, Segment, TokenSpan, confidence_of
 from .vocab import Vocab
 
+if TYPE_CHECKING:  # what the lazy names are, for type checkers and IDEs
+    from .detokenizer import StreamingDetokenizer
+    from .generate import DEMO_MODEL, GenerationResponse, load, stream_generate
+    from .realign import Realigner, RealignError
+
 __version__ = "0.1.0"
 
+#: Public names loaded on first access: name -> module (relative to this package).
+#: (`tokentrail.realign` is the module: a lazy function of that name would be shadowed
+#: by the submodule as soon as it is imported.)
+_LAZY = {
+    "DEMO_MODEL": ".generate",
+    "GenerationResponse": ".generate",
+    "load": ".generate",
+    "stream_generate": ".generate",
+    "StreamingDetokenizer": ".detokenizer",
+    "RealignError": ".realign",
+    "Realigner": ".realign",
+}
+
 __all__ = [
+    "DEMO_MODEL",
     "Aligner",
     "Alternative",
     "Confidence",
+    "GenerationResponse",
+    "RealignError",
+    "Realigner",
     "Segment",
+    "StreamingDetokenizer",
     "TokenSpan",
     "TokenizerLoadError",
     "Vocab",
+    "__version__",
     "confidence_of",
+    "load",
     "load_vocab",
+    "stream_generate",
 ]
 
 
 def __getattr__(name: str) -> Any:
-    # Heavy parts (MLX, transformers) load only when asked for.
-    if name in ("load", "stream_generate", "GenerationResponse"):
-        from . import generate
+    """Import the module behind a lazy public name on first use (PEP 562)."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tokentrail' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
 
-        return getattr(generate, name)
-    if name == "StreamingDetokenizer":
-        from .detokenizer import StreamingDetokenizer
 
-        return StreamingDetokenizer
-    raise AttributeError(f"module 'tokentrail' has no attribute {name!r}")
+def __dir__() -> list[str]:
+    """Module attributes plus the lazy names, so completion offers them before first use."""
+    return sorted(set(globals()) | set(_LAZY))

@@ -1,4 +1,4 @@
-"""`python -m tokentrail` runs the command line."""
+"""`python -m tokentrail` runs the command line (the same as the `tokentrail` script)."""
 
 from .cli import main
 

@@ -118,18 +118,23 @@ def _run_bench(args: argparse.Namespace) -> int:
     from .align import Aligner
     from .loaders import TokenizerLoadError
 
+    # Settings are checked before the tokenizer is loaded, so mistakes fail fast.
+    if args.tokens < 1:
+        return fail(f"--tokens must be at least 1, not {args.tokens}")
+    if args.repeat < 1:
+        return fail(f"--repeat must be at least 1, not {args.repeat}")
     try:
         aligner = Aligner(args.tokenizer)
     except (TokenizerLoadError, OSError, ValueError) as e:
         return fail(f"cannot load tokenizer {args.tokenizer}: {e}")
-    if args.tokens < 1:
-        return fail("--tokens must be at least 1")
     if args.text_file:
         try:
             with open(args.text_file, encoding="utf-8") as f:
                 text = f.read()
         except OSError as e:
             return fail(f"cannot read --text-file {args.text_file}: {e.strerror}")
+        except UnicodeDecodeError as e:
+            return fail(f"--text-file {args.text_file} is not UTF-8 text: {e.reason}")
     else:
         import pydoc_data.topics
 
@@ -140,6 +145,7 @@ def _run_bench(args: argparse.Namespace) -> int:
     while len(ids) < args.tokens:
         ids = ids + ids
     ids = ids[: args.tokens]
+
     def text_only() -> None:
         push = aligner.push
         for i in ids:
@@ -168,11 +174,26 @@ def _run_bench(args: argparse.Namespace) -> int:
 
 
 def _register_bench(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="measure the aligner's cost per token on a tokenizer")
-    p.add_argument("--tokenizer", required=True)
-    p.add_argument("--tokens", type=int, default=20000)
-    p.add_argument("--repeat", type=int, default=5)
-    p.add_argument("--text-file", help="text to encode (default: Python's bundled docs)")
+    p = sub.add_parser(
+        "bench",
+        help="measure the aligner's cost per token on a tokenizer",
+        description=(
+            "Push a fixed token sequence through the aligner and print one JSON object "
+            "with the median microseconds per token, once reading only each segment's "
+            "text and once also its tokens. For side-by-side comparisons with other "
+            "detokenizers use benchmarks/bench_align.py."
+        ),
+    )
+    p.add_argument("--tokenizer", required=True, metavar="PATH",
+                   help="tokenizer file or model folder to measure")
+    p.add_argument("--tokens", type=int, default=20000, metavar="N",
+                   help="tokens per run; the text is repeated to reach N (default: 20000)")
+    p.add_argument("--repeat", type=int, default=5, metavar="R",
+                   help="timed runs per measurement, at least 1; the median is "
+                   "reported (default: 5)")
+    p.add_argument("--text-file", metavar="FILE",
+                   help="UTF-8 text to encode into the token sequence "
+                   "(default: Python's bundled documentation, pydoc_data)")
     p.set_defaults(func=_run_bench)
 
 
@@ -182,9 +203,29 @@ def _register_bench(sub: argparse._SubParsersAction) -> None:
 _PLUGINS = ("tokentrail.generate_cli", "tokentrail.server", "tokentrail.realign")
 
 
+_VERBOSE_HELP = "log progress (INFO level) to stderr"
+
+
+def _add_verbose(parser: argparse.ArgumentParser) -> None:
+    """Accept -v/--verbose after the sub-command too (`tokentrail generate -v ...`).
+
+    The sub-command's copy has no default of its own (SUPPRESS), so it never resets a
+    `-v` given before the sub-command. A sub-command that already defines -v keeps it.
+    """
+    try:
+        parser.add_argument("-v", "--verbose", action="store_true",
+                            default=argparse.SUPPRESS, help=_VERBOSE_HELP)
+    except argparse.ArgumentError:
+        log.debug("%s defines its own -v/--verbose", parser.prog)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """The `tokentrail` parser with every sub-command whose module imports."""
+    from . import __version__
+
     parser = _Parser(prog="tokentrail", description=__doc__.splitlines()[0])
-    parser.add_argument("-v", "--verbose", action="store_true", help="log to stderr")
+    parser.add_argument("-v", "--verbose", action="store_true", help=_VERBOSE_HELP)
+    parser.add_argument("--version", action="version", version=f"tokentrail {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _register_align(sub)
     for name in _PLUGINS:
@@ -196,10 +237,13 @@ def build_parser() -> argparse.ArgumentParser:
             continue
         module.register(sub)
     _register_bench(sub)
+    for subparser in sub.choices.values():
+        _add_verbose(subparser)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; return the exit status (2 for bad input)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)

@@ -3,17 +3,22 @@
 In a terminal each segment is coloured by its probability (green: sure, yellow:
 hesitant, red: unsure) and a summary lists the least confident segments with the
 alternatives the model weighed. With `--json`, every response is one JSON object per
-line, for scripts. Bad input exits with status 2 and one line on stderr.
+line, for scripts. Like `mlx_lm.generate`, the prompt goes through the model's chat
+template when it has one (`--no-chat` sends it as plain text). Bad input exits with
+status 2 and one line on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import sys
 import time
 from typing import Any, NoReturn
+
+log = logging.getLogger(__name__)
 
 #: Alternatives per token in terminal mode when --top-logprobs is not given.
 DEFAULT_TERMINAL_TOP_LOGPROBS = 5
@@ -57,12 +62,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=f"alternatives reported per token, 0..20 (default: "
         f"{DEFAULT_TERMINAL_TOP_LOGPROBS} in a terminal, 0 with --json)",
     )
-    p.add_argument("--chat", action="store_true",
-                   help="send PROMPT as a user message through the model's chat template")
+    chat = p.add_mutually_exclusive_group()
+    chat.add_argument(
+        "--chat", dest="chat", action="store_const", const="on", default="auto",
+        help="send PROMPT as a user message through the model's chat template; an error "
+        "when the model has none (default: do so whenever the model has a chat template, "
+        "as mlx_lm.generate does)",
+    )
+    chat.add_argument(
+        "--no-chat", "--raw", "--ignore-chat-template", dest="chat", action="store_const",
+        const="off", help="send PROMPT as plain text, without the chat template",
+    )
+    p.add_argument(
+        "--system", "--system-prompt", metavar="TEXT", default=None,
+        help="system message placed before PROMPT in the chat template (needs one)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object per token")
     # One line on stderr and status 2 for bad arguments, like every other input error.
     p.error = _fail  # type: ignore[method-assign]
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, chat="auto")
 
 
 def _fail(message: str) -> NoReturn:
@@ -96,12 +114,21 @@ def run(args: argparse.Namespace) -> int:
             StopMatcher(args.stop)
     except (ValueError, TypeError) as e:
         _fail(str(e))
+    if args.system is not None and args.chat == "off":
+        _fail("--system needs the chat template, which --no-chat turns off")
     prompt_text = _read_prompt(args)
     try:
         from .generate import load, stream_generate
 
+        t0 = time.perf_counter()
         model, tokenizer = load(args.model, engine=args.engine)
-        prompt: Any = [{"role": "user", "content": prompt_text}] if args.chat else prompt_text
+        templated = has_chat_template(tokenizer)
+        log.info(
+            "loaded %s with the %s engine in %.2f s (chat template: %s)",
+            args.model or "the demo model", args.engine, time.perf_counter() - t0,
+            "yes" if templated else "no",
+        )
+        prompt = _prompt(args, prompt_text, templated)
         responses = stream_generate(
             model, tokenizer, prompt, max_tokens=args.max_tokens, temp=args.temp,
             top_p=args.top_p, top_k=args.top_k, seed=args.seed, stop=args.stop,
@@ -121,6 +148,27 @@ def run(args: argparse.Namespace) -> int:
         return 130
     except BrokenPipeError:
         return 0
+
+
+def has_chat_template(tokenizer: Any) -> bool:
+    """Whether `tokenizer` (mlx-lm wrapper or transformers tokenizer) has a chat template."""
+    flag = getattr(tokenizer, "has_chat_template", None)
+    if flag is not None:
+        return bool(flag)
+    return getattr(tokenizer, "chat_template", None) is not None
+
+
+def _prompt(args: argparse.Namespace, text: str, templated: bool) -> Any:
+    """The prompt for stream_generate: chat messages when the template applies, else text."""
+    use_chat = args.chat == "on" or (args.chat == "auto" and templated)
+    if not use_chat:
+        if args.system is not None:
+            _fail("--system needs a chat template and the model has none")
+        return text
+    if not templated:
+        _fail("--chat: the model has no chat template; drop --chat to send plain text")
+    messages = [] if args.system is None else [{"role": "system", "content": args.system}]
+    return [*messages, {"role": "user", "content": text}]
 
 
 def _pct(p: float) -> str:

@@ -1,18 +1,61 @@
-"""Shared fixtures: the tokenizer corpus lives outside the repository, in ../shared/corpus."""
+"""Shared fixtures: the tokenizer corpus (outside the repository) and install hints.
+
+The corpus is a folder of real tokenizer files from many model families (GPT-2, Llama
+2/3, Qwen, Mistral, BERT, T5, ...) that the exactness tests use with each tokenizer's
+own library as the oracle. It is CI's test data, not part of the package: a user's
+clone works without it, and the tests that need it skip with `CORPUS_REASON`.
+"""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = Path(os.environ.get("TOKENTRAIL_CORPUS", REPO.parent / "shared" / "corpus"))
 CORPUS_REASON = (
-    f"tokenizer corpus not found at {CORPUS} (it ships with CI, not with a fresh clone; "
-    "set TOKENTRAIL_CORPUS to its path to run these tests)"
+    f"the tokenizer corpus (real tokenizer files of many model families, CI's test data "
+    f"for the exactness tests) is not at {CORPUS}; a clone works without it. To run the "
+    "full suite: TOKENTRAIL_CORPUS=/path/to/corpus bash scripts/test.sh"
 )
+
+#: Which extra of pyproject.toml installs a module the tests may need.
+EXTRA_OF = {
+    "mlx": "mlx",
+    "mlx_lm": "mlx",
+    "torch": "torch",
+    "safetensors": "torch",
+    "transformers": "hf",
+    "gguf": "gguf",
+    "mistral_common": "mistral",
+    "starlette": "server",
+    "uvicorn": "server",
+    "llama_cpp": "llamacpp",
+    "openai": "dev",
+    "httpx": "dev",
+    "selenium": "dev",
+    "numpy": "mlx",
+}
+
+
+def install_hint(module: str) -> str:
+    """The command that installs `module` for these tests (its extra, or plain pip)."""
+    top = module.split(".")[0]
+    if top == "vllm":
+        return "pip install vllm (Linux with a CUDA GPU)"
+    extra = EXTRA_OF.get(top)
+    return f"pip install -e '.[{extra}]'" if extra else f"pip install {top}"
+
+
+def require(module: str, why: str = "") -> Any:
+    """Import `module`, or skip the calling test (or module) saying how to install it."""
+    what = f" ({why})" if why else ""
+    return pytest.importorskip(
+        module, reason=f"{module} is not installed{what}: {install_hint(module)}"
+    )
 
 
 def corpus_path(*parts: str) -> Path:
@@ -25,7 +68,7 @@ def corpus_path(*parts: str) -> Path:
 
 @pytest.fixture(scope="session")
 def corpus() -> Path:
-    """The corpus root (../shared/corpus), or skip with a clear reason."""
+    """The corpus root (../shared/corpus or $TOKENTRAIL_CORPUS), or skip with the reason."""
     if not CORPUS.exists():
         pytest.skip(CORPUS_REASON)
     return CORPUS

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import CORPUS, corpus_path
+from conftest import CORPUS, corpus_path, require
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -43,7 +43,7 @@ TEXTS = [
 
 
 def _tekken_file(name: str) -> Path:
-    pytest.importorskip("mistral_common")
+    require("mistral_common")
     import mistral_common
 
     path = Path(mistral_common.__file__).parent / "data" / name
@@ -320,7 +320,7 @@ def test_bert_gguf_wordpiece_decode() -> None:
 
 
 def test_tekken_path_and_objects_compile_alike() -> None:
-    pytest.importorskip("mistral_common")
+    require("mistral_common")
     from mistral_common.tokens.tokenizers.mistral import MistralTokenizer
     from mistral_common.tokens.tokenizers.tekken import Tekkenizer
 
@@ -381,7 +381,7 @@ def test_llama2c_greedy_output_of_real_model() -> None:
 @pytest.mark.corpus
 def test_mistral_common_sentencepiece_wrapper_compiles_as_its_model() -> None:
     """Pre-Tekken mistral-common tokenizers wrap a sentencepiece model: same decode."""
-    pytest.importorskip("mistral_common")
+    require("mistral_common")
     from mistral_common.tokens.tokenizers.mistral import MistralTokenizer
 
     path = corpus_path("tokenizers/mistral/mistral_instruct_tokenizer_240323.model.v3")

@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import CORPUS
+from conftest import CORPUS, require
 from tiny_models import write_tokenizer_files
 
-mx = pytest.importorskip("mlx.core")
-pytest.importorskip("mlx_lm")
+mx = require("mlx.core")
+require("mlx_lm")
 
 import tokentrail  # noqa: E402
 from tokentrail import GenerationResponse, confidence_of, load, stream_generate  # noqa: E402

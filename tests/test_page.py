@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
+from conftest import require
 
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO / "artifacts"
@@ -32,8 +33,8 @@ if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):
         "apt-get install chromium chromium-driver",
         allow_module_level=True,
     )
-webdriver = pytest.importorskip("selenium.webdriver", reason="pip install selenium")
-pytest.importorskip("mlx_lm")
+webdriver = require("selenium.webdriver")
+require("mlx_lm")
 
 from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402

@@ -22,6 +22,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from conftest import require
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -550,9 +551,9 @@ def _server_helpers() -> ModuleType:
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Path]]:
     """tokentrail's server on a tiny random-weight byte-level model (partial UTF-8 galore)."""
-    pytest.importorskip("mlx_lm", reason="the server needs MLX (pip install mlx-lm)")
-    pytest.importorskip("uvicorn")
-    pytest.importorskip("openai")
+    require("mlx_lm")
+    require("uvicorn")
+    require("openai")
     if importlib.util.find_spec("tokentrail.server") is None:
         pytest.skip("tokentrail.server is not there yet")
     helpers = _server_helpers()

@@ -25,10 +25,11 @@ from typing import Any
 
 import httpx
 import pytest
+from conftest import require
 
-openai = pytest.importorskip("openai")
-pytest.importorskip("mlx_lm")
-pytest.importorskip("uvicorn")
+openai = require("openai")
+require("mlx_lm")
+require("uvicorn")
 
 import tokentrail  # noqa: E402
 

@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import CORPUS
+from conftest import CORPUS, require
 from tiny_models import write_tokenizer_files
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
+torch = require("torch")
+require("transformers")
 
 from tokentrail import stream_generate  # noqa: E402
 from tokentrail.engines import ENGINES, Engine  # noqa: E402
@@ -121,8 +121,8 @@ def no_near_ties(row: Any, k: int, gap: float = 1e-3) -> bool:
 
 
 def test_greedy_gives_the_same_tokens_as_mlx(loaded: tuple[Any, Any], model_dir: Path) -> None:
-    pytest.importorskip("mlx.core")
-    pytest.importorskip("mlx_lm")
+    require("mlx.core")
+    require("mlx_lm")
     from tokentrail import load
     from tokentrail.engines import engine_for
 
@@ -228,8 +228,8 @@ def test_sampling_follows_the_distribution(engine: TorchEngine, loaded: tuple[An
 def test_filters_keep_the_same_tokens_as_mlx_lm(
     engine: TorchEngine, loaded: tuple[Any, Any]
 ) -> None:
-    mx = pytest.importorskip("mlx.core")
-    sample_utils = pytest.importorskip("mlx_lm.sample_utils")
+    mx = require("mlx.core")
+    sample_utils = require("mlx_lm.sample_utils")
     _, tok = loaded
     ids = ids_of(tok, PROMPTS[0])
     (s,) = run(engine, ids, 1)
@@ -284,9 +284,9 @@ def test_filters_narrowed_to_one_token_are_greedy(
 def test_logit_bias_and_repetition_penalty_match_mlx_lm(
     engine: TorchEngine, loaded: tuple[Any, Any]
 ) -> None:
-    mx = pytest.importorskip("mlx.core")
-    sample_utils = pytest.importorskip("mlx_lm.sample_utils")
-    np = pytest.importorskip("numpy")
+    mx = require("mlx.core")
+    sample_utils = require("mlx_lm.sample_utils")
+    np = require("numpy")
     model, tok = loaded
     # Longer than the penalty's 20-token window: the first words fall outside it.
     ids = ids_of(tok, "Zebra quantum marmalade. " + " ".join(map(str, range(1, 13))) + " 7 8 9")
@@ -544,7 +544,7 @@ def test_load_with_engine_torch_dispatches(model_dir: Path) -> None:
 
 
 def test_the_http_server_serves_a_torch_model(engine: TorchEngine, loaded: tuple[Any, Any]) -> None:
-    pytest.importorskip("starlette")
+    require("starlette")
     from starlette.testclient import TestClient
 
     from tokentrail.server import create_app

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import CORPUS
+from conftest import CORPUS, require
 from tiny_models import write_tokenizer_files
 
 from tokentrail.engines import vllm_engine as ve
@@ -103,8 +103,8 @@ def build_tiny_llama(out: Path, tokenizer_json: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def gpu() -> None:
-    pytest.importorskip("vllm", reason="vLLM is not installed (it needs a Linux GPU machine)")
-    torch = pytest.importorskip("torch")
+    require("vllm", "it needs a Linux machine with a CUDA GPU")
+    torch = require("torch")
     if not torch.cuda.is_available():
         pytest.skip("vLLM tests need a CUDA GPU")
 

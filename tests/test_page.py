@@ -222,3 +222,200 @@ def test_page_reports_api_errors(server: Any, browser: Any) -> None:
         lambda d: d.find_element(By.ID, "output").get_attribute("data-state") == "error"
     )
     assert "temperature" in driver.find_element(By.ID, "status").text
+
+
+# -- controls, tooltip placement, Stop, CJK fonts ----------------------------------------
+
+#: Records every request body the page sends (window.__bodies), for the checks below.
+RECORD_FETCH = """
+window.__bodies = [];
+const realFetch = window.fetch;
+window.fetch = (url, opts) => {
+  if (opts && opts.body) window.__bodies.push([url, JSON.parse(opts.body)]);
+  return realFetch(url, opts);
+};
+"""
+
+#: Slows the response body down (64-byte pieces, 25 ms apart) so Stop lands mid-stream.
+SLOW_FETCH = """
+const realFetch = window.fetch;
+window.fetch = async (url, opts) => {
+  const r = await realFetch(url, opts);
+  if (!opts || !opts.body) return r;
+  const reader = r.body.getReader();
+  let rest = null;
+  const slow = new ReadableStream({
+    async pull(ctrl) {
+      if (!rest || !rest.length) {
+        const { value, done } = await reader.read();
+        if (done) { ctrl.close(); return; }
+        rest = value;
+      }
+      await new Promise((res) => setTimeout(res, 25));
+      ctrl.enqueue(rest.slice(0, 64));
+      rest = rest.slice(64);
+    },
+    cancel(reason) { return reader.cancel(reason); },
+  });
+  return new Response(slow, { status: r.status, statusText: r.statusText, headers: r.headers });
+};
+"""
+
+
+def open_page(driver: Any, url: str, script: str = "") -> None:
+    driver.get(url + "/")
+    WebDriverWait(driver, 60).until(
+        lambda d: d.find_element(By.ID, "output").get_attribute("data-models") == "1"
+    )
+    if script:
+        driver.execute_script(script)
+
+
+def fill(driver: Any, element_id: str, value: str) -> None:
+    box = driver.find_element(By.ID, element_id)
+    box.clear()
+    if value:
+        box.send_keys(value)
+
+
+def run_to_end(driver: Any) -> str:
+    driver.find_element(By.ID, "go").click()
+    WebDriverWait(driver, 300).until(
+        lambda d: d.find_element(By.ID, "output").get_attribute("data-state")
+        in ("done", "error", "stopped")
+    )
+    state = driver.find_element(By.ID, "output").get_attribute("data-state")
+    assert state == "done", driver.find_element(By.ID, "status").text
+    return str(driver.execute_script("return document.getElementById('output').textContent"))
+
+
+def test_defaults_are_greedy_and_match_the_api(server: Any, browser: Any) -> None:
+    open_page(browser, server.url, RECORD_FETCH)
+    shown = run_to_end(browser)
+    [(url, body)] = browser.execute_script("return window.__bodies")
+    assert url == "/v1/chat/completions"
+    assert body["temperature"] == 0 and body["top_p"] == 1  # README's defaults table
+    assert "stop" not in body
+    assert body["messages"] == [{"role": "user", "content": "What is a Python list?"}]
+    body = {k: v for k, v in body.items() if k != "stream_options"}
+    api = httpx.post(server.url + url, json={**body, "stream": False}, timeout=300).json()
+    assert shown == api["choices"][0]["message"]["content"]
+
+
+def test_system_prompt_stop_strings_and_top_p_are_sent(server: Any, browser: Any) -> None:
+    system, prompt = "You answer about Python.", "What is a tuple?"
+    base = {
+        "model": server.model, "temperature": 0, "max_tokens": 80,
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": prompt}],
+    }
+    free = httpx.post(server.url + "/v1/chat/completions", json=base, timeout=300).json()
+    words = free["choices"][0]["message"]["content"].split()
+    assert len(words) >= 4, words
+    stops = [words[3], "never-in-the-output"]  # the first one cuts the text short
+
+    open_page(browser, server.url, RECORD_FETCH)
+    fill(browser, "prompt", prompt)
+    fill(browser, "system", system)
+    fill(browser, "stop-strings", "\n".join(stops))
+    fill(browser, "top-p", "0.9")
+    shown = run_to_end(browser)
+    [(_, body)] = browser.execute_script("return window.__bodies")
+    assert body["messages"] == base["messages"]
+    assert body["stop"] == stops
+    assert body["top_p"] == 0.9
+    api = httpx.post(
+        server.url + "/v1/chat/completions",
+        json={**base, "stop": stops, "top_p": 0.9}, timeout=300,
+    ).json()
+    content = api["choices"][0]["message"]["content"]
+    assert shown == content and stops[0] not in shown
+    assert browser.find_element(By.ID, "output").get_attribute("data-finish") == "stop"
+
+    # The completion endpoint has no messages: the system field is not sent there.
+    Select(browser.find_element(By.ID, "mode")).select_by_value("completion")
+    fill(browser, "stop-strings", "")
+    browser.execute_script("window.__bodies = []")
+    run_to_end(browser)
+    [(url, body)] = browser.execute_script("return window.__bodies")
+    assert url == "/v1/completions" and body["prompt"] == prompt
+    assert "messages" not in body and "stop" not in body
+
+
+def rect(driver: Any, element: Any) -> dict[str, float]:
+    return dict(driver.execute_script(
+        "const r = arguments[0].getClientRects()[0] || arguments[0].getBoundingClientRect();"
+        "return {left: r.left, top: r.top, right: r.right, bottom: r.bottom};", element))
+
+
+def test_tooltip_stays_inside_the_viewport_and_off_the_lines_below(
+    server: Any, browser: Any
+) -> None:
+    driver = browser
+    open_page(driver, server.url)
+    fill(driver, "prompt", "Translate water into French.")
+    fill(driver, "max-tokens", "120")
+    run_to_end(driver)
+    spans = driver.find_elements(By.CSS_SELECTOR, "#output .seg:not(.empty)")
+    tip = driver.find_element(By.ID, "tip")
+    view = driver.execute_script(
+        "return [document.documentElement.clientWidth, document.documentElement.clientHeight]"
+    )
+    for where, span in (("center", spans[len(spans) // 2]), ("start", spans[0]),
+                        ("end", spans[-1])):
+        driver.execute_script(f"arguments[0].scrollIntoView({{block: '{where}'}})", span)
+        ActionChains(driver).move_to_element(span).perform()
+        WebDriverWait(driver, 10).until(lambda d: tip.is_displayed())
+        t, s = rect(driver, tip), rect(driver, span)
+        assert t["left"] >= 0 and t["right"] <= view[0], (where, t)
+        assert t["top"] >= 0 and t["bottom"] <= view[1], (where, t)
+        side = tip.get_attribute("data-side")
+        if side != "below":  # below only when neither above nor beside fits
+            below = [rect(driver, o) for o in spans if rect(driver, o)["top"] >= s["bottom"] - 1]
+            for o in below:
+                overlap = not (t["right"] <= o["left"] or o["right"] <= t["left"]
+                               or t["bottom"] <= o["top"] or o["bottom"] <= t["top"])
+                assert not overlap, (where, side, t, o)
+        if where == "center":
+            assert side == "above" and t["bottom"] <= s["top"], (t, s)
+            ARTIFACTS.mkdir(exist_ok=True)
+            driver.save_screenshot(str(ARTIFACTS / "page-tooltip.png"))
+        ActionChains(driver).send_keys(Keys.ESCAPE).perform()
+        ActionChains(driver).move_to_element(driver.find_element(By.TAG_NAME, "h1")).perform()
+        WebDriverWait(driver, 10).until(lambda d: not tip.is_displayed())
+
+
+def test_token_count_stays_after_stop(server: Any, browser: Any) -> None:
+    driver = browser
+    open_page(driver, server.url, SLOW_FETCH)
+    fill(driver, "max-tokens", "200")
+    fill(driver, "temperature", "1")
+    fill(driver, "seed", "3")
+    driver.find_element(By.ID, "go").click()
+    output = driver.find_element(By.ID, "output")
+    WebDriverWait(driver, 120).until(lambda d: int(output.get_attribute("data-tokens")) >= 3)
+    driver.find_element(By.ID, "stop").click()
+    WebDriverWait(driver, 60).until(lambda d: output.get_attribute("data-state") == "stopped")
+    n = int(output.get_attribute("data-tokens"))
+    assert n >= 3
+    assert driver.find_element(By.ID, "status").text == f"stopped after {n} tokens"
+    assert output.text.strip()  # what was streamed stays on the page
+    ARTIFACTS.mkdir(exist_ok=True)
+    driver.save_screenshot(str(ARTIFACTS / "page-stopped.png"))
+
+
+def test_fonts_fall_back_to_cjk_faces(server: Any, browser: Any) -> None:
+    driver = browser
+    open_page(driver, server.url)
+    for selector in ("body", "#output"):
+        family = driver.execute_script(
+            "return getComputedStyle(document.querySelector(arguments[0])).fontFamily", selector
+        )
+        names = [f.strip().strip('"') for f in family.split(",")]
+        for face in ("Noto Sans CJK SC", "Noto Sans CJK JP", "PingFang SC", "Microsoft YaHei"):
+            assert face in names, (selector, family)
+        assert names[-1] in ("sans-serif", "monospace")
+    fill(driver, "prompt", "Translate water into French.")
+    shown = run_to_end(driver)
+    assert any("\u4e00" <= ch <= "\u9fff" for ch in shown), shown  # CJK on the page
+    ARTIFACTS.mkdir(exist_ok=True)
+    driver.save_screenshot(str(ARTIFACTS / "page-cjk.png"))

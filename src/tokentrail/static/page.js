@@ -25,6 +25,11 @@
     return "0";
   }
 
+  function tokenCount() {
+    const n = Number(output.dataset.tokens);
+    return `${n} token${n === 1 ? "" : "s"}`;
+  }
+
   function setStatus(text, isError) {
     status.textContent = text;
     status.classList.toggle("error", !!isError);
@@ -60,12 +65,17 @@
       stream: true,
       stream_options: { include_usage: true },
       max_tokens: numberOr("max-tokens", 80),
-      temperature: numberOr("temperature", 0.7),
+      temperature: numberOr("temperature", 0),
+      top_p: numberOr("top-p", 1),
     };
     const seed = numberOr("seed", null);
     if (seed !== null) body.seed = seed;
+    const stops = $("stop-strings").value.split("\n").filter((s) => s !== "");
+    if (stops.length) body.stop = stops;
     if (mode === "chat") {
-      body.messages = [{ role: "user", content: $("prompt").value }];
+      const system = $("system").value.trim();
+      body.messages = system ? [{ role: "system", content: system }] : [];
+      body.messages.push({ role: "user", content: $("prompt").value });
       body.logprobs = true;
       if (top > 0) body.top_logprobs = top;
     } else {
@@ -102,7 +112,10 @@
       }
       const ext = chunk.tokentrail;
       if (!ext) continue;
-      if (ext.token) output.dataset.tokens = String(Number(output.dataset.tokens) + 1);
+      if (ext.token) {
+        output.dataset.tokens = String(Number(output.dataset.tokens) + 1);
+        if (!chunk.usage) setStatus(`streaming… ${tokenCount()}`);
+      }
       for (const seg of ext.segments) addSegment(seg);
       const choice = chunk.choices && chunk.choices[0];
       if (choice && choice.finish_reason) output.dataset.finish = choice.finish_reason;
@@ -153,7 +166,7 @@
     } catch (e) {
       if (e.name === "AbortError") {
         output.dataset.state = "stopped";
-        setStatus("stopped");
+        setStatus(`stopped after ${tokenCount()}`);
       } else {
         output.dataset.state = "error";
         setStatus(String(e.message || e), true);
@@ -232,6 +245,21 @@
     tip.appendChild(table);
   }
 
+  // Where the tooltip goes, in viewport coordinates: above the segment when it fits
+  // (the text below, which the reader reads next, stays visible), else beside it, else
+  // below; always clamped inside the viewport.
+  function placeTip(r, w, h) {
+    const vw = document.documentElement.clientWidth;
+    const vh = document.documentElement.clientHeight;
+    const gap = 6;
+    const clampX = (x) => Math.max(4, Math.min(x, vw - w - 4));
+    const clampY = (y) => Math.max(4, Math.min(y, vh - h - 4));
+    if (r.top - gap - h >= 4) return [clampX(r.left), r.top - gap - h, "above"];
+    if (r.right + gap + w <= vw - 4) return [r.right + gap, clampY(r.top), "right"];
+    if (r.left - gap - w >= 4) return [r.left - gap - w, clampY(r.top), "left"];
+    return [clampX(r.left), clampY(r.bottom + gap), "below"];
+  }
+
   function showTip(span) {
     const seg = segments[Number(span.dataset.segment)];
     if (!seg) return;
@@ -239,11 +267,12 @@
     span.classList.add("active");
     fillTip(seg);
     tip.hidden = false;
-    const r = span.getBoundingClientRect();
-    const left = Math.max(4, Math.min(r.left + window.scrollX,
-      window.scrollX + document.documentElement.clientWidth - tip.offsetWidth - 4));
-    tip.style.left = left + "px";
-    tip.style.top = (r.bottom + window.scrollY + 6) + "px";
+    // A segment wrapped over two lines has several boxes: place by the one hovered first.
+    const r = span.getClientRects()[0] || span.getBoundingClientRect();
+    const [x, y, side] = placeTip(r, tip.offsetWidth, tip.offsetHeight);
+    tip.style.left = (x + window.scrollX) + "px";
+    tip.style.top = (y + window.scrollY) + "px";
+    tip.dataset.side = side;
   }
 
   function hideTip(force) {

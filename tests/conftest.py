@@ -45,7 +45,7 @@ def install_hint(module: str) -> str:
     """The command that installs `module` for these tests (its extra, or plain pip)."""
     top = module.split(".")[0]
     if top == "vllm":
-        return "pip install vllm (Linux with a CUDA GPU)"
+        return "pip install vllm"
     extra = EXTRA_OF.get(top)
     return f"pip install -e '.[{extra}]'" if extra else f"pip install {top}"
 

@@ -8,7 +8,8 @@ sessions checked and skip markers with reasons, so the rules below are kept here
 
 - ```python: executed, per file, in order, in one namespace per file, in a fresh
   temporary working directory that holds links to the repository's `src/`, `tests/`
-  and `examples/` (so `src/tokentrail/demo_model` works as it does from a clone).
+  and `examples/` (so `src/tokentrail/demo_model` works as it does from a clone). A
+  block that needs an optional extra which is not installed skips with its install hint.
 - ```console: every line starting with `$ ` is run through bash in that directory with
   this interpreter's `bin/` (the `tokentrail` entry point) first on PATH; the lines up to
   the next `$ ` line are compared with what the command printed (stdout and stderr
@@ -38,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import EXTRA_OF, install_hint
 
 REPO = Path(__file__).resolve().parents[1]
 DOC_FILES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -222,8 +224,14 @@ def _run_python(block: Block, space: _Workspace, monkeypatch: pytest.MonkeyPatch
     monkeypatch.chdir(space.root)
     printed = io.StringIO()
     code = compile(block.source, f"{block.id}", "exec")
-    with contextlib.redirect_stdout(printed):
-        exec(code, space.namespace)
+    try:
+        with contextlib.redirect_stdout(printed):
+            exec(code, space.namespace)
+    except ModuleNotFoundError as e:  # an optional extra that is not installed here
+        top = (e.name or "").split(".")[0]
+        if top not in EXTRA_OF and top != "vllm":
+            raise
+        pytest.skip(f"{top} is not installed: {install_hint(top)}")
     space.last_output = printed.getvalue()
     sys.stdout.write(space.last_output)  # shown by pytest on failure
 

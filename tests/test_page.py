@@ -333,6 +333,7 @@ def test_system_prompt_stop_strings_and_top_p_are_sent(server: Any, browser: Any
 
     # The completion endpoint has no messages: the system field is not sent there.
     Select(browser.find_element(By.ID, "mode")).select_by_value("completion")
+    assert not browser.find_element(By.ID, "system").is_enabled()
     fill(browser, "stop-strings", "")
     browser.execute_script("window.__bodies = []")
     run_to_end(browser)

@@ -297,6 +297,11 @@
   });
   document.addEventListener("keydown", (e) => { if (e.key === "Escape") hideTip(true); });
 
+  // The completion endpoint takes no messages: the system prompt applies to chat only.
+  const syncMode = () => { $("system").disabled = $("mode").value !== "chat"; };
+  $("mode").addEventListener("change", syncMode);
+  syncMode();
+
   $("form").addEventListener("submit", generate);
   $("stop").addEventListener("click", () => { if (controller) controller.abort(); });
   $("prompt").addEventListener("keydown", (e) => {

@@ -223,7 +223,13 @@ def build_parser() -> argparse.ArgumentParser:
     """The `tokentrail` parser with every sub-command whose module imports."""
     from . import __version__
 
-    parser = _Parser(prog="tokentrail", description=__doc__.splitlines()[0])
+    parser = _Parser(
+        prog="tokentrail",
+        description="Text from language models where every piece carries the exact tokens, "
+        "logprobs and alternatives that produced it.",
+        epilog="`tokentrail COMMAND --help` explains each command's options. Bad input exits "
+        "with status 2 and one line on stderr.",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help=_VERBOSE_HELP)
     parser.add_argument("--version", action="version", version=f"tokentrail {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)

@@ -33,9 +33,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "generate",
         help="generate text with per-segment tokens, logprobs and confidence",
         description=(
-            "Generate text from PROMPT (or from stdin when PROMPT is omitted). In a terminal "
-            "the text is coloured by confidence, followed by a summary; --json prints one "
-            "JSON object per generated token."
+            "Generate text from PROMPT (or from stdin when PROMPT is omitted). Like "
+            "mlx_lm.generate, PROMPT goes through the model's chat template when it has one "
+            "(--no-chat sends it as plain text). In a terminal the text is coloured by "
+            "confidence, followed by a summary; --json prints one JSON object per generated "
+            "token."
         ),
     )
     p.add_argument("prompt", nargs="?", metavar="PROMPT", help="the prompt (default: stdin)")

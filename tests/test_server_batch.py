@@ -315,3 +315,34 @@ def test_metrics_parse_and_move(server: Any) -> None:
     assert after["tokentrail_queue_depth"] == 0
     assert after["tokentrail_batch_size"] == 0
     assert 'POST /v1/completions HTTP/1.1" 400' in server.log_tail()  # the access log
+
+
+def test_a_hang_up_stops_only_its_own_sequence(server: Any, no_eos: dict[str, float]) -> None:
+    keep = {"model": server.model, "prompt": "Dictionaries map", "max_tokens": 64,
+            "temperature": 0, "logit_bias": no_eos, "stream": True}
+    leave = {**keep, "prompt": "Sets hold", "max_tokens": 400}
+
+    async def ids_of(c: httpx.AsyncClient, body: dict[str, Any], stop_after: int = 0) -> Any:
+        out: list[int] = []
+        job_id = None
+        async with c.stream("POST", server.url + "/v1/completions", json=body) as r:
+            async for line in r.aiter_lines():
+                if line.startswith("data: {"):
+                    chunk = json.loads(line[6:])
+                    job_id = chunk["id"]
+                    out.append(chunk["tokentrail"]["token"]["id"])
+                    if stop_after and len(out) == stop_after:
+                        break  # hang up mid-stream
+        return out, job_id
+
+    async def scenario() -> tuple[Any, Any, Any]:
+        async with httpx.AsyncClient(timeout=120) as c:
+            solo = await ids_of(c, keep)
+            left, kept = await asyncio.gather(ids_of(c, leave, stop_after=5), ids_of(c, keep))
+            return solo, left, kept
+
+    (solo, _), (_, left_id), (kept, _) = asyncio.run(scenario())
+    assert kept == solo and len(kept) == 64
+    job, _ = helpers.wait_until_finished(server, left_id)
+    assert job["outcome"] == "cancelled"
+    assert job["generated_tokens"] < 400

@@ -342,3 +342,19 @@ def test_port_in_use_exits_2_and_never_claims_to_serve(tmp_path: Path, served: S
     lines = out.strip().splitlines()
     assert len(lines) == 1 and str(served.port) in lines[0], out
     assert "serving" not in out and "Traceback" not in out
+
+
+def test_requests_without_temperature_use_serve_temp(served: Served) -> None:
+    """`serve --temp` (default 0.0, as mlx_lm.server) applies when a request sets none."""
+    from tokentrail.cli import build_parser
+    from tokentrail.server import parse_completion
+
+    assert build_parser().parse_args(["serve"]).temp == 0.0
+    assert parse_completion({"prompt": "x"}, "m", 10, temperature=0.6).temperature == 0.6
+    assert parse_completion({"prompt": "x", "temperature": 1}, "m", 10, 0.6).temperature == 1
+    body = {"prompt": "Iterators", "max_tokens": 16, "logit_bias": {"0": -100, "2": -100}}
+    default = served.post(COMP, body).json()["choices"][0]["text"]
+    greedy = served.post(COMP, {**body, "temperature": 0}).json()["choices"][0]["text"]
+    assert default == greedy
+    code, out = _serve_fails(Path(served.log.parent), "--temp", "3", "--port", "0")
+    assert code == 2 and "--temp" in out and out.count("\n") == 1

@@ -291,6 +291,7 @@ class Scheduler:
                 code="unsupported_value",
             )
         with self._cond:
+            self._purge()
             busy = sum(j.request.n for j in self._pending) + sum(
                 j.request.n for j in self._running.values()
             )
@@ -301,6 +302,12 @@ class Scheduler:
             self._pending.append(job)
             self.metrics.queue_depth.set(len(self._pending))
             self._cond.notify_all()
+
+    def _purge(self) -> None:
+        """Forget queued requests whose clients have gone (caller holds the lock)."""
+        for job in [j for j in self._pending if j.cancelled.is_set()]:
+            self._pending.remove(job)
+            self._finish(job, "cancelled")
 
     def stats(self) -> dict[str, Any]:
         with self._cond:
@@ -386,6 +393,7 @@ class Scheduler:
                     self._cond.wait()
                 if self._stopping:
                     return
+                self._purge()
                 admit = []
                 free = self.max_batch - len(self._seqs)
                 while self._pending and self._pending[0].request.n <= free:
@@ -418,7 +426,7 @@ class Scheduler:
     def _join(self, batch: Any, job: Job) -> None:
         """Turn a request into `n` sequences of the batch, or answer it with an error."""
         from .. import generate
-        from ..sampling import check_max_tokens, make_params
+        from ..sampling import check_max_tokens
 
         if job.cancelled.is_set():
             self._finish(job, "cancelled")
@@ -428,7 +436,7 @@ class Scheduler:
             ids = generate._prompt_ids(self.tokenizer, req.prompt, self._engine.vocab_size)
             limit = self._limit(req, len(ids))
             check_max_tokens(limit)
-            matcher = generate._stops(req.stop)
+            generate._stops(req.stop)
         except (APIError, ValueError, TypeError) as e:
             logger.info("request %s refused: %s", job.id, e)
             job.post("error", 0, e)
@@ -436,28 +444,43 @@ class Scheduler:
             return
         with self._cond:
             self._running[job.id] = job
-        kwargs = req.generate_kwargs()
-        for choice in range(req.n):
-            seed = kwargs["seed"]
-            params = make_params(
-                temp=req.temperature,
-                top_p=req.top_p,
-                top_k=req.top_k,
-                min_p=req.min_p,
-                repetition_penalty=req.repetition_penalty,
-                logit_bias=req.logit_bias,
-                seed=None if seed is None else seed + choice,
-                top_logprobs=req.top_logprobs,
-                vocab_size=self._engine.vocab_size,
-            )
-            feed = _Feed(self._engine)
-            aligner = self._aligner.fresh(prompt_ids=ids)
-            stops = matcher if choice == 0 or matcher is None else generate._stops(req.stop)
-            responses = generate._generate(feed, aligner, stops, self._eos, ids, params, limit)
-            uid = batch.add(ids, params, limit)
-            job.live += 1
-            self._seqs[uid] = _Seq(job, choice, responses, feed, last_step=time.perf_counter())
+        try:
+            for choice in range(req.n):
+                self._add(batch, job, choice, ids, limit)
+        except (ValueError, TypeError) as e:  # the engine refused the prompt or a setting
+            logger.info("request %s refused by the engine: %s", job.id, e)
+            job.post("error", 0, e)
+            added = [s for s in self._seqs.values() if s.job is job]
+            for seq in added:
+                self._leave(batch, seq, "failed")  # the last one records the job
+            if not added:
+                self._finish(job, "failed")
         self.metrics.batch_size.set(len(self._seqs))
+
+    def _add(self, batch: Any, job: Job, choice: int, ids: list[int], limit: int) -> None:
+        """Add choice `choice` of `job` to the batch, with its own per-token loop."""
+        from .. import generate
+        from ..sampling import make_params
+
+        req = job.request
+        params = make_params(
+            temp=req.temperature,
+            top_p=req.top_p,
+            top_k=req.top_k,
+            min_p=req.min_p,
+            repetition_penalty=req.repetition_penalty,
+            logit_bias=req.logit_bias,
+            seed=None if req.seed is None else req.seed + choice,  # choices differ
+            top_logprobs=req.top_logprobs,
+            vocab_size=self._engine.vocab_size,
+        )
+        feed = _Feed(self._engine)
+        aligner = self._aligner.fresh(prompt_ids=ids)
+        stops = generate._stops(req.stop)
+        responses = generate._generate(feed, aligner, stops, self._eos, ids, params, limit)
+        uid = batch.add(ids, params, limit)
+        job.live += 1
+        self._seqs[uid] = _Seq(job, choice, responses, feed, last_step=time.perf_counter())
 
     def _limit(self, req: GenRequest, n_prompt: int) -> int:
         """The token limit for a prompt of `n_prompt` tokens, or APIError (context)."""

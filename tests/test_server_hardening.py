@@ -234,6 +234,11 @@ def test_context_overflows_are_400_as_in_vllm(served: Served) -> None:
     # At the limit it is served; left out, max_tokens is cut to the room that is left.
     ok = served.post(COMP, {"prompt": [65] * (ctx - 3), "max_tokens": 3, "temperature": 0})
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] <= 3
+    # vLLM's edge cases (vllm-project/vllm tests/v1/e2e/test_context_length.py): a prompt
+    # one token short of the context may ask for one token; a full-context prompt may not.
+    assert served.post(COMP, {"prompt": [43] * (ctx - 1), "max_tokens": 1}).status_code == 200
+    full = served.post(COMP, {"prompt": [43] * ctx, "max_tokens": 1})
+    assert (full.status_code, full.json()["error"]["code"]) == (400, "context_length_exceeded")
     cut = served.post(COMP, {"prompt": [65] * (ctx - 2), "logit_bias": {"0": -100, "2": -100}})
     assert cut.status_code == 200 and cut.json()["usage"]["completion_tokens"] == 2
 

@@ -215,7 +215,9 @@ def bench(kind: str, folder: Path, args: argparse.Namespace, levels: list[int],
     proc, url = start_server(kind, folder, max(levels), log)
     rows = []
     try:
-        name = httpx.get(url + "/v1/models").json()["data"][0]["id"]
+        # mlx_lm.server serves the model it loaded as "default_model".
+        name = "default_model" if kind == "mlx_lm" else httpx.get(url + "/v1/models").json()[
+            "data"][0]["id"]
         asyncio.run(run_level(url, name, 1, 2, args.max_tokens, bias))  # warm-up
         for c in levels:
             results, wall = asyncio.run(

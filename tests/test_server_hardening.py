@@ -31,6 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 KEY = "sk-test-4f1c"
 READ_TIMEOUT = 1.0
 KEEP_ALIVE = 1.0
+MAX_CONNECTIONS = 32
 CHAT = "/v1/chat/completions"
 COMP = "/v1/completions"
 MSG = [{"role": "user", "content": "Hi"}]
@@ -65,7 +66,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     proc = _serve(
         log, "--port", "0", "--api-key", KEY, "--allowed-host", "tokentrail.test",
         "--read-timeout", str(READ_TIMEOUT), "--keep-alive-timeout", str(KEEP_ALIVE),
-        "--log-level", "info",
+        "--max-connections", str(MAX_CONNECTIONS), "--log-level", "info",
     )
     deadline = time.monotonic() + 240
     found = None
@@ -311,6 +312,20 @@ def test_idle_and_slow_sockets_are_closed(served: Served, sent: bytes) -> None:
     try:
         for s in socks:
             assert _closed_within(s, READ_TIMEOUT + 10) <= READ_TIMEOUT + 10
+    finally:
+        for s in socks:
+            s.close()
+    assert httpx.get(served.url + "/health", timeout=30).status_code == 200
+
+
+def test_connection_limit_and_idle_sockets_cannot_pile_up(served: Served) -> None:
+    socks = [_raw(served) for _ in range(MAX_CONNECTIONS + 8)]
+    try:
+        # Over --max-connections, a request is turned away at once (uvicorn's 503) ...
+        assert httpx.get(served.url + "/health", timeout=30).status_code == 503
+        # ... until the idle ones are closed for sending no request in --read-timeout.
+        for s in socks:
+            _closed_within(s, READ_TIMEOUT + 10)
     finally:
         for s in socks:
             s.close()

@@ -22,6 +22,8 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("mlx_lm")
@@ -378,3 +380,78 @@ def test_requests_without_temperature_use_serve_temp(served: Served) -> None:
     assert default == greedy
     code, out = _serve_fails(Path(served.log.parent), "--temp", "3", "--port", "0")
     assert code == 2 and "--temp" in out and out.count("\n") == 1
+
+
+# -- fuzzing: no body makes the server fail -------------------------------------------------------
+
+_JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(10**80), max_value=10**80)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8)
+    | st.sampled_from(["\ud800", "a\udfffb", "", "🙂", "<|im_end|>"]),
+    lambda inner: st.lists(inner, max_size=3)
+    | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    max_leaves=6,
+)
+_MESSAGES = st.lists(
+    st.fixed_dictionaries(
+        {"role": st.sampled_from(["user", "system", "assistant", "wizard"]),
+         "content": st.one_of(st.text(max_size=12), _JSON)}
+    ),
+    max_size=3,
+)
+_FIELDS = {
+    "model": st.one_of(st.just("tokentrail-demo"), _JSON),
+    "n": st.one_of(st.integers(0, 4), _JSON),
+    "stream": st.one_of(st.booleans(), _JSON),
+    "stream_options": st.one_of(st.just({"include_usage": True}), _JSON),
+    "temperature": st.one_of(st.floats(0, 2), _JSON),
+    "top_p": _JSON,
+    "seed": st.one_of(st.integers(0, 2**64), _JSON),
+    "stop": st.one_of(st.lists(st.text(max_size=3), max_size=3), _JSON),
+    "logit_bias": st.one_of(st.dictionaries(st.integers(-5, 4000).map(str), st.floats(-200, 200),
+                                            max_size=3), _JSON),
+    "logprobs": _JSON,
+    "top_logprobs": st.one_of(st.integers(-1, 25), _JSON),
+}
+
+
+@st.composite
+def _bodies(draw: Any) -> tuple[str, dict[str, Any]]:
+    path = draw(st.sampled_from([CHAT, COMP]))
+    body: dict[str, Any] = {"max_tokens": draw(st.one_of(st.integers(1, 3), _JSON))}
+    if path == CHAT:
+        body["messages"] = draw(st.one_of(_MESSAGES, _JSON))
+    else:
+        body["prompt"] = draw(st.one_of(st.text(max_size=12), st.lists(st.integers(-2, 4000),
+                                                                     max_size=4), _JSON))
+    for name in draw(st.sets(st.sampled_from(sorted(_FIELDS)), max_size=5)):
+        body[name] = draw(_FIELDS[name])
+    return path, body
+
+
+@settings(
+    max_examples=int(os.environ.get("TOKENTRAIL_FUZZ_EXAMPLES", "60")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(case=_bodies())
+def test_no_body_makes_the_server_fail(served: Served, case: tuple[str, dict[str, Any]]) -> None:
+    """Whatever the body, the answer is a 2xx or an OpenAI-shaped 4xx naming a field the
+    body has (or a required one it lacks), never a 500 or a dropped connection."""
+    path, body = case
+    raw = json.dumps(body).encode()
+    r = httpx.post(served.url + path, content=raw, timeout=120,
+                   headers={**served.auth(), "Content-Type": "application/json"})
+    assert r.status_code < 500, (r.status_code, r.text[:300], body)
+    if r.status_code >= 400:
+        err = r.json()["error"]
+        assert set(err) == {"message", "type", "param", "code"} and err["message"]
+        assert err["param"] is None or err["param"] in body or err["param"] in (
+            "messages", "prompt"), (err, body)
+    elif r.headers["content-type"].startswith("text/event-stream"):
+        assert r.text.endswith("data: [DONE]\n\n") or '"error"' in r.text
+    else:
+        assert r.json()["choices"]

@@ -210,7 +210,7 @@ def summarize(results: list[RequestResult], wall: float) -> dict[str, Any]:
 
 
 def bench(kind: str, folder: Path, args: argparse.Namespace, levels: list[int],
-          bias: dict[str, int]) -> list[tuple[int, dict[str, Any]]]:
+          bias: dict[str, int], notes: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
     log = Path(tempfile.mkdtemp(prefix=f"bench-{kind}-")) / "server.log"
     proc, url = start_server(kind, folder, max(levels), log)
     rows = []
@@ -227,6 +227,8 @@ def bench(kind: str, folder: Path, args: argparse.Namespace, levels: list[int],
             s = rows[-1][1]
             print(f"{kind} C={c}: {s['tok_s']:.1f} tok/s, TTFT p50 {s['ttft_p50'] * 1e3:.1f} ms, "
                   f"ITL p50 {s['itl_p50'] * 1e3:.2f} ms, errors {s['errors']}", flush=True)
+        if kind == "tokentrail":
+            notes["batch_kind"] = httpx.get(url + "/health").json().get("batch_kind")
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -244,8 +246,9 @@ def main() -> int:
     levels = [int(c) for c in args.clients.split(",")]
     folder = model_folder(args.model)
     bias = {str(i): -100 for i in special_ids(folder)}
-    ours = bench("tokentrail", folder, args, levels, bias)
-    theirs = bench("mlx_lm", folder, args, levels, bias)
+    notes: dict[str, Any] = {}
+    ours = bench("tokentrail", folder, args, levels, bias, notes)
+    theirs = bench("mlx_lm", folder, args, levels, bias, notes)
 
     import mlx.core as mx
     import mlx_lm
@@ -261,8 +264,9 @@ def main() -> int:
         f"- model: `{folder.name}`; chat prompts cycled from {len(PROMPTS)} fixed ones; "
         f"max_tokens {args.max_tokens}, temperature 0, EOS suppressed, logprobs with 5 "
         f"alternatives; {args.requests} requests per client; servers run one at a time",
-        f"- tokentrail serve `--max-batch {max(levels)}` (the batch is the engine's own where "
-        "it has one, else one generator per sequence); mlx_lm.server with its defaults",
+        f"- tokentrail serve `--max-batch {max(levels)}`, batch `{notes.get('batch_kind')}` "
+        "(the engine's own batched decoding, or `SerialBatch`: one generator per sequence, "
+        "a model call each per step); mlx_lm.server with its defaults (BatchGenerator)",
         f"- load average when done: {' '.join(f'{x:.2f}' for x in os.getloadavg())} "
         "(the CPUs are shared with the client process and anything else running)",
         "",

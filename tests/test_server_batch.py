@@ -167,6 +167,7 @@ def test_concurrent_clients_never_mix(server: Any, no_eos: dict[str, float]) -> 
     jobs = _requests(server, no_eos)
     solo, both, most = _together(server, jobs)
     assert most >= 2, "the requests never decoded together"
+    assert server.health()["batch_kind"]  # SerialBatch, or the engine's own
     for (_, body), a, b in zip(jobs, solo, both, strict=True):
         # Every generated token is attributed exactly once, in order, in every stream.
         helpers.check_attribution(b["exts"], len(b["ids"]))

@@ -232,6 +232,8 @@ class Scheduler:
         self.created = int(time.time())
         self.vocab: Vocab | None = None
         self.context_length: int | None = None
+        #: The class of the engine's batch (e.g. SerialBatch: one generator per sequence).
+        self.batch_kind: str | None = None
         self._cond = threading.Condition()
         self._pending: deque[Job] = deque()
         self._running: dict[str, Job] = {}
@@ -322,6 +324,7 @@ class Scheduler:
                 "max_queue": self.max_queue,
                 "max_batch": self.max_batch,
                 "batch_size": len(self._seqs),
+                "batch_kind": self.batch_kind,
                 **self._counts,
                 "generated_tokens": self._generated_tokens,
                 "running": running[0] if running else None,
@@ -348,6 +351,7 @@ class Scheduler:
             if self.prompt_cache_bytes is not None:
                 options["prompt_cache_bytes"] = self.prompt_cache_bytes
             batch = open_batch(self._engine, self.max_batch, **options)
+            self.batch_kind = type(batch).__name__
         except BaseException as e:  # re-raised by start(); the loop has nothing to do
             logger.debug("loading the model failed", exc_info=True)
             self._load_error = e

@@ -347,3 +347,30 @@ def test_a_hang_up_stops_only_its_own_sequence(server: Any, no_eos: dict[str, fl
     job, _ = helpers.wait_until_finished(server, left_id)
     assert job["outcome"] == "cancelled"
     assert job["generated_tokens"] < 400
+
+
+def test_text_is_aligned_in_the_prompts_context(long_context: Any) -> None:
+    """A prompt that ends in the middle of a character: the continuation's text is what
+    the tokenizer decodes after the prompt's own final text, and the open prompt token
+    is attributed (index -1) in the first segment that uses it."""
+    from tokenizers import Tokenizer
+
+    server = long_context
+    tok = Tokenizer.from_file(str(server.model_dir / "tokenizer.json"))
+    prompt = tok.encode("caf\u00e9").ids[:-1]  # "caf" and the lead byte of "é"
+    no_eos = {str(i): -100 for i in helpers.special_ids(server.model_dir)}
+    body = {"model": server.model, "prompt": prompt, "max_tokens": 8, "temperature": 0,
+            "logit_bias": no_eos, "stream": True}
+    _, chunks = helpers.stream_raw(server.url, "/v1/completions", body)
+    ids = [c["tokentrail"]["token"]["id"] for c in chunks]
+    text = "".join(c["choices"][0]["text"] for c in chunks)
+    assert text == tok.decode(prompt + ids)[len("caf"):]
+    spans = [t for c in chunks for s in c["tokentrail"]["segments"] for t in s["tokens"]]
+    first = next(s for c in chunks for s in c["tokentrail"]["segments"] if s["text"])
+    assert [t["index"] for t in spans if t["index"] < 0] == [-1]
+    assert first["tokens"][0]["index"] == -1 and first["tokens"][0]["id"] == prompt[-1]
+    seen: list[int] = []  # every generated token attributed, once, in order
+    for t in spans:
+        if t["index"] >= 0 and (not seen or seen[-1] != t["index"]):
+            seen.append(t["index"])
+    assert seen == list(range(len(ids)))

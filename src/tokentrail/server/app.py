@@ -229,7 +229,8 @@ class _SSEResponse:
             )
             async for chunk in self._body:
                 message = {"type": "http.response.body", "body": chunk, "more_body": True}
-                await asyncio.wait_for(send(message), self._timeout)
+                async with asyncio.timeout(self._timeout):  # a timer, not a task per chunk
+                    await send(message)
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except TimeoutError:
             # The client stopped reading: give up on it. Returning with the response

@@ -31,6 +31,24 @@ class Step:
     cached_tokens: int = 0
 
 
+def step_of(response: Any, index: int, cached: int) -> Step:
+    """Copy what the HTTP layer needs out of a GenerationResponse."""
+    return Step(
+        index=index,
+        token=int(response.token),
+        text=response.text or "",
+        logprob=float(response.token_logprob),
+        top=tuple(response.top_logprobs or ()),
+        segment_tokens=tuple(response.last_segment_tokens or ()),
+        confidence=response.confidence,
+        finish_reason=response.finish_reason,
+        stop_string=response.stop_string,
+        stop_tokens=tuple(response.stop_tokens or ()),
+        prompt_tokens=int(response.prompt_tokens or 0),
+        cached_tokens=cached,
+    )
+
+
 # -- response formatting ----------------------------------------------------------------------
 
 

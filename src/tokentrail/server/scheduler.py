@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..vocab import Vocab
-from .formatting import Step
+from .formatting import step_of
 from .metrics import Metrics
 from .protocol import DEFAULT_MAX_QUEUE, APIError, GenRequest, QueueFull
 
@@ -162,24 +162,6 @@ def _vocab_of(tokenizer: Any) -> Vocab:
         if isinstance(found, Vocab):
             return found
     return _vocab(tokenizer)
-
-
-def _step_of(response: Any, index: int, cached: int) -> Step:
-    """Copy what the HTTP layer needs out of a GenerationResponse."""
-    return Step(
-        index=index,
-        token=int(response.token),
-        text=response.text or "",
-        logprob=float(response.token_logprob),
-        top=tuple(response.top_logprobs or ()),
-        segment_tokens=tuple(response.last_segment_tokens or ()),
-        confidence=response.confidence,
-        finish_reason=response.finish_reason,
-        stop_string=response.stop_string,
-        stop_tokens=tuple(response.stop_tokens or ()),
-        prompt_tokens=int(response.prompt_tokens or 0),
-        cached_tokens=cached,
-    )
 
 
 class Scheduler:
@@ -533,7 +515,7 @@ class Scheduler:
         else:
             self.metrics.itl.observe(now - seq.last_step)
         seq.last_step = now
-        step = _step_of(response, seq.index, seq.cached)
+        step = step_of(response, seq.index, seq.cached)
         seq.index += 1
         with self._cond:
             job.generated += 1

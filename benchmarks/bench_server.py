@@ -1,17 +1,19 @@
-"""Load test for `tokentrail serve` on loopback (a benchmark, not a test).
+"""Load test: `tokentrail serve` against `mlx_lm.server` on loopback (a benchmark, not a test).
 
-Starts the server in a subprocess, then runs C concurrent streaming clients (C = 1, 4,
-16 by default), each sending the same fixed chat requests (end-of-sequence suppressed
-with logit_bias, so every request generates exactly --max-tokens tokens). Reports
-throughput, time to first token (TTFT) and inter-token latency (ITL) p50/p99, and
-errors; and, for one client, the server's overhead against calling
-`tokentrail.stream_generate` in process on the same prompt.
+Starts each server in turn on the same model folder, then runs C concurrent streaming
+chat clients (C = 1, 4, 16 by default), each sending the same fixed requests
+(temperature 0, end-of-sequence suppressed with logit_bias, so every request generates
+exactly --max-tokens tokens; logprobs with 5 alternatives asked of both, and
+tokentrail's attribution always on). Reports throughput (completion tokens from
+`usage` over wall time), time to first token (TTFT) and inter-token latency (ITL)
+p50/p99 for each, and the ratios.
 
     python benchmarks/bench_server.py                       # the built-in demo model
     python benchmarks/bench_server.py --model PATH --output benchmarks/results/server.md
 
-The server runs one generation at a time (FIFO queue), so throughput should stay flat
-as C grows while TTFT grows with the queue: the numbers show what a client waits.
+`mlx_lm.server` sends a chunk only when text is ready and ours one per token, so ITL is
+the gap between content-bearing chunks on both sides; throughput counts tokens from
+`usage` either way.
 """
 
 from __future__ import annotations
@@ -79,36 +81,33 @@ def special_ids(folder: Path) -> list[int]:
     return sorted(t["id"] for t in data.get("added_tokens", []) if t.get("special"))
 
 
-def start_server(model: str | None, max_queue: int, log: Path) -> tuple[subprocess.Popen, str]:
+def start_server(kind: str, folder: Path, clients: int, log: Path) -> tuple[subprocess.Popen, str]:
+    """Start tokentrail serve or mlx_lm.server on a free port; wait until it answers."""
     port = free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "tokentrail.server",
-        "--port",
-        str(port),
-        "--max-queue",
-        str(max_queue),
-        "--log-level",
-        "warning",
-    ]
-    if model is not None:
-        cmd += ["--model", model]
+    if kind == "tokentrail":
+        cmd = [sys.executable, "-m", "tokentrail.server", "--model", str(folder),
+               "--port", str(port), "--max-batch", str(clients), "--max-queue",
+               str(clients * 4), "--log-level", "warning"]
+        probe = "/health"
+    else:
+        cmd = [sys.executable, "-m", "mlx_lm.server", "--model", str(folder), "--port",
+               str(port), "--log-level", "WARNING"]
+        probe = "/v1/models"
     out = log.open("wb")
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise SystemExit(f"server exited with {proc.returncode}:\n{log.read_text()}")
+            raise SystemExit(f"{kind} exited with {proc.returncode}:\n{log.read_text()}")
         try:
-            if httpx.get(url + "/health", timeout=5).status_code == 200:
+            if httpx.get(url + probe, timeout=5).status_code == 200:
                 return proc, url
         except httpx.TransportError:
             pass
         time.sleep(0.2)
     proc.kill()
-    raise SystemExit("server did not start in 300 s")
+    raise SystemExit(f"{kind} did not start in 300 s")
 
 
 def body_for(i: int, model_name: str, max_tokens: int, bias: dict[str, int]) -> dict[str, Any]:
@@ -118,7 +117,10 @@ def body_for(i: int, model_name: str, max_tokens: int, bias: dict[str, int]) -> 
         "max_tokens": max_tokens,
         "temperature": 0,
         "logit_bias": bias,
+        "logprobs": True,
+        "top_logprobs": 5,
         "stream": True,
+        "stream_options": {"include_usage": True},
     }
 
 
@@ -137,15 +139,19 @@ async def one_request(client: httpx.AsyncClient, url: str, body: dict[str, Any])
                     continue
                 now = time.perf_counter()
                 chunk = json.loads(line[6:])
-                if "tokentrail" not in chunk or "token" not in chunk["tokentrail"]:
-                    continue
+                if chunk.get("usage"):
+                    res.tokens = int(chunk["usage"]["completion_tokens"])
+                choices = chunk.get("choices") or [{}]
+                if not (choices[0].get("delta") or {}).get("content"):
+                    continue  # no text yet (ours: a held-back token; theirs: none sent)
                 if last is None:
                     res.ttft = now - start
                 else:
                     res.gaps.append(now - last)
                 last = now
-                res.tokens += 1
-        res.ok = True
+        res.ok = res.tokens > 0
+        if not res.ok:
+            res.error = "no usage in the stream"
     except (httpx.HTTPError, json.JSONDecodeError) as e:
         res.error = f"{type(e).__name__}: {e}"
     return res
@@ -183,33 +189,6 @@ async def run_level(
     return [r for rs in per_client for r in rs], wall
 
 
-def in_process_once(
-    m: Any, tok: Any, i: int, max_tokens: int, bias: dict[int, int]
-) -> RequestResult:
-    """One request through stream_generate directly: the baseline without HTTP."""
-    import tokentrail
-
-    res = RequestResult(ok=True)
-    start = time.perf_counter()
-    last = None
-    for _ in tokentrail.stream_generate(
-        m,
-        tok,
-        [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}],
-        max_tokens=max_tokens,
-        temp=0.0,
-        logit_bias=bias,
-    ):
-        now = time.perf_counter()
-        if last is None:
-            res.ttft = now - start
-        else:
-            res.gaps.append(now - last)
-        last = now
-        res.tokens += 1
-    return res
-
-
 def summarize(results: list[RequestResult], wall: float) -> dict[str, Any]:
     good = [r for r in results if r.ok]
     gaps = [g for r in good for g in r.gaps]
@@ -230,137 +209,80 @@ def summarize(results: list[RequestResult], wall: float) -> dict[str, Any]:
     }
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default=None, help="model folder (default: the demo model)")
-    ap.add_argument("--clients", default="1,4,16", help="concurrency levels (comma list)")
-    ap.add_argument("--requests", type=int, default=2, help="requests per client per level")
-    ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument(
-        "--rounds",
-        type=int,
-        default=8,
-        help="paired rounds (in process, then the server, one request each) for the overhead",
-    )
-    ap.add_argument("--output", type=Path, default=None, help="write the markdown report here")
-    args = ap.parse_args()
-    levels = [int(c) for c in args.clients.split(",")]
-    folder = model_folder(args.model)
-    bias_ids = special_ids(folder)
-    bias = {str(i): -100 for i in bias_ids}
-    int_bias = {i: -100 for i in bias_ids}
-
-    import tokentrail
-
-    model, tok = tokentrail.load(args.model)
-    log = Path(tempfile.mkdtemp(prefix="bench-server-")) / "server.log"
-    proc, url = start_server(args.model, max(levels) * 2, log)
+def bench(kind: str, folder: Path, args: argparse.Namespace, levels: list[int],
+          bias: dict[str, int], notes: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
+    log = Path(tempfile.mkdtemp(prefix=f"bench-{kind}-")) / "server.log"
+    proc, url = start_server(kind, folder, max(levels), log)
     rows = []
-    pairs: list[tuple[RequestResult, RequestResult]] = []
     try:
-        name = httpx.get(url + "/v1/models").json()["data"][0]["id"]
-        in_process_once(model, tok, 0, args.max_tokens, int_bias)  # warm-up
-        asyncio.run(run_level(url, name, 1, 1, args.max_tokens, bias))
-        # Overhead: alternate in-process and server requests so that drifting load on
-        # a shared machine hits both alike; compare medians over the rounds.
-        for i in range(args.rounds):
-            base = in_process_once(model, tok, i, args.max_tokens, int_bias)
-            srv = asyncio.run(run_level(url, name, 1, 1, args.max_tokens, bias, first_prompt=i))[0][
-                0
-            ]
-            pairs.append((base, srv))
+        # mlx_lm.server serves the model it loaded as "default_model".
+        name = "default_model" if kind == "mlx_lm" else httpx.get(url + "/v1/models").json()[
+            "data"][0]["id"]
+        asyncio.run(run_level(url, name, 1, 2, args.max_tokens, bias))  # warm-up
         for c in levels:
             results, wall = asyncio.run(
                 run_level(url, name, c, args.requests, args.max_tokens, bias)
             )
             rows.append((c, summarize(results, wall)))
             s = rows[-1][1]
-            print(
-                f"C={c}: {s['tok_s']:.1f} tok/s, TTFT p50 {s['ttft_p50'] * 1e3:.1f} ms, "
-                f"ITL p50 {s['itl_p50'] * 1e3:.2f} ms, errors {s['errors']}",
-                flush=True,
-            )
-        health = httpx.get(url + "/health").json()
+            print(f"{kind} C={c}: {s['tok_s']:.1f} tok/s, TTFT p50 {s['ttft_p50'] * 1e3:.1f} ms, "
+                  f"ITL p50 {s['itl_p50'] * 1e3:.2f} ms, errors {s['errors']}", flush=True)
+        if kind == "tokentrail":
+            notes["batch_kind"] = httpx.get(url + "/health").json().get("batch_kind")
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default=None, help="model folder (default: the demo model)")
+    ap.add_argument("--clients", default="1,4,16", help="concurrency levels (comma list)")
+    ap.add_argument("--requests", type=int, default=2, help="requests per client per level")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--output", type=Path, default=None, help="write the markdown report here")
+    args = ap.parse_args()
+    levels = [int(c) for c in args.clients.split(",")]
+    folder = model_folder(args.model)
+    bias = {str(i): -100 for i in special_ids(folder)}
+    notes: dict[str, Any] = {}
+    ours = bench("tokentrail", folder, args, levels, bias, notes)
+    theirs = bench("mlx_lm", folder, args, levels, bias, notes)
 
     import mlx.core as mx
+    import mlx_lm
 
     lines = [
-        "# Server load benchmark",
+        "# Server load benchmark: tokentrail serve vs mlx_lm.server",
         "",
         f"`python benchmarks/bench_server.py {' '.join(sys.argv[1:])}`".replace(" `", "`"),
         "",
         f"- machine: {platform.machine()}, {os.cpu_count()} CPUs visible, {platform.system()} "
         f"{platform.release()}; Python {platform.python_version()}, mlx {mx.__version__} "
-        f"({mx.default_device()})",
+        f"({mx.default_device()}), mlx-lm {mlx_lm.__version__}",
         f"- model: `{folder.name}`; chat prompts cycled from {len(PROMPTS)} fixed ones; "
-        f"max_tokens {args.max_tokens}, temperature 0, EOS suppressed (every request "
-        f"generates exactly {args.max_tokens} tokens); {args.requests} requests per client",
-        "- server: one generation at a time, FIFO queue; clients: httpx streaming on "
-        "loopback, in one process, timestamps taken as each SSE token chunk is parsed",
+        f"max_tokens {args.max_tokens}, temperature 0, EOS suppressed, logprobs with 5 "
+        f"alternatives; {args.requests} requests per client; servers run one at a time",
+        f"- tokentrail serve `--max-batch {max(levels)}`, batch `{notes.get('batch_kind')}` "
+        "(the engine's own batched decoding, or `SerialBatch`: one generator per sequence, "
+        "a model call each per step); mlx_lm.server with its defaults (BatchGenerator)",
         f"- load average when done: {' '.join(f'{x:.2f}' for x in os.getloadavg())} "
         "(the CPUs are shared with the client process and anything else running)",
         "",
-        "| clients | requests | errors | tokens | throughput (tok/s) | TTFT p50 (ms) "
-        "| TTFT p99 (ms) | ITL p50 (ms) | ITL p99 (ms) |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| clients | tok/s ours | tok/s mlx_lm | ratio | TTFT p50 ours / mlx_lm (ms) "
+        "| ITL p50 ours / mlx_lm (ms) | ITL p99 ours / mlx_lm (ms) | errors |",
+        "|---:|---:|---:|---:|---|---|---|---:|",
     ]
-    for c, s in rows:
+    for (c, a), (_, b) in zip(ours, theirs, strict=True):
         lines.append(
-            f"| {c} | {s['requests']} | {s['errors']} | {s['tokens']} | {s['tok_s']:.1f} | "
-            f"{s['ttft_p50'] * 1e3:.1f} | {s['ttft_p99'] * 1e3:.1f} | "
-            f"{s['itl_p50'] * 1e3:.2f} | {s['itl_p99'] * 1e3:.2f} |"
+            f"| {c} | {a['tok_s']:.1f} | {b['tok_s']:.1f} | {a['tok_s'] / b['tok_s']:.2f} | "
+            f"{a['ttft_p50'] * 1e3:.1f} / {b['ttft_p50'] * 1e3:.1f} | "
+            f"{a['itl_p50'] * 1e3:.2f} / {b['itl_p50'] * 1e3:.2f} | "
+            f"{a['itl_p99'] * 1e3:.2f} / {b['itl_p99'] * 1e3:.2f} | "
+            f"{a['errors']} / {b['errors']} |"
         )
-
-    def med(values: list[float]) -> float:
-        return statistics.median(values) if values else float("nan")
-
-    cmp = []
-    for label, idx in (("stream_generate in process", 0), ("server, 1 client", 1)):
-        runs = [p[idx] for p in pairs if p[idx].ok]
-        cmp.append(
-            (
-                label,
-                med([r.ttft for r in runs]),
-                med([percentile(r.gaps, 0.5) for r in runs]),
-                med([percentile(r.gaps, 0.99) for r in runs]),
-                med([1 / statistics.mean(r.gaps) for r in runs if r.gaps]),
-            )
-        )
-    lines += [
-        "",
-        f"One client, {args.rounds} paired rounds (one request in process, then one "
-        "through the server, same prompt and settings); medians over the rounds:",
-        "",
-        "| | TTFT (ms) | ITL p50 (ms) | ITL p99 (ms) | tok/s while streaming (1 / mean ITL) |",
-        "|---|---:|---:|---:|---:|",
-    ]
-    for label, ttft, i50, i99, rate in cmp:
-        lines.append(
-            f"| {label} | {ttft * 1e3:.1f} | {i50 * 1e3:.2f} | {i99 * 1e3:.2f} | {rate:.1f} |"
-        )
-    (_, b_ttft, b50, _, _), (_, s_ttft, s50, _, _) = cmp
-    lines += [
-        "",
-        f"Server overhead for one client: {(s50 - b50) * 1e3:+.2f} ms per token at the "
-        f"median ({(s50 / b50 - 1) * 100:+.0f} %), {(s_ttft - b_ttft) * 1e3:+.1f} ms on the "
-        "first token (HTTP, JSON parsing and validation, the hand-over to the generation "
-        "thread, and JSON encoding of every chunk with its logprobs and extension).",
-        "Through the server, the generation thread, the event loop and the client process "
-        "share the CPUs that the in-process run has to itself, so on a small shared machine "
-        "part of this is contention rather than work. Throughput does not scale as clients are "
-        "added beyond keeping the generation thread busy between requests (one "
-        "generation at a time), while TTFT grows with the queue.",
-    ]
-    lines += [
-        "",
-        f"Server counters afterwards: completed {health['completed']}, cancelled "
-        f"{health['cancelled']}, failed {health['failed']}, rejected {health['rejected']}, "
-        f"generated tokens {health['generated_tokens']}.",
-    ]
-    errors = sorted({e for _, s in rows for e in s["error_kinds"]})
+    errors = sorted({e for rows in (ours, theirs) for _, s in rows for e in s["error_kinds"]})
     if errors:
         lines += ["", "Errors seen: " + "; ".join(errors)]
     report = "\n".join(lines) + "\n"

@@ -205,7 +205,12 @@ def eos_id(model_dir: Path) -> int:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     model_dir = pick_model_dir(tmp_path_factory)
-    srv = start_server(model_dir, tmp_path_factory.mktemp("logs") / "main.log", "--max-queue", "8")
+    # One sequence at a time: these tests pin the FIFO queue (tests/test_server_batch.py
+    # covers the continuous batch).
+    srv = start_server(
+        model_dir, tmp_path_factory.mktemp("logs") / "main.log", "--max-queue", "8",
+        "--max-batch", "1",
+    )
     yield srv
     srv.stop()
 
@@ -222,6 +227,8 @@ def stress(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         "65536",
         "--model-name",
         "tiny-stress",
+        "--max-batch",
+        "1",
     )
     yield srv
     srv.stop()
@@ -616,7 +623,7 @@ MSG = [{"role": "user", "content": "hi"}]
         (CHAT, {"messages": MSG, "max_tokens": 0}, 400, "max_tokens"),
         (CHAT, {"messages": MSG, "max_tokens": 1.5}, 400, "max_tokens"),
         (CHAT, {"messages": MSG, "max_tokens": True}, 400, "max_tokens"),
-        (CHAT, {"messages": MSG, "n": 2}, 400, "n"),
+        (CHAT, {"messages": MSG, "n": 99}, 400, "n"),  # at most 16 (and --max-batch)
         (CHAT, {"messages": MSG, "top_p": 0}, 400, "top_p"),
         (CHAT, {"messages": MSG, "top_k": "5"}, 400, "top_k"),
         (CHAT, {"messages": MSG, "min_p": 1.5}, 400, "min_p"),
@@ -700,7 +707,7 @@ def test_malformed_requests_get_json_errors(
 
 def test_openai_client_sees_bad_request(server: Server, client: Any) -> None:
     with pytest.raises(openai.BadRequestError) as info:
-        client.chat.completions.create(model=server.model, messages=MSG, n=3)
+        client.chat.completions.create(model=server.model, messages=MSG, n=99)
     assert info.value.body["param"] == "n"
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="no-such-model", prompt="x")
@@ -718,7 +725,12 @@ def test_oversized_bodies_get_413(stress: Server) -> None:
             yield b"x" * 1000
         yield b'"}'
 
-    r = httpx.post(stress.url + COMP, content=chunked(), timeout=60)
+    r = httpx.post(
+        stress.url + COMP,
+        content=chunked(),
+        headers={"content-type": "application/json"},
+        timeout=60,
+    )
     assert r.status_code == 413
     assert r.json()["error"]["code"] == "request_too_large"
     assert stress.health()["status"] == "ok"

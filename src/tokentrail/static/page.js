@@ -35,10 +35,28 @@
     status.classList.toggle("error", !!isError);
   }
 
+  // When the server has an API key (serve --api-key), /v1/* answers 401 until the
+  // page sends it: ask once, keep it for this tab, send it as a Bearer token.
+  let apiKey = sessionStorage.getItem("tokentrail-api-key") || "";
+  function authHeaders(headers) {
+    return apiKey ? Object.assign({ Authorization: "Bearer " + apiKey }, headers) : headers;
+  }
+  function askForKey() {
+    const key = window.prompt("This server needs an API key (serve --api-key):", "");
+    if (key === null || key === "") return false;
+    apiKey = key;
+    sessionStorage.setItem("tokentrail-api-key", key);
+    return true;
+  }
+
   async function loadModels() {
     try {
-      const r = await fetch("/v1/models");
+      let r = await fetch("/v1/models", { headers: authHeaders({}) });
+      while (r.status === 401 && askForKey()) {
+        r = await fetch("/v1/models", { headers: authHeaders({}) });
+      }
       const j = await r.json();
+      if (!r.ok) throw new Error(j.error ? j.error.message : r.status);
       const select = $("model");
       select.textContent = "";
       for (const m of j.data) {
@@ -139,7 +157,7 @@
     try {
       const r = await fetch(url, {
         method: "POST",
-        headers: { "Content-Type": "application/json" },
+        headers: authHeaders({ "Content-Type": "application/json" }),
         body: JSON.stringify(body),
         signal: controller.signal,
       });

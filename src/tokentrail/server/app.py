@@ -1,0 +1,561 @@
+"""The ASGI app: routes, and the middleware every request passes first.
+
+Middleware, outermost first: the access log and request metrics (one info line per
+request on ``tokentrail.server.access``), the `Host` check against DNS rebinding (421),
+the API key on ``/v1/*`` and ``/metrics`` (401), and ``application/json`` for POST
+bodies (415, so a cross-site form cannot start a generation). Routes then validate the
+body (`protocol`), queue a `Job` on the `Scheduler`, and stream or collect its steps
+through a `Formatter`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import ipaddress
+import logging
+import os
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..vocab import Vocab
+from .formatting import Formatter, _sse, merge_responses, usage
+from .metrics import Metrics
+from .protocol import (
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_QUEUE,
+    APIError,
+    ClientGone,
+    Kind,
+    _bad,
+    _type_name,
+    parse_chat,
+    parse_completion,
+    read_json,
+)
+from .scheduler import (
+    DEFAULT_CLIENT_TIMEOUT,
+    DEFAULT_MAX_BATCH,
+    Job,
+    Loader,
+    Scheduler,
+)
+
+if TYPE_CHECKING:
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import Response
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+logger = logging.getLogger("tokentrail.server")
+access_log = logging.getLogger("tokentrail.server.access")
+
+STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
+#: Paths the API key guards (the page, its files, the icon and /health stay open).
+_GUARDED = ("/v1/", "/metrics")
+
+
+def _json_response(
+    obj: Any, status: int = 200, headers: Mapping[str, str] | None = None
+) -> Response:
+    from starlette.responses import JSONResponse
+
+    return JSONResponse(obj, status_code=status, headers=dict(headers or {}))
+
+
+def _empty_response(status: int) -> Response:
+    from starlette.responses import Response
+
+    return Response(status_code=status)
+
+
+# -- middleware -------------------------------------------------------------------------------
+
+
+def _host_name(value: str) -> str:
+    """The name part of a Host header: without the port, brackets or a trailing dot."""
+    if value.startswith("["):
+        return value[1:].partition("]")[0].lower()
+    name = value.rpartition(":")[0] if value.count(":") == 1 else value
+    return name.rstrip(".").lower()
+
+
+def _is_ip(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+class Guard:
+    """ASGI middleware: access log, metrics, Host check, API key and content type."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        metrics: Metrics,
+        api_key: str | None,
+        allowed_hosts: Iterable[str] | None,
+    ) -> None:
+        self.app = app
+        self.metrics = metrics
+        self.api_key = api_key.encode() if api_key else None
+        self.hosts = None if allowed_hosts is None else {h.lower() for h in allowed_hosts}
+
+    def _refuse(self, scope: Scope) -> APIError | None:
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        path: str = scope["path"]
+        if self.hosts is not None and "*" not in self.hosts:
+            name = _host_name(headers.get("host", ""))
+            if not (_is_ip(name) or name == "localhost" or name in self.hosts):
+                return APIError(
+                    421,
+                    f"this server does not serve the host {headers.get('host', '')!r}; start "
+                    "it with --allowed-host NAME to serve it under that name",
+                    code="misdirected_request",
+                )
+        if self.api_key is not None and path.startswith(_GUARDED):
+            scheme, _, key = headers.get("authorization", "").partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(
+                key.strip().encode(), self.api_key
+            ):
+                return APIError(
+                    401,
+                    "a valid API key is needed: send the header 'Authorization: Bearer KEY'",
+                    code="invalid_api_key",
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
+        if scope["method"] == "POST":
+            ctype = headers.get("content-type", "").partition(";")[0].strip().lower()
+            if ctype != "application/json":
+                return APIError(
+                    415,
+                    "the request body must be JSON with 'Content-Type: application/json', "
+                    f"got {ctype or 'no content type'!r}",
+                    code="unsupported_media_type",
+                )
+        return None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 0
+
+        async def send_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            error = self._refuse(scope)
+            if error is not None:
+                await error.response()(scope, receive, send_status)
+            else:
+                await self.app(scope, receive, send_status)
+        finally:
+            route = scope["path"] if scope["path"] in _ROUTES else "(other)"
+            self.metrics.http(route, status or 499)
+            client = scope.get("client") or ("-", 0)
+            access_log.info(
+                '%s:%s "%s %s HTTP/%s" %s %.1f ms',
+                client[0],
+                client[1],
+                scope["method"],
+                scope["path"],
+                scope.get("http_version", "1.1"),
+                status or "-",
+                (time.perf_counter() - started) * 1000,
+            )
+
+
+_ROUTES = frozenset(
+    {"/", "/health", "/metrics", "/favicon.ico", "/v1/models", "/v1/completions",
+     "/v1/chat/completions"}
+)
+
+
+# -- streaming -----------------------------------------------------------------------------
+
+
+async def _watch_disconnect(receive: Receive, job: Job) -> None:
+    """Cancel `job` as soon as the client hangs up (the request body is already read)."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            job.cancel("client disconnected")
+            return
+
+
+class _SSEResponse:
+    """A server-sent-events response that cancels its job however it ends.
+
+    Each write may wait `send_timeout` seconds for a client that does not read; then
+    the response gives up and the connection is closed, as the scheduler drops the job.
+    """
+
+    def __init__(
+        self,
+        body: AsyncIterator[bytes],
+        job: Job,
+        watcher: asyncio.Task[None],
+        send_timeout: float,
+    ) -> None:
+        self._body = body
+        self._job = job
+        self._watcher = watcher
+        self._timeout = send_timeout
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [
+                        (b"content-type", b"text/event-stream; charset=utf-8"),
+                        (b"cache-control", b"no-cache"),
+                        (b"x-accel-buffering", b"no"),
+                    ],
+                }
+            )
+            async for chunk in self._body:
+                message = {"type": "http.response.body", "body": chunk, "more_body": True}
+                async with asyncio.timeout(self._timeout):  # a timer, not a task per chunk
+                    await send(message)
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except TimeoutError:
+            # The client stopped reading: give up on it. Returning with the response
+            # unfinished makes the HTTP server close the connection.
+            self._job.drop("client stopped reading")
+            logger.info("closing the stream of %s: the client stopped reading", self._job.id)
+        except OSError:  # the client went away while we were writing
+            logger.info("client of %s went away mid-stream", self._job.id)
+        finally:
+            self._watcher.cancel()
+            self._job.cancel("response ended")
+            await self._body.aclose()  # type: ignore[attr-defined]
+
+
+# -- routes -------------------------------------------------------------------------------------
+
+
+class _Server:
+    """The routes, bound to one Scheduler."""
+
+    def __init__(
+        self, scheduler: Scheduler, max_body_bytes: int, temperature: float, metrics: Metrics
+    ) -> None:
+        self.engine = scheduler
+        self.max_body_bytes = max_body_bytes
+        self.temperature = temperature
+        self.metrics = metrics
+
+    def _check_model(self, body: Mapping[str, Any]) -> str:
+        model = body.get("model")
+        if model is None:
+            return self.engine.model_name
+        if not isinstance(model, str):
+            raise _bad(
+                "model", f"'model' must be a string, got {_type_name(model)}", "invalid_type"
+            )
+        if model != self.engine.model_name:
+            raise self._no_model(model)
+        return model
+
+    def _no_model(self, model: str) -> APIError:
+        return APIError(
+            404,
+            f"the model {model!r} does not exist; this server serves {self.engine.model_name!r}",
+            param="model",
+            code="model_not_found",
+        )
+
+    def _vocab(self) -> Vocab:
+        if not self.engine.ready or self.engine.vocab is None:
+            raise APIError(
+                503,
+                "the model is not loaded",
+                type="server_error",
+                code="model_not_ready",
+                headers={"Retry-After": "5"},
+            )
+        return self.engine.vocab
+
+    def _model_card(self) -> dict[str, Any]:
+        card = {
+            "id": self.engine.model_name,
+            "object": "model",
+            "created": self.engine.created,
+            "owned_by": "tokentrail",
+        }
+        if self.engine.context_length is not None:
+            card["max_model_len"] = self.engine.context_length  # as vLLM reports it
+        return card
+
+    async def models(self, request: Request) -> Response:
+        return _json_response({"object": "list", "data": [self._model_card()]})
+
+    async def model(self, request: Request) -> Response:
+        model = request.path_params["model"]
+        if model != self.engine.model_name:
+            raise self._no_model(model)
+        return _json_response(self._model_card())
+
+    async def health(self, request: Request) -> Response:
+        stats = self.engine.stats()
+        return _json_response(stats, 200 if stats["status"] == "ok" else 503)
+
+    async def metrics_page(self, request: Request) -> Response:
+        from starlette.responses import Response
+
+        body, media_type = self.metrics.exposition()
+        return Response(body, headers={"Content-Type": media_type})
+
+    async def index(self, request: Request) -> Response:
+        return self._static("index.html", "text/html")
+
+    async def favicon(self, request: Request) -> Response:
+        return self._static("favicon.ico", "image/x-icon")
+
+    def _static(self, name: str, media_type: str) -> Response:
+        path = STATIC_DIR / name
+        if not path.is_file():
+            raise APIError(404, f"{name} is not installed", code="not_found")
+        from starlette.responses import FileResponse
+
+        return FileResponse(path, media_type=media_type)
+
+    async def chat(self, request: Request) -> Response:
+        return await self._complete(request, "chat")
+
+    async def completions(self, request: Request) -> Response:
+        return await self._complete(request, "completion")
+
+    async def _complete(self, request: Request, kind: Kind) -> Response:
+        try:
+            body = await read_json(request, self.max_body_bytes)
+        except ClientGone as e:
+            logger.info("%s %s: %s", request.method, request.url.path, e)
+            return _empty_response(499)
+        model = self._check_model(body)
+        vocab = self._vocab()
+        parse = parse_chat if kind == "chat" else parse_completion
+        req = parse(body, model, vocab.size, self.temperature)
+        prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
+        job = Job(id=prefix + uuid.uuid4().hex[:24], request=req, loop=asyncio.get_running_loop())
+        self.engine.submit(job)
+        watcher = asyncio.create_task(_watch_disconnect(request.receive, job))
+        handed_over = False
+        try:
+            # Wait for the first event before answering, so that a prompt the model
+            # rejects still gets a proper HTTP error status.
+            event = await job.next_event()
+            if event[0] == "error":
+                raise _generation_error(event[2])
+            if event[0] == "cancelled":
+                return _empty_response(499)
+            fmts = [Formatter(job.id, req, vocab, choice) for choice in range(req.n)]
+            if req.stream:
+                handed_over = True
+                stream = self._stream(job, fmts, event)
+                return _SSEResponse(stream, job, watcher, self.engine.client_timeout)  # type: ignore[return-value]
+            return await self._collect(job, fmts, event)
+        finally:
+            if not handed_over:
+                watcher.cancel()
+                job.cancel("request ended")
+
+    async def _collect(self, job: Job, fmts: list[Formatter], event: Any) -> Response:
+        steps: list[list[Any]] = [[] for _ in fmts]
+        open_choices = len(fmts)
+        while True:
+            kind, choice, value = event
+            if kind == "step":
+                steps[choice].append(value)
+            elif kind == "done":
+                open_choices -= 1
+                if open_choices == 0:
+                    break
+            elif kind == "error":
+                raise _generation_error(value)
+            else:  # cancelled
+                return _empty_response(499)
+            event = await job.next_event()
+        responses = [f.response(s) for f, s in zip(fmts, steps, strict=True)]
+        return _json_response(merge_responses(responses))
+
+    async def _stream(self, job: Job, fmts: list[Formatter], event: Any) -> AsyncIterator[bytes]:
+        open_choices = len(fmts)
+        while True:
+            kind, choice, value = event
+            if kind == "step":
+                yield _sse(fmts[choice].chunk(value))
+            elif kind == "done":
+                open_choices -= 1
+                if open_choices == 0:
+                    break
+            elif kind == "error":
+                logger.error("generation %s failed mid-stream: %s", job.id, value)
+                yield _sse(_generation_error(value).body())
+                return
+            else:  # cancelled
+                return
+            event = await job.next_event()
+        if fmts[0].req.include_usage:
+            chunk = fmts[0].usage_chunk()
+            chunk["usage"] = usage(
+                fmts[0].prompt_tokens, sum(f.n_tokens for f in fmts), fmts[0].cached_tokens
+            )
+            yield _sse(chunk)
+        yield b"data: [DONE]\n\n"
+
+
+def _generation_error(exc: BaseException) -> APIError:
+    """Map an engine exception to a client error (bad prompt/value) or a server error."""
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, ValueError | TypeError):
+        return APIError(400, f"the model rejected the request: {exc}", code="invalid_request")
+    return APIError(
+        500,
+        f"generation failed: {type(exc).__name__}: {exc}",
+        type="server_error",
+        code="internal_error",
+    )
+
+
+async def _api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, APIError)
+    return exc.response()
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    from starlette.exceptions import HTTPException
+
+    assert isinstance(exc, HTTPException)
+    codes = {404: "not_found", 405: "method_not_allowed"}
+    return APIError(
+        exc.status_code,
+        f"{request.method} {request.url.path}: {exc.detail}",
+        code=codes.get(exc.status_code),
+        headers=exc.headers,
+    ).response()
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    logger.exception("unhandled error on %s %s", request.method, request.url.path)
+    return APIError(
+        500,
+        f"internal server error: {type(exc).__name__}",
+        type="server_error",
+        code="internal_error",
+    ).response()
+
+
+def create_app(
+    model: Any = None,
+    tokenizer: Any = None,
+    model_path: str | os.PathLike[str] | None = None,
+    *,
+    max_queue: int = DEFAULT_MAX_QUEUE,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    model_name: str | None = None,
+    engine: str = "mlx",
+    load_options: dict[str, Any] | None = None,
+    loader: Loader | None = None,
+    max_batch: int = DEFAULT_MAX_BATCH,
+    prompt_cache_bytes: int | None = None,
+    client_timeout: float = DEFAULT_CLIENT_TIMEOUT,
+    temperature: float = 0.0,
+    api_key: str | None = None,
+    allowed_hosts: Iterable[str] | None = None,
+) -> Starlette:
+    """Build the ASGI app serving one model.
+
+    Pass `model` and `tokenizer` (as `tokentrail.load` returns them), or `model_path`
+    (None: the built-in demo model) or a `loader` returning (model, tokenizer), which is
+    then run on the generation thread when the app starts (or earlier through
+    ``app.state.engine.start()``). `max_batch` sequences decode together and
+    `max_queue` more may wait; beyond that requests get 429. Bodies over
+    `max_body_bytes` get 413. `engine` ("mlx", "torch" or "vllm") and `load_options`
+    (that engine's loader keywords) apply when loading `model_path`.
+    `prompt_cache_bytes` bounds the engine's prompt cache (engines that have one).
+    A streaming client that leaves output unread for `client_timeout` seconds is
+    dropped. `temperature` applies to requests that do not set one. With `api_key`,
+    ``/v1/*`` and ``/metrics`` need ``Authorization: Bearer <api_key>``; with
+    `allowed_hosts` (names; IP literals and ``localhost`` always pass; "*" passes
+    everything) other `Host` headers get 421.
+    """
+    from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
+    from starlette.middleware import Middleware
+    from starlette.routing import Mount, Route
+    from starlette.staticfiles import StaticFiles
+
+    if max_body_bytes < 1:
+        raise ValueError(f"max_body_bytes must be >= 1, got {max_body_bytes}")
+    metrics = Metrics()
+    scheduler = Scheduler(
+        model,
+        tokenizer,
+        model_path,
+        max_queue=max_queue,
+        max_batch=max_batch,
+        model_name=model_name,
+        engine=engine,
+        load_options=load_options,
+        loader=loader,
+        prompt_cache_bytes=prompt_cache_bytes,
+        client_timeout=client_timeout,
+        metrics=metrics,
+    )
+    server = _Server(scheduler, max_body_bytes, temperature, metrics)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await asyncio.to_thread(scheduler.start)
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(scheduler.stop)
+
+    routes: list[Any] = [
+        Route("/", server.index, methods=["GET"]),
+        Route("/favicon.ico", server.favicon, methods=["GET"]),
+        Route("/health", server.health, methods=["GET"]),
+        Route("/metrics", server.metrics_page, methods=["GET"]),
+        Route("/v1/models", server.models, methods=["GET"]),
+        Route("/v1/models/{model:path}", server.model, methods=["GET"]),
+        Route("/v1/completions", server.completions, methods=["POST"]),
+        Route("/v1/chat/completions", server.chat, methods=["POST"]),
+    ]
+    if STATIC_DIR.is_dir():
+        routes.append(Mount("/static", StaticFiles(directory=STATIC_DIR), name="static"))
+    handlers: dict[Any, Callable[..., Any]] = {
+        APIError: _api_error,
+        HTTPException: _http_error,
+        Exception: _internal_error,
+    }
+    app = Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers=handlers,
+        middleware=[
+            Middleware(Guard, metrics=metrics, api_key=api_key, allowed_hosts=allowed_hosts)
+        ],
+    )
+    app.state.engine = scheduler
+    app.state.metrics = metrics
+    return app
+
+
+__all__ = ["Guard", "create_app"]

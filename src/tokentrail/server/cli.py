@@ -1,0 +1,316 @@
+"""`tokentrail serve`: the parser, the engine choice and startup.
+
+Startup order: check the flags (exit 2 with one line), bind the socket (a port in use
+is exit 2, nothing logged as served), load the model, start uvicorn on that socket, and
+only then log the real URL (the real port too, with ``--port 0``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import socket
+import sys
+from typing import Any
+
+from .protocol import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_QUEUE
+from .scheduler import DEFAULT_CLIENT_TIMEOUT, DEFAULT_MAX_BATCH, Loader
+
+logger = logging.getLogger("tokentrail.server")
+
+#: Seconds a client has to send a whole request (headers and body) once it starts one.
+DEFAULT_READ_TIMEOUT = 10.0
+#: Seconds an idle keep-alive connection stays open.
+DEFAULT_KEEP_ALIVE = 5.0
+DEFAULT_MAX_CONNECTIONS = 256
+#: Kernel send buffer per connection (Linux doubles it): the output a client that stops
+#: reading can hold before the server notices and its --client-timeout clock runs.
+SEND_BUFFER_BYTES = 128 * 1024
+
+#: Engine name -> the loader keywords (flag names with "_") it takes.
+ENGINE_OPTIONS: dict[str, tuple[str, ...]] = {
+    "mlx": (),
+    "torch": ("device", "dtype"),
+    "vllm": (
+        "dtype",
+        "tensor_parallel_size",
+        "pipeline_parallel_size",
+        "gpu_memory_utilization",
+        "max_model_len",
+    ),
+}
+_ALL_OPTIONS = tuple(dict.fromkeys(k for keys in ENGINE_OPTIONS.values() for k in keys))
+
+
+class UsageError(Exception):
+    """A flag that cannot work: exit 2 with this one line."""
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be 0..65535 (0: any free port), got {port}")
+    return port
+
+
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("--model", default=None, metavar="PATH",
+        help="model folder in Hugging Face layout (default: the built-in demo model)")
+    add("--host", default="127.0.0.1", help="address to listen on")
+    add("--port", type=_port, default=8080, help="port to listen on (0: any free port)")
+    add("--max-batch", type=int, default=DEFAULT_MAX_BATCH, metavar="N",
+        help=f"sequences decoded together (default {DEFAULT_MAX_BATCH})")
+    add("--max-queue", type=int, default=DEFAULT_MAX_QUEUE, metavar="N",
+        help="sequences that may wait for room in the batch; more get 429 "
+        f"(default {DEFAULT_MAX_QUEUE})")
+    add("--prompt-cache-bytes", type=int, default=None, metavar="N",
+        help="memory bound of the prompt cache shared across requests, for engines that "
+        "have one (default: the engine's)")
+    add("--client-timeout", type=float, default=DEFAULT_CLIENT_TIMEOUT, metavar="S",
+        help="drop a streaming client that leaves output unread this long "
+        f"(default {DEFAULT_CLIENT_TIMEOUT:g})")
+    add("--temp", type=float, default=0.0, metavar="T",
+        help="temperature for requests that do not set one (default 0.0, as mlx_lm.server)")
+    add("--api-key", default=os.environ.get("TOKENTRAIL_API_KEY") or None, metavar="KEY",
+        help="require 'Authorization: Bearer KEY' on /v1/* and /metrics "
+        "(default: $TOKENTRAIL_API_KEY; none)")
+    add("--allowed-host", action="append", default=[], metavar="NAME",
+        help="a Host name to serve besides the address, localhost and IP literals "
+        "(repeatable; '*' allows any)")
+    add("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, metavar="N",
+        help=f"largest accepted request body (default {DEFAULT_MAX_BODY_BYTES})")
+    add("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS, metavar="N",
+        help="concurrent connections and requests; more get 503 "
+        f"(default {DEFAULT_MAX_CONNECTIONS})")
+    add("--read-timeout", type=float, default=DEFAULT_READ_TIMEOUT, metavar="S",
+        help="seconds a client has to send a whole request, headers and body "
+        f"(default {DEFAULT_READ_TIMEOUT:g})")
+    add("--keep-alive-timeout", type=float, default=DEFAULT_KEEP_ALIVE, metavar="S",
+        help=f"seconds an idle connection stays open (default {DEFAULT_KEEP_ALIVE:g})")
+    add("--model-name", default=None,
+        help="id the model is served under (default: the folder name, or tokentrail-demo)")
+    add("--engine", default="mlx", choices=list(ENGINE_OPTIONS),
+        help="model runtime (default mlx; torch runs transformers, vllm a vLLM deployment)")
+    add("--device", help="torch engine: cuda, mps or cpu (default: best)")
+    add("--dtype", help="torch/vllm engines: float32, bfloat16, float16, auto")
+    add("--tensor-parallel-size", type=int, metavar="N", help="vllm engine")
+    add("--pipeline-parallel-size", type=int, metavar="N", help="vllm engine")
+    add("--gpu-memory-utilization", type=float, metavar="F", help="vllm engine")
+    add("--max-model-len", type=int, metavar="N", help="vllm engine")
+    add("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the `serve` subcommand to a `tokentrail` argparse subparsers object."""
+    parser = subparsers.add_parser(
+        "serve",
+        help="serve a model over an OpenAI-compatible HTTP API with segment confidence",
+        description="Serve a model over an OpenAI-compatible HTTP API (/v1/completions, "
+        "/v1/chat/completions, /v1/models, /health, /metrics) with per-segment token "
+        "attribution, and a live confidence page at /.",
+    )
+    _add_arguments(parser)
+    parser.set_defaults(func=run)
+    return parser
+
+
+def model_loader(args: argparse.Namespace) -> Loader:
+    """What loads the model for these flags: a function returning (model, tokenizer).
+
+    Raises UsageError for a flag the chosen engine does not take. A new kind of engine
+    adds its loader keywords to `ENGINE_OPTIONS` and, if it is not loaded through
+    `tokentrail.load`, a branch here.
+    """
+    from .. import generate
+
+    allowed = ENGINE_OPTIONS[args.engine]
+    options: dict[str, Any] = {}
+    for key in _ALL_OPTIONS:
+        value = getattr(args, key, None)
+        if value is None:
+            continue
+        if key not in allowed:
+            flag = "--" + key.replace("_", "-")
+            raise UsageError(f"{flag} does not apply to --engine {args.engine}")
+        options[key] = value
+    return lambda: generate.load(args.model, engine=args.engine, **options)
+
+
+def _check(args: argparse.Namespace) -> None:
+    checks: list[tuple[bool, str]] = [
+        (args.max_queue >= 0, f"--max-queue must be >= 0, got {args.max_queue}"),
+        (args.max_batch >= 1, f"--max-batch must be >= 1, got {args.max_batch}"),
+        (args.max_body_bytes >= 1, f"--max-body-bytes must be >= 1, got {args.max_body_bytes}"),
+        (args.max_connections >= 1, f"--max-connections must be >= 1, got {args.max_connections}"),
+        (args.client_timeout > 0, f"--client-timeout must be > 0, got {args.client_timeout}"),
+        (args.read_timeout > 0, f"--read-timeout must be > 0, got {args.read_timeout}"),
+        (args.keep_alive_timeout > 0,
+         f"--keep-alive-timeout must be > 0, got {args.keep_alive_timeout}"),
+        (0.0 <= args.temp <= 2.0, f"--temp must be in [0, 2], got {args.temp}"),
+        (args.prompt_cache_bytes is None or args.prompt_cache_bytes >= 0,
+         f"--prompt-cache-bytes must be >= 0, got {args.prompt_cache_bytes}"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise UsageError(message)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """A socket bound to host:port (not listening yet), or UsageError saying why not."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise UsageError(f"cannot listen on {host}: {e.strerror}") from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as e:
+        sock.close()
+        raise UsageError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def _url(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+class _QuietAbandon(logging.Filter):
+    """uvicorn reports a response the app gave up on (a client that stopped reading)
+    as an error; the app has already logged it at info."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.msg != "ASGI callable returned without completing response."
+
+
+def _protocol_class(read_timeout: float) -> type[asyncio.Protocol]:
+    """uvicorn's h11 protocol, closing a connection that does not send a whole request
+    within `read_timeout` seconds (uvicorn itself only times out idle keep-alives)."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class ReadTimeoutProtocol(H11Protocol):
+        _read_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            sock = transport.get_extra_info("socket")
+            if sock is not None:  # bound what the kernel holds for a client that does not read
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
+            self._arm()
+
+        def _arm(self) -> None:
+            self._read_timer = self.loop.call_later(read_timeout, self._expired)
+
+        def data_received(self, data: bytes) -> None:
+            cycle = self.cycle
+            if self._read_timer is None and (cycle is None or cycle.response_complete):
+                self._arm()  # a new request begins
+            super().data_received(data)
+
+        def _expired(self) -> None:
+            self._read_timer = None
+            cycle = self.cycle
+            if cycle is not None and not cycle.more_body and not cycle.response_complete:
+                return  # the whole request arrived and is being answered
+            if not self.transport.is_closing():
+                logger.debug("closing a connection that sent no whole request in time")
+                self.transport.close()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self._read_timer is not None:
+                self._read_timer.cancel()
+                self._read_timer = None
+            super().connection_lost(exc)
+
+    return ReadTimeoutProtocol
+
+
+def run(args: argparse.Namespace) -> int:
+    """Load the model, then serve until interrupted; return the exit status."""
+    try:
+        import starlette  # noqa: F401
+        import uvicorn
+    except ModuleNotFoundError as e:
+        sys.stderr.write(
+            f"tokentrail serve: error: needs {e.name or 'uvicorn'}: "
+            "pip install 'tokentrail[server]'\n"
+        )
+        return 2
+    from .app import create_app
+
+    level = args.log_level.upper()
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("tokentrail").setLevel(level)  # also under `tokentrail -v serve`
+    try:
+        _check(args)
+        loader = model_loader(args)
+        sock = _bind(args.host, args.port)
+    except UsageError as e:
+        sys.stderr.write(f"tokentrail serve: error: {e}\n")
+        return 2
+    hosts = [args.host, *args.allowed_host]
+    app = create_app(
+        model_path=args.model,
+        loader=loader,
+        max_queue=args.max_queue,
+        max_batch=args.max_batch,
+        max_body_bytes=args.max_body_bytes,
+        model_name=args.model_name,
+        prompt_cache_bytes=args.prompt_cache_bytes,
+        client_timeout=args.client_timeout,
+        temperature=args.temp,
+        api_key=args.api_key,
+        allowed_hosts=hosts,
+    )
+    engine = app.state.engine
+    try:
+        engine.start()
+    except (OSError, ValueError, ImportError, TypeError) as e:
+        sock.close()
+        sys.stderr.write(
+            f"tokentrail serve: error: cannot load the model: {' '.join(str(e).split())}\n"
+        )
+        return 2
+    url = _url(sock)
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)
+            if self.started:
+                logger.info("serving %s on %s", engine.model_name, url)
+
+    logging.getLogger("uvicorn.error").addFilter(_QuietAbandon())
+    config = uvicorn.Config(
+        app,
+        log_level=args.log_level,
+        access_log=False,  # the app logs one line per request itself
+        http=_protocol_class(args.read_timeout),
+        limit_concurrency=args.max_connections,
+        timeout_keep_alive=args.keep_alive_timeout,  # type: ignore[arg-type]
+        h11_max_incomplete_event_size=64 * 1024,
+        timeout_graceful_shutdown=5,
+    )
+    try:
+        Server(config).run(sockets=[sock])
+    finally:
+        engine.stop()
+        sock.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m tokentrail.server ...`: the same options as `tokentrail serve`."""
+    from ..cli import _Parser
+
+    parser = _Parser(prog="python -m tokentrail.server")
+    _add_arguments(parser)
+    return run(parser.parse_args(argv))

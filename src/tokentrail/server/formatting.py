@@ -1,0 +1,345 @@
+"""OpenAI chunks and responses, with the ``tokentrail`` extension (see `tokentrail.server`)."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from ..segment import Alternative, Confidence, TokenSpan
+from ..vocab import Vocab
+from .protocol import GenRequest
+
+
+@dataclass(slots=True)
+class Step:
+    """One generated token and what it finalised, without engine arrays (thread-safe)."""
+
+    index: int
+    token: int
+    text: str
+    logprob: float
+    top: tuple[Alternative, ...]
+    segment_tokens: tuple[TokenSpan, ...]
+    confidence: Confidence | None
+    finish_reason: str | None
+    stop_string: str | None
+    stop_tokens: tuple[TokenSpan, ...]
+    prompt_tokens: int
+    cached_tokens: int = 0
+
+
+def step_of(response: Any, index: int, cached: int) -> Step:
+    """Copy what the HTTP layer needs out of a GenerationResponse."""
+    return Step(
+        index=index,
+        token=int(response.token),
+        text=response.text or "",
+        logprob=float(response.token_logprob),
+        top=tuple(response.top_logprobs or ()),
+        segment_tokens=tuple(response.last_segment_tokens or ()),
+        confidence=response.confidence,
+        finish_reason=response.finish_reason,
+        stop_string=response.stop_string,
+        stop_tokens=tuple(response.stop_tokens or ()),
+        prompt_tokens=int(response.prompt_tokens or 0),
+        cached_tokens=cached,
+    )
+
+
+# -- response formatting ----------------------------------------------------------------------
+
+
+def _lp(value: float | None) -> float | None:
+    """A logprob JSON can carry: -inf becomes -9999.0 as in OpenAI's API."""
+    if value is None:
+        return None
+    if math.isnan(value):
+        return None
+    return value if math.isfinite(value) else -9999.0
+
+
+def _finite(value: Any) -> Any:
+    return value if not isinstance(value, float) or math.isfinite(value) else None
+
+
+class Formatter:
+    """Turns one sequence's steps into OpenAI chunks/responses with the tokentrail
+    extension; `choice` is the sequence's index among the request's `n`."""
+
+    def __init__(self, request_id: str, req: GenRequest, vocab: Vocab, choice: int = 0) -> None:
+        self.id = request_id
+        self.req = req
+        self.choice = choice
+        self.cached_tokens = 0
+        self.vocab = vocab
+        self.created = int(time.time())
+        self.chars = 0  # completion characters final so far
+        self.first = True
+        self.finish_reason: str | None = None
+        self.n_tokens = 0
+        self.prompt_tokens = 0
+
+    # -- pieces --
+
+    def _token_text(self, token_id: int) -> str:
+        try:
+            return self.vocab.token_text(token_id)
+        except ValueError:  # an id the model has but the tokenizer lacks (padding rows)
+            return ""
+
+    def _completion_token(self, token_id: int, raw: bytes | None = None) -> str:
+        """A completions-API token string: its text, or OpenAI's `bytes:\\xNN` form when
+        its bytes are not valid UTF-8 on their own (so no information is lost)."""
+        if raw is None:
+            try:
+                raw = self.vocab.token_bytes(token_id)
+            except ValueError:
+                return ""
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+        return text if raw else self._token_text(token_id)
+
+    def _token_bytes(self, token_id: int) -> list[int]:
+        try:
+            return list(self.vocab.token_bytes(token_id))
+        except ValueError:
+            return []
+
+    def _alternatives(self, alts: tuple[Alternative, ...]) -> list[Alternative]:
+        return list(alts[: self.req.top_logprobs])
+
+    def _span(self, span: TokenSpan) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "index": span.index,
+            "id": span.id,
+            "start": span.start,
+            "end": span.end,
+            "logprob": _lp(span.logprob),
+            "text": self._token_text(span.id),
+            "bytes": self._token_bytes(span.id),
+        }
+        if self.req.top_logprobs and span.top_logprobs:
+            out["top_logprobs"] = [
+                {"id": a.id, "logprob": _lp(a.logprob), "bytes": list(a.bytes), "text": a.text}
+                for a in span.top_logprobs[: self.req.top_logprobs]
+            ]
+        return out
+
+    def segment(self, step: Step) -> dict[str, Any] | None:
+        if not step.text and not step.segment_tokens:
+            return None
+        conf = step.confidence
+        return {
+            "text": step.text,
+            "tokens": [self._span(s) for s in step.segment_tokens],
+            "confidence": None
+            if conf is None
+            else {k: _finite(v) for k, v in conf.to_dict().items()},
+        }
+
+    def _stop(self, step: Step) -> dict[str, Any] | None:
+        if step.stop_string is None:
+            return None
+        return {"string": step.stop_string, "tokens": [self._span(s) for s in step.stop_tokens]}
+
+    def chat_logprob(self, step: Step) -> dict[str, Any]:
+        return {
+            "token": self._token_text(step.token),
+            "logprob": _lp(step.logprob),
+            "bytes": self._token_bytes(step.token),
+            "top_logprobs": [
+                {"token": a.text, "logprob": _lp(a.logprob), "bytes": list(a.bytes)}
+                for a in self._alternatives(step.top)
+            ],
+        }
+
+    def _completion_top(self, step: Step) -> dict[str, float | None]:
+        top: dict[str, float | None] = {}
+        for a in self._alternatives(step.top):
+            top.setdefault(self._completion_token(a.id, a.bytes), _lp(a.logprob))
+        return top
+
+    def _note(self, step: Step) -> int:
+        """Account for a step; return the text offset of its token (see module doc)."""
+        offset = self.chars
+        self.chars += len(step.text)
+        self.n_tokens += 1
+        self.prompt_tokens = step.prompt_tokens or self.prompt_tokens
+        self.cached_tokens = step.cached_tokens or self.cached_tokens
+        if step.finish_reason is not None:
+            self.finish_reason = step.finish_reason
+        return offset
+
+    def usage(self) -> dict[str, Any]:
+        return usage(self.prompt_tokens, self.n_tokens, self.cached_tokens)
+
+    def _envelope(self, obj: str) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": obj,
+            "created": self.created,
+            "model": self.req.model,
+            "system_fingerprint": None,
+        }
+
+    # -- streamed --
+
+    def chunk(self, step: Step) -> dict[str, Any]:
+        offset = self._note(step)
+        ext: dict[str, Any] = {
+            "token": {
+                "index": step.index,
+                "id": step.token,
+                "text": self._token_text(step.token),
+                "bytes": self._token_bytes(step.token),
+                "logprob": _lp(step.logprob),
+            },
+            "segments": [s for s in (self.segment(step),) if s is not None],
+        }
+        stop = self._stop(step)
+        if stop is not None:
+            ext["stop"] = stop
+        if self.req.kind == "chat":
+            delta: dict[str, Any] = {"content": step.text}
+            if self.first:
+                delta = {"role": "assistant", **delta}
+            choice: dict[str, Any] = {
+                "index": self.choice,
+                "delta": delta,
+                "logprobs": {"content": [self.chat_logprob(step)]} if self.req.logprobs else None,
+                "finish_reason": step.finish_reason,
+            }
+            out = self._envelope("chat.completion.chunk")
+        else:
+            choice = {
+                "index": self.choice,
+                "text": step.text,
+                "logprobs": {
+                    "tokens": [self._completion_token(step.token)],
+                    "token_logprobs": [_lp(step.logprob)],
+                    "top_logprobs": [self._completion_top(step)],
+                    "text_offset": [offset],
+                }
+                if self.req.logprobs
+                else None,
+                "finish_reason": step.finish_reason,
+            }
+            out = self._envelope("text_completion")
+        self.first = False
+        out["choices"] = [choice]
+        if self.req.n > 1:
+            ext["choice"] = self.choice
+        out["tokentrail"] = ext
+        return out
+
+    def usage_chunk(self) -> dict[str, Any]:
+        obj = "chat.completion.chunk" if self.req.kind == "chat" else "text_completion"
+        out = self._envelope(obj)
+        out["choices"] = []
+        out["usage"] = self.usage()
+        return out
+
+    # -- whole --
+
+    def response(self, steps: list[Step]) -> dict[str, Any]:
+        text_parts: list[str] = []
+        segments: list[dict[str, Any]] = []
+        chat_lps: list[dict[str, Any]] = []
+        tokens: list[str] = []
+        token_lps: list[float | None] = []
+        tops: list[dict[str, float | None]] = []
+        offsets: list[int] = []
+        stop = None
+        for step in steps:
+            offsets.append(self._note(step))
+            text_parts.append(step.text)
+            seg = self.segment(step)
+            if seg is not None:
+                segments.append(seg)
+            stop = self._stop(step) or stop
+            if self.req.logprobs:
+                if self.req.kind == "chat":
+                    chat_lps.append(self.chat_logprob(step))
+                else:
+                    tokens.append(self._completion_token(step.token))
+                    token_lps.append(_lp(step.logprob))
+                    tops.append(self._completion_top(step))
+        text = "".join(text_parts)
+        ext: dict[str, Any] = {"segments": segments}
+        if stop is not None:
+            ext["stop"] = stop
+        finish = self.finish_reason or "stop"
+        if self.req.kind == "chat":
+            out = self._envelope("chat.completion")
+            out["choices"] = [
+                {
+                    "index": self.choice,
+                    "message": {"role": "assistant", "content": text},
+                    "logprobs": {"content": chat_lps} if self.req.logprobs else None,
+                    "finish_reason": finish,
+                }
+            ]
+        else:
+            out = self._envelope("text_completion")
+            out["choices"] = [
+                {
+                    "index": self.choice,
+                    "text": text,
+                    "logprobs": {
+                        "tokens": tokens,
+                        "token_logprobs": token_lps,
+                        "top_logprobs": tops,
+                        "text_offset": offsets,
+                    }
+                    if self.req.logprobs
+                    else None,
+                    "finish_reason": finish,
+                }
+            ]
+        out["usage"] = self.usage()
+        out["tokentrail"] = ext
+        return out
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
+    """OpenAI's `usage`, with `prompt_tokens_details.cached_tokens` from the prompt cache."""
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
+
+
+def merge_responses(responses: list[dict[str, Any]]) -> dict[str, Any]:
+    """One response for a request with `n` > 1: every choice, usage summed over them.
+
+    The top-level `tokentrail` stays choice 0's (as for n = 1) and gains `choices`,
+    each choice's own extension in choice order.
+    """
+    if len(responses) == 1:
+        return responses[0]
+    out = dict(responses[0])
+    out["choices"] = [c for r in responses for c in r["choices"]]
+    first = responses[0]["usage"]
+    completion = sum(r["usage"]["completion_tokens"] for r in responses)
+    out["usage"] = usage(
+        first["prompt_tokens"], completion, first["prompt_tokens_details"]["cached_tokens"]
+    )
+    exts = [r["tokentrail"] for r in responses]
+    out["tokentrail"] = {**exts[0], "choices": exts}
+    return out
+
+
+def _json(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def _sse(obj: Any) -> bytes:
+    return f"data: {_json(obj)}\n\n".encode()
+

@@ -1,0 +1,87 @@
+"""Prometheus metrics for `/metrics`, kept in a registry of the app's own.
+
+A registry per app (not prometheus_client's global one) lets several apps live in one
+process, as tests do. Everything here is safe to call from any thread.
+"""
+
+from __future__ import annotations
+
+#: Seconds: first-token latency spans queueing and prompt processing.
+_TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+#: Seconds between two tokens of one sequence.
+_ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+
+
+
+class Metrics:
+    """The server's counters, gauges and histograms (names start with ``tokentrail_``)."""
+
+    def __init__(self) -> None:
+        # Imported here: `tokentrail serve`'s parser must load without the server extra.
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.http_requests = Counter(
+            "tokentrail_http_requests",
+            "HTTP requests answered, by route and status code",
+            ["path", "status"],
+            registry=r,
+        )
+        self.outcomes = Counter(
+            "tokentrail_generations",
+            "Generation requests by outcome (completed, cancelled, dropped, failed, rejected)",
+            ["outcome"],
+            registry=r,
+        )
+        self.queue_depth = Gauge(
+            "tokentrail_queue_depth", "Requests waiting for room in the batch", registry=r
+        )
+        self.batch_size = Gauge(
+            "tokentrail_batch_size", "Sequences in the batch now", registry=r
+        )
+        self.generated_tokens = Counter(
+            "tokentrail_generated_tokens", "Tokens generated, all sequences", registry=r
+        )
+        self.prompt_tokens_cached = Counter(
+            "tokentrail_prompt_cache_hit_tokens",
+            "Prompt tokens reused from the prompt cache",
+            registry=r,
+        )
+        self.prompt_cache_hits = Counter(
+            "tokentrail_prompt_cache_hits",
+            "Sequences that reused at least one cached prompt token",
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "tokentrail_time_to_first_token_seconds",
+            "Seconds from a request's arrival to its first token",
+            buckets=_TTFT_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "tokentrail_inter_token_latency_seconds",
+            "Seconds between consecutive tokens of one sequence",
+            buckets=_ITL_BUCKETS,
+            registry=r,
+        )
+
+    def request_outcome(self, outcome: str) -> None:
+        self.outcomes.labels(outcome=outcome).inc()
+
+    def prompt_cache(self, cached_tokens: int) -> None:
+        if cached_tokens > 0:
+            self.prompt_cache_hits.inc()
+            self.prompt_tokens_cached.inc(cached_tokens)
+
+    def http(self, path: str, status: int) -> None:
+        self.http_requests.labels(path=path, status=str(status)).inc()
+
+    def exposition(self) -> tuple[bytes, str]:
+        """Every metric in Prometheus' text format, and that format's media type."""
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+    def __repr__(self) -> str:
+        return f"Metrics({self.registry!r})"

@@ -1,0 +1,589 @@
+"""The scheduler: a request queue and one generation loop over a continuous batch.
+
+One thread owns the model (loading included), so engine state such as MLX streams never
+crosses threads. It drives `tokentrail.engines.batch.open_batch(engine, max_batch, ...)`:
+between two batch steps, waiting requests join (first come, first served) while there
+is room and finished, cancelled or stalled ones leave. Each sequence has its own
+sampling settings, stop strings, seed and `Aligner` (fresh per sequence, continuing its
+prompt), and goes through the same per-token loop as `tokentrail.stream_generate`.
+
+The loop never waits on a client: it hands each step to its request's event queue on
+the asyncio loop and moves on. A request whose reader has left output unread for
+`client_timeout` seconds, or has more than `max_buffered` steps unread, is dropped
+and its sequences leave the batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from ..vocab import Vocab
+from .formatting import step_of
+from .metrics import Metrics
+from .protocol import DEFAULT_MAX_QUEUE, APIError, GenRequest, QueueFull
+
+logger = logging.getLogger("tokentrail.server")
+
+#: How many finished requests /health remembers.
+RECENT_JOBS = 32
+#: Default most sequences decoded together.
+DEFAULT_MAX_BATCH = 8
+#: Default seconds a client may leave output unread before it is dropped.
+DEFAULT_CLIENT_TIMEOUT = 30.0
+#: Most steps one request may have unread before it is dropped.
+DEFAULT_MAX_BUFFERED = 4096
+
+EventKind = Literal["step", "done", "error", "cancelled"]
+Loader = Callable[[], tuple[Any, Any]]
+
+
+@dataclass(eq=False)
+class Job:
+    """One request: its `n` sequences are filled by the loop thread, read on the event loop.
+
+    Events are `(kind, choice, value)`. `posted` is written only by the loop thread and
+    `read` only by the reader; their difference is the unread backlog.
+    """
+
+    id: str
+    request: GenRequest
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue[tuple[EventKind, int, Any]] = field(default_factory=asyncio.Queue)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    generated: int = 0
+    outcome: str = "queued"
+    submitted: float = field(default_factory=time.monotonic)
+    posted: int = 0
+    read: int = 0
+    #: When the reader last took an event, or when output began waiting for it.
+    last_read: float = field(default_factory=time.monotonic)
+    live: int = 0  # sequences still in the batch
+    reason: str = ""
+    #: Set when the client was dropped for not reading (not a hang-up).
+    dropped: bool = False
+
+    def post(self, kind: EventKind, choice: int = 0, value: Any = None) -> None:
+        """Hand an event to the reader (called from the loop thread)."""
+        if self.posted == self.read:
+            self.last_read = time.monotonic()  # the reader's clock starts now
+        self.posted += 1
+        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody is reading
+            self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, choice, value))
+
+    def drop(self, reason: str) -> None:
+        """Stop this request because its client stopped reading."""
+        if not self.cancelled.is_set():
+            self.dropped = True
+        self.cancel(reason)
+
+    def cancel(self, reason: str) -> None:
+        """Stop this request (called on the event loop); wakes a reader waiting on it."""
+        if not self.cancelled.is_set():
+            logger.debug("cancelling %s: %s", self.id, reason)
+            self.reason = self.reason or reason
+            self.cancelled.set()
+            self.events.put_nowait(("cancelled", 0, reason))
+
+    async def next_event(self) -> tuple[EventKind, int, Any]:
+        event = await self.events.get()
+        self.read += 1
+        self.last_read = time.monotonic()
+        return event
+
+
+@dataclass(eq=False)
+class _Seq:
+    """One sequence of the batch: a choice of a job, and its per-token loop."""
+
+    job: Job
+    choice: int
+    responses: Iterator[Any]
+    feed: _Feed
+    index: int = 0
+    last_step: float = 0.0
+    cached: int | None = None
+
+
+class _Feed:
+    """Hands the step the batch produced for a sequence to `stream_generate`'s loop.
+
+    That loop pulls steps from an engine's `generate`; here the batch pushes them, one
+    at a time, so the sequence gets exactly the same text, stops and attribution as
+    `stream_generate` would give it.
+    """
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.name = engine.name
+        self.vocab_size = engine.vocab_size
+        self.context_length = engine.context_length
+        self.step: Any = None
+
+    def peak_memory(self) -> float:
+        return self.engine.peak_memory()
+
+    def generate(self, prompt_ids: Sequence[int], params: Any, max_tokens: int | None) -> _Feed:
+        return self
+
+    def __iter__(self) -> _Feed:
+        return self
+
+    def __next__(self) -> Any:
+        step, self.step = self.step, None
+        if step is None:
+            raise StopIteration
+        return step
+
+
+def served_name(model_path: str | os.PathLike[str] | None) -> str:
+    """The model id served for a folder (its name), or tokentrail-demo for the demo."""
+    if model_path is None:
+        return "tokentrail-demo"
+    return Path(model_path).resolve().name or str(model_path)
+
+
+def _vocab_of(tokenizer: Any) -> Vocab:
+    """The tokenizer's `Vocab` (for each token's raw bytes and text)."""
+    from ..generate import _vocab
+
+    for owner in (tokenizer, getattr(tokenizer, "_tokenizer", None)):
+        found = getattr(owner, "__dict__", {}).get("vocab") if owner is not None else None
+        if isinstance(found, Vocab):
+            return found
+    return _vocab(tokenizer)
+
+
+class Scheduler:
+    """Owns the model; runs queued requests together in a continuous batch.
+
+    Give `model` and `tokenizer` (as `tokentrail.load` returns them), or a `loader`
+    returning them (run on the loop thread), or `model_path` for `tokentrail.load`.
+    `max_batch` sequences decode together; requests beyond that wait, `max_queue` at
+    most (in sequences), and more are refused with `QueueFull`.
+    """
+
+    def __init__(
+        self,
+        model: Any = None,
+        tokenizer: Any = None,
+        model_path: str | os.PathLike[str] | None = None,
+        *,
+        max_queue: int = DEFAULT_MAX_QUEUE,
+        max_batch: int = DEFAULT_MAX_BATCH,
+        model_name: str | None = None,
+        engine: str = "mlx",
+        load_options: dict[str, Any] | None = None,
+        loader: Loader | None = None,
+        prompt_cache_bytes: int | None = None,
+        client_timeout: float = DEFAULT_CLIENT_TIMEOUT,
+        max_buffered: int = DEFAULT_MAX_BUFFERED,
+        metrics: Metrics | None = None,
+    ) -> None:
+        if (model is None) != (tokenizer is None):
+            raise ValueError("pass both model and tokenizer, or neither (to load model_path)")
+        if max_queue < 0:
+            raise ValueError(f"max_queue must be >= 0, got {max_queue}")
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        if not client_timeout > 0:
+            raise ValueError(f"client_timeout must be > 0 seconds, got {client_timeout}")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.model_path = model_path
+        self.engine_name = engine
+        self.load_options = dict(load_options or {})
+        self.loader = loader
+        self.max_queue = max_queue
+        self.max_batch = max_batch
+        self.prompt_cache_bytes = prompt_cache_bytes
+        self.client_timeout = client_timeout
+        self.max_buffered = max_buffered
+        self.metrics = metrics or Metrics()
+        self.model_name = model_name or served_name(model_path)
+        self.created = int(time.time())
+        self.vocab: Vocab | None = None
+        self.context_length: int | None = None
+        #: The class of the engine's batch (e.g. SerialBatch: one generator per sequence).
+        self.batch_kind: str | None = None
+        self._cond = threading.Condition()
+        self._pending: deque[Job] = deque()
+        self._running: dict[str, Job] = {}
+        self._seqs: dict[int, _Seq] = {}
+        self._stopping = False
+        self._ready = threading.Event()
+        self._load_error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        self._counts = {"completed": 0, "cancelled": 0, "failed": 0, "rejected": 0, "dropped": 0}
+        self._generated_tokens = 0
+        self._recent: deque[dict[str, Any]] = deque(maxlen=RECENT_JOBS)
+        self._step_seconds: deque[float] = deque(maxlen=64)
+        self._job_tokens: deque[int] = deque(maxlen=64)
+
+    # -- lifecycle --
+
+    def start(self, timeout: float | None = None) -> None:
+        """Start the loop thread and wait until the model is loaded; re-raise a load error."""
+        with self._cond:
+            if self._thread is None:
+                self._stopping = False
+                self._thread = threading.Thread(
+                    target=self._run, name="tokentrail-generate", daemon=True
+                )
+                self._thread.start()
+        if not self._ready.wait(timeout):
+            raise TimeoutError(f"the model did not load within {timeout} s")
+        if self._load_error is not None:
+            raise self._load_error
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Cancel running and queued requests and join the loop thread."""
+        thread = self._thread
+        if thread is None:
+            return
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        thread.join(timeout)
+        self._thread = None
+
+    @property
+    def ready(self) -> bool:
+        return self._ready.is_set() and self._load_error is None
+
+    # -- API used by the HTTP layer --
+
+    def submit(self, job: Job) -> None:
+        """Queue `job` (FIFO); raise QueueFull when the batch and the queue are full."""
+        n = job.request.n
+        if n > self.max_batch:
+            raise APIError(
+                400,
+                f"'n' is {n} but this server decodes at most {self.max_batch} sequences "
+                "together (--max-batch)",
+                param="n",
+                code="unsupported_value",
+            )
+        with self._cond:
+            self._purge()
+            busy = sum(j.request.n for j in self._pending) + sum(
+                j.request.n for j in self._running.values()
+            )
+            if busy + n > self.max_batch + self.max_queue:
+                self._counts["rejected"] += 1
+                self.metrics.request_outcome("rejected")
+                raise QueueFull(len(self._pending), self._retry_after())
+            self._pending.append(job)
+            self.metrics.queue_depth.set(len(self._pending))
+            self._cond.notify_all()
+
+    def _purge(self) -> None:
+        """Forget queued requests whose clients have gone (caller holds the lock)."""
+        for job in [j for j in self._pending if j.cancelled.is_set()]:
+            self._pending.remove(job)
+            self._finish(job, "cancelled")
+
+    def stats(self) -> dict[str, Any]:
+        with self._cond:
+            running = [
+                {"id": j.id, "generated_tokens": j.generated} for j in self._running.values()
+            ]
+            return {
+                "status": "ok" if self.ready else ("error" if self._load_error else "loading"),
+                "model": self.model_name,
+                "active": len(running),
+                "queued": len(self._pending),
+                "max_queue": self.max_queue,
+                "max_batch": self.max_batch,
+                "batch_size": len(self._seqs),
+                "batch_kind": self.batch_kind,
+                **self._counts,
+                "generated_tokens": self._generated_tokens,
+                "running": running[0] if running else None,
+                "batch": running,
+                "recent": list(self._recent),
+            }
+
+    def _retry_after(self) -> int:
+        """Seconds until a slot is likely free, from recent request durations."""
+        if not self._step_seconds or not self._job_tokens:
+            return 1
+        per_step = sum(self._step_seconds) / len(self._step_seconds)
+        per_job = sum(self._job_tokens) / len(self._job_tokens)
+        return max(1, min(60, math.ceil(per_step * per_job)))
+
+    # -- loop thread --
+
+    def _run(self) -> None:
+        try:
+            self._load()
+            from ..engines.batch import open_batch
+
+            options = {}
+            if self.prompt_cache_bytes is not None:
+                options["prompt_cache_bytes"] = self.prompt_cache_bytes
+            batch = open_batch(self._engine, self.max_batch, **options)
+            self.batch_kind = type(batch).__name__
+        except BaseException as e:  # re-raised by start(); the loop has nothing to do
+            logger.debug("loading the model failed", exc_info=True)
+            self._load_error = e
+            self._ready.set()
+            return
+        self._ready.set()
+        try:
+            self._loop(batch)
+        finally:
+            batch.close()
+            with self._cond:
+                for job in [*self._pending, *self._running.values()]:
+                    job.post("cancelled", 0, "server shutting down")
+                self._pending.clear()
+                self._running.clear()
+                self._seqs.clear()
+
+    def _load(self) -> None:
+        from .. import generate
+        from ..align import Aligner
+        from ..engines import engine_for
+
+        if self.model is None:
+            if self.loader is not None:
+                self.model, self.tokenizer = self.loader()
+            else:
+                logger.debug("loading model %s", self.model_path or "(built-in demo model)")
+                self.model, self.tokenizer = generate.load(
+                    self.model_path, engine=self.engine_name, **self.load_options
+                )
+        self._engine = engine_for(self.model)
+        self.vocab = _vocab_of(self.tokenizer)
+        self.context_length = self._engine.context_length
+        self._aligner = Aligner(self.vocab, skip_special_tokens=True)
+        self._eos = generate._eos_ids(self.tokenizer)
+
+    def _loop(self, batch: Any) -> None:
+        while True:
+            with self._cond:
+                if self._stopping:
+                    return
+                while not self._stopping and not self._seqs and not self._pending:
+                    self._cond.wait()
+                if self._stopping:
+                    return
+                self._purge()
+                admit = []
+                free = self.max_batch - len(self._seqs)
+                while self._pending and self._pending[0].request.n <= free:
+                    job = self._pending.popleft()
+                    free -= job.request.n
+                    admit.append(job)
+                self.metrics.queue_depth.set(len(self._pending))
+            for job in admit:
+                self._join(batch, job)
+            self._reap(batch)
+            if not self._seqs:
+                continue
+            self.metrics.batch_size.set(len(self._seqs))
+            tic = time.perf_counter()
+            try:
+                steps = batch.step()
+            except Exception as e:  # the engine failed: every sequence in it is lost
+                logger.exception("a batch step failed")
+                for seq in list(self._seqs.values()):
+                    seq.job.post("error", seq.choice, e)
+                    self._leave(batch, seq, "failed")
+                continue
+            if steps:
+                self._step_seconds.append(time.perf_counter() - tic)
+            for uid, engine_step in steps:
+                seq = self._seqs.get(uid)
+                if seq is not None:
+                    self._advance(batch, uid, seq, engine_step)
+
+    def _join(self, batch: Any, job: Job) -> None:
+        """Turn a request into `n` sequences of the batch, or answer it with an error."""
+        from .. import generate
+        from ..sampling import check_max_tokens
+
+        if job.cancelled.is_set():
+            self._finish(job, "cancelled")
+            return
+        req = job.request
+        try:
+            ids = generate._prompt_ids(self.tokenizer, req.prompt, self._engine.vocab_size)
+            limit = self._limit(req, len(ids))
+            check_max_tokens(limit)
+            generate._stops(req.stop)
+        except (APIError, ValueError, TypeError) as e:
+            logger.info("request %s refused: %s", job.id, e)
+            job.post("error", 0, e)
+            self._finish(job, "failed")
+            return
+        with self._cond:
+            self._running[job.id] = job
+        try:
+            for choice in range(req.n):
+                self._add(batch, job, choice, ids, limit)
+        except (ValueError, TypeError) as e:  # the engine refused the prompt or a setting
+            logger.info("request %s refused by the engine: %s", job.id, e)
+            job.post("error", 0, e)
+            added = [s for s in self._seqs.values() if s.job is job]
+            for seq in added:
+                self._leave(batch, seq, "failed")  # the last one records the job
+            if not added:
+                self._finish(job, "failed")
+        self.metrics.batch_size.set(len(self._seqs))
+
+    def _add(self, batch: Any, job: Job, choice: int, ids: list[int], limit: int) -> None:
+        """Add choice `choice` of `job` to the batch, with its own per-token loop."""
+        from .. import generate
+        from ..sampling import make_params
+
+        req = job.request
+        params = make_params(
+            temp=req.temperature,
+            top_p=req.top_p,
+            top_k=req.top_k,
+            min_p=req.min_p,
+            repetition_penalty=req.repetition_penalty,
+            logit_bias=req.logit_bias,
+            seed=None if req.seed is None else req.seed + choice,  # choices differ
+            top_logprobs=req.top_logprobs,
+            vocab_size=self._engine.vocab_size,
+        )
+        feed = _Feed(self._engine)
+        aligner = self._aligner.fresh(prompt_ids=ids)
+        stops = generate._stops(req.stop)
+        responses = generate._generate(feed, aligner, stops, self._eos, ids, params, limit)
+        uid = batch.add(ids, params, limit)
+        job.live += 1
+        self._seqs[uid] = _Seq(job, choice, responses, feed, last_step=time.perf_counter())
+
+    def _limit(self, req: GenRequest, n_prompt: int) -> int:
+        """The token limit for a prompt of `n_prompt` tokens, or APIError (context)."""
+        ctx = self.context_length
+        param = "messages" if req.kind == "chat" else "prompt"
+        if ctx is None:
+            return req.max_tokens
+        room = ctx - n_prompt
+        if room < 1:
+            raise APIError(
+                400,
+                f"the prompt is {n_prompt} tokens, which leaves no room in the model's "
+                f"context of {ctx} tokens",
+                param=param,
+                code="context_length_exceeded",
+            )
+        if req.max_tokens > room:
+            if req.max_tokens_given:
+                raise APIError(
+                    400,
+                    f"this model's context is {ctx} tokens; the prompt takes {n_prompt}, so "
+                    f"'max_tokens' may be at most {room}, got {req.max_tokens}",
+                    param="max_tokens",
+                    code="context_length_exceeded",
+                )
+            return room
+        return req.max_tokens
+
+    def _advance(self, batch: Any, uid: int, seq: _Seq, engine_step: Any) -> None:
+        """Run one batch step through the sequence's own per-token loop; post it."""
+        job = seq.job
+        if seq.cached is None:
+            seq.cached = int(batch.cached_tokens(uid))
+            self.metrics.prompt_cache(seq.cached)
+        seq.feed.step = engine_step
+        try:
+            response = next(seq.responses)
+        except Exception as e:
+            logger.exception("request %s failed", job.id)
+            job.post("error", seq.choice, e)
+            self._leave(batch, seq, "failed")
+            return
+        now = time.perf_counter()
+        if seq.index == 0:
+            self.metrics.ttft.observe(time.monotonic() - job.submitted)
+        else:
+            self.metrics.itl.observe(now - seq.last_step)
+        seq.last_step = now
+        step = step_of(response, seq.index, seq.cached)
+        seq.index += 1
+        with self._cond:
+            job.generated += 1
+            self._generated_tokens += 1
+        self.metrics.generated_tokens.inc()
+        job.post("step", seq.choice, step)
+        if step.finish_reason is not None:
+            job.post("done", seq.choice, None)
+            self._leave(batch, seq, "completed")
+
+    def _reap(self, batch: Any) -> None:
+        """Take cancelled requests and clients that stopped reading out of the batch."""
+        now = time.monotonic()
+        for seq in list(self._seqs.values()):
+            job = seq.job
+            if job.cancelled.is_set():
+                self._leave(batch, seq, "dropped" if job.dropped else "cancelled")
+                continue
+            backlog = job.posted - job.read
+            stalled = backlog > 0 and now - job.last_read > self.client_timeout
+            if stalled or backlog > self.max_buffered:
+                why = (
+                    f"not read for {self.client_timeout:g} s"
+                    if stalled
+                    else f"over {self.max_buffered} steps unread"
+                )
+                logger.info("dropping the client of %s: %s", job.id, why)
+                job.reason = "client too slow: " + why
+                job.dropped = True
+                job.cancelled.set()
+                job.post("cancelled", 0, job.reason)
+                self._leave(batch, seq, "dropped")
+
+    def _leave(self, batch: Any, seq: _Seq, outcome: str) -> None:
+        """Remove a sequence; when it was its job's last, record the job as `outcome`."""
+        for uid, other in list(self._seqs.items()):
+            if other is seq:
+                batch.remove(uid)
+                del self._seqs[uid]
+                with contextlib.suppress(Exception):
+                    seq.responses.close()  # type: ignore[attr-defined]
+                break
+        job = seq.job
+        job.live -= 1
+        if outcome != "completed" and job.outcome == "queued":
+            job.outcome = outcome  # the first failure decides the job's outcome
+        if job.live <= 0:
+            if job.generated:
+                self._job_tokens.append(job.generated)
+            final = job.outcome if job.outcome != "queued" else outcome
+            if final == "completed" and job.cancelled.is_set():
+                final = "dropped" if job.dropped else "cancelled"
+            if final == "cancelled":
+                job.post("cancelled", 0, job.reason or "cancelled")
+            self._finish(job, final)
+
+    def _finish(self, job: Job, outcome: str) -> None:
+        """Record a finished request."""
+        with self._cond:
+            self._running.pop(job.id, None)
+            job.outcome = outcome
+            self._counts[outcome] += 1
+            self._recent.append(
+                {"id": job.id, "outcome": outcome, "generated_tokens": job.generated}
+            )
+        self.metrics.request_outcome(outcome)
+        self.metrics.batch_size.set(len(self._seqs))
+
+
+#: The name this class had when it ran one generation at a time.
+Engine = Scheduler

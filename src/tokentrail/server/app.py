@@ -1,7 +1,8 @@
 """The ASGI app: routes, and the middleware every request passes first.
 
 Middleware, outermost first: the access log and request metrics (one info line per
-request on the logger named "tokentrail.server.access"), the `Host` check against DNS rebinding (421),
+request on the logger named "tokentrail.server.access"), the `Host` check against DNS
+rebinding (421),
 the API key on ``/v1/*`` and ``/metrics`` (401), and ``application/json`` for POST
 bodies (415, so a cross-site form cannot start a generation). Routes then validate the
 body (`protocol`), queue a `Job` on the `Scheduler`, and stream or collect its steps

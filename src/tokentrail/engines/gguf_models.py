@@ -216,13 +216,16 @@ def _split(p: Path) -> tuple[str, str]:
     return str(p.resolve().parent), p.name
 
 
-def transformers_from_gguf(p: Path, **model_kwargs: Any) -> tuple[Any, Any]:
+def transformers_from_gguf(
+    p: Path, *, engine: str = "torch", **model_kwargs: Any
+) -> tuple[Any, Any]:
     """(model, tokenizer) from transformers' GGUF loader; the model dequantizes to float32.
 
     The tokenizer gets `eos_token_ids` from the generation config (as torch_engine's
-    tokenizers do), so chat models stop at their end-of-turn token.
+    tokenizers do), so chat models stop at their end-of-turn token. `engine` only names
+    the engine in error messages.
     """
-    check_gguf(p, "torch")
+    check_gguf(p, engine)
     try:
         from transformers import AutoModelForCausalLM, AutoTokenizer
     except ImportError as e:  # checked by check_gguf, but keep the message precise
@@ -262,7 +265,8 @@ def _file_key(p: Path) -> str:
 
 
 def mlx_folder_from_gguf(p: Path) -> Path:
-    """A Hugging Face folder (float16 safetensors) made from `p` once, for mlx-lm.
+    """A Hugging Face folder (float32 safetensors, as transformers dequantizes) made
+    from `p` once, for mlx-lm.
 
     transformers dequantizes the GGUF; `save_pretrained` refuses a model that still
     carries its GGUF quantizer, so that is cleared first. transformers 5 writes
@@ -277,7 +281,7 @@ def mlx_folder_from_gguf(p: Path) -> Path:
     log.info("converting %s to a Hugging Face folder for mlx-lm at %s (once)", p, out)
     import torch
 
-    model, tokenizer = transformers_from_gguf(p, dtype=torch.float32)
+    model, tokenizer = transformers_from_gguf(p, engine="mlx", dtype=torch.float32)
     for attr in ("hf_quantizer", "quantization_method"):
         if hasattr(model, attr):
             with contextlib.suppress(AttributeError, TypeError):
@@ -287,7 +291,6 @@ def mlx_folder_from_gguf(p: Path) -> Path:
         if hasattr(cfg, attr):
             with contextlib.suppress(AttributeError, TypeError):
                 delattr(cfg, attr)
-    model = model.to(torch.float16)
     tmp = out.with_name(out.name + ".part")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp, safe_serialization=True)

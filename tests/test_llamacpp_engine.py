@@ -341,3 +341,54 @@ def test_interleaved_generators_each_get_their_own_sequence(demo: Any) -> None:
         mixed_a.append(sa.token)
         mixed_b.append(sb.token)
     assert (mixed_a, mixed_b) == (solo_a, solo_b)
+
+
+# -- llama.cpp's parallel sequences ------------------------------------------------------------
+
+
+def test_batch_of_parallel_sequences_equals_solo_runs(demo: Any) -> None:
+    """Sequences joining at different steps, one with a prompt longer than a decode's
+    token budget, each give the tokens and logprobs of their solo run."""
+    from tokentrail.engines.batch import open_batch
+
+    engine, tok = demo
+    jobs = [
+        (tok.encode(PROMPTS[0]), make_params(top_logprobs=3), 10),
+        (tok.encode(PROMPTS[3]), make_params(temp=0.9, seed=7, top_logprobs=2), 8),
+        (tok.encode("The with statement " * 40), make_params(repetition_penalty=1.3), 6),
+    ]
+    solo = [[(s.token, s.logprob, s.top_logprobs) for s in engine.generate(*job)] for job in jobs]
+    batch = open_batch(engine, 3, n_ctx=512)
+    assert type(batch).__name__ == "LlamaCppBatch"
+    batch.n_batch = 64  # the third prompt (over 64 tokens) is read over several steps
+    got: dict[int, list[Any]] = {}
+    uids = [batch.add(*jobs[0])]
+    steps = 0
+    while len(batch):
+        if steps == 2:
+            uids += [batch.add(*jobs[1]), batch.add(*jobs[2])]
+            with pytest.raises(RuntimeError, match="full"):
+                batch.add(*jobs[0])
+        for uid, s in batch.step():
+            got.setdefault(uid, []).append((s.token, s.logprob, s.top_logprobs))
+        steps += 1
+    for uid, want in zip(uids, solo, strict=True):
+        assert [t for t, _, _ in got[uid]] == [t for t, _, _ in want]
+        for (_, lp, top), (_, lp2, top2) in zip(got[uid], want, strict=True):
+            assert lp == pytest.approx(lp2, abs=1e-3)
+            assert [i for i, _ in top] == [i for i, _ in top2]
+    batch.close()
+
+
+def test_batch_remove_frees_the_sequence_for_a_new_one(demo: Any) -> None:
+    engine, tok = demo
+    batch = engine.open_batch(1, n_ctx=256)
+    uid = batch.add(tok.encode("Hello"), make_params(), None)
+    first = [s.token for _, s in batch.step()]
+    batch.remove(uid)
+    batch.remove(uid)  # unknown uids are ignored
+    assert len(batch) == 0
+    again = batch.add(tok.encode("Hello"), make_params(), 1)
+    assert [s.token for u, s in batch.step() if u == again] == first
+    assert len(batch) == 0  # left by itself after its max_tokens
+    batch.close()

@@ -278,7 +278,11 @@ class LlamaCppEngine:
         """Make the KV cache hold `sequence + new` (reusing what it holds), run the model."""
         llama = self.llama
         target = sequence + new
-        if self._owner is not owner or llama.n_tokens != len(sequence):
+        if (
+            self._owner is not owner
+            or llama.n_tokens != len(sequence)
+            or (sequence and int(llama.input_ids[len(sequence) - 1]) != sequence[-1])
+        ):  # someone else (another stream, the Llama's own API) used the KV cache
             cached = llama.input_ids[: llama.n_tokens].tolist()
             keep = 0
             for a, b in zip(cached, target, strict=False):

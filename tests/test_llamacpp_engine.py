@@ -392,3 +392,30 @@ def test_batch_remove_frees_the_sequence_for_a_new_one(demo: Any) -> None:
     assert [s.token for u, s in batch.step() if u == again] == first
     assert len(batch) == 0  # left by itself after its max_tokens
     batch.close()
+
+
+def test_a_follow_up_reuses_the_cached_prefix(demo: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A chat's next turn extends the previous sequence: only the new tokens are run."""
+    engine, tok = demo
+    evaluated: list[int] = []
+    real_eval = engine.llama.eval
+    monkeypatch.setattr(engine.llama, "eval", lambda ids: (evaluated.append(len(ids)),
+                                                           real_eval(ids))[1])
+    first = tok.encode("The for statement")
+    out = [s.token for s in engine.generate(first, make_params(), 4)]
+    evaluated.clear()
+    follow = [*first, *out[:3], *tok.encode(" and the while loop")]
+    next(iter(engine.generate(follow, make_params(), 1)))
+    assert sum(evaluated) == len(follow) - len(first) - 3
+
+
+def test_a_plain_llama_object_is_wrapped(demo: Any, demo_ref: Any) -> None:
+    from tokentrail.engines import engine_for
+    from tokentrail.engines.llamacpp_engine import LlamaCppEngine, LlamaCppTokenizer
+
+    engine, tok = demo
+    wrapped = engine_for(demo_ref)
+    assert isinstance(wrapped, LlamaCppEngine) and wrapped.llama is demo_ref
+    own = LlamaCppTokenizer(demo_ref)
+    a = [r.token for r in stream_generate(demo_ref, own, "Hi", max_tokens=6)]
+    assert a == [r.token for r in stream_generate(engine, tok, "Hi", max_tokens=6)]

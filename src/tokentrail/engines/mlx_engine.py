@@ -83,7 +83,14 @@ def load(path: str | os.PathLike[str]) -> tuple[nn.Module, Any]:
 
     A path that does not exist is an error, except a bare ``org/name`` Hugging Face
     repository id, which mlx-lm downloads (the only case that touches the network).
+    A `.gguf` file (or a named model such as ``smollm2``) is converted once to a cached
+    folder (see `gguf_models.mlx_folder_from_gguf`).
     """
+    from .gguf_models import gguf_source, mlx_folder_from_gguf
+
+    gguf = gguf_source(path)
+    if gguf is not None:
+        path = mlx_folder_from_gguf(gguf)
     p = Path(path).expanduser()
     if not p.exists():
         if isinstance(path, str) and _HUB_ID.match(path) and not path.startswith("."):

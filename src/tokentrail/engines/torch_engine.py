@@ -72,6 +72,9 @@ def load(
 ) -> tuple[Any, Any]:
     """Load a Hugging Face-layout folder with transformers; return (model, tokenizer).
 
+    A `.gguf` file (or a named model such as ``smollm2``) is loaded with transformers'
+    GGUF support, dequantized (see `gguf_models.transformers_from_gguf`).
+
     The model is an `AutoModelForCausalLM` in eval mode on `device` (default: CUDA, MPS or
     CPU, in that order), in `dtype` (default: float32 on the CPU, the checkpoint's own
     dtype elsewhere). The tokenizer is transformers' `AutoTokenizer` with an added
@@ -81,6 +84,14 @@ def load(
     """
     from transformers import AutoModelForCausalLM
 
+    from .gguf_models import gguf_source, transformers_from_gguf
+
+    gguf = gguf_source(path)
+    if gguf is not None:  # a .gguf file or a named model: transformers dequantizes it
+        dev = torch.device(device) if device is not None else default_device()
+        key = "dtype" if _transformers_major_minor() >= (4, 56) else "torch_dtype"
+        model, tokenizer = transformers_from_gguf(gguf, **{key: dtype or torch.float32})
+        return model.to(dev).eval(), tokenizer
     p = Path(path).expanduser()
     local = p.exists()
     if local:

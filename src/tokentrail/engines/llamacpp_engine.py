@@ -1,0 +1,337 @@
+"""The llama.cpp engine: GGUF models through llama-cpp-python, llama.cpp's own sampler
+chain, and logprobs read from a view over llama.cpp's logits buffer.
+
+* Decoding uses the `llama_cpp.Llama` object's `eval` (llama.cpp's batches and KV cache,
+  with the longest common prefix of the previous sequence reused, as `Llama.generate`).
+* Sampling is a llama.cpp sampler chain (`llama_sampler_*`) in llama-cpp-python's order:
+  logit bias, repeat penalty, top-k, top-p, min-p, temperature, then a seeded `dist`
+  sampler (or `greedy` at temperature 0). The same seed and settings draw the same
+  tokens as `Llama.create_completion` (without a repeat penalty; with one, the prompt
+  also counts, as in llama-server).
+* Each step's logprob and top-k come from `llama_get_logits_ith` read through a numpy
+  view (no copy): one pass for the log-normalizer, a blockwise max to find the top-k,
+  and exact corrections for the few ids that logit bias or the repeat penalty changed.
+  `Step.logprobs` is a lazy view of the full vector, materialised only if asked for.
+* The tokenizer (`LlamaCppTokenizer`) is llama.cpp's own: its `Vocab` is built from
+  `llama_token_to_piece` for every id and the token attributes (control tokens are
+  special), so the streamed text is byte for byte what llama.cpp streams.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+from collections import deque
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import llama_cpp
+import numpy as np
+
+from ..sampling import SamplingParams
+from ..vocab import Vocab
+from .base import Step, check_generate_args
+from .gguf_models import GGUFError, check_magic, explain_llamacpp_failure, gguf_source
+from .llamacpp_batch import LlamaCppBatch
+from .llamacpp_sampling import REPETITION_CONTEXT_SIZE, LazyLogprobs, make_sampler, step_logprobs
+
+log = logging.getLogger(__name__)
+
+#: Default context when the model's own is larger (its KV cache is allocated up front).
+DEFAULT_N_CTX = 4096
+
+__all__ = ["LlamaCppEngine", "LlamaCppTokenizer", "accepts", "load", "wrap"]
+
+
+def load(
+    path: str | os.PathLike[str],
+    *,
+    n_ctx: int | None = None,
+    n_threads: int | None = None,
+    n_gpu_layers: int = 0,
+    n_batch: int = 512,
+) -> tuple[LlamaCppEngine, LlamaCppTokenizer]:
+    """Load a `.gguf` model file (or a named model such as ``smollm2``) with llama.cpp.
+
+    `n_ctx` defaults to the model's training context, at most 4096 tokens; `n_threads`
+    to llama-cpp-python's default; `n_gpu_layers` offloads layers where llama.cpp was
+    built with a GPU backend. Returns (engine, tokenizer) for `stream_generate`.
+    """
+    p = gguf_source(path)
+    if p is None:
+        p = Path(path).expanduser()
+        if p.is_dir():
+            raise GGUFError(
+                f"{p} is a folder; the llamacpp engine runs a .gguf model file (use "
+                "--engine torch or mlx for a Hugging Face folder)"
+            )
+    check_magic(p)
+    kwargs: dict[str, Any] = {"n_gpu_layers": n_gpu_layers, "n_batch": n_batch}
+    if n_threads is not None:
+        kwargs["n_threads"] = n_threads
+    try:
+        llama = llama_cpp.Llama(
+            model_path=str(p), n_ctx=n_ctx or 0, verbose=False, logits_all=False, **kwargs
+        )
+    except ValueError as e:
+        raise explain_llamacpp_failure(p, e) from e
+    if not n_ctx and llama.n_ctx() > DEFAULT_N_CTX:
+        del llama
+        llama = llama_cpp.Llama(
+            model_path=str(p), n_ctx=DEFAULT_N_CTX, verbose=False, logits_all=False, **kwargs
+        )
+    engine = LlamaCppEngine(llama)
+    return engine, engine.tokenizer
+
+
+def accepts(model: Any) -> bool:
+    """Whether `model` is a llama-cpp-python `Llama` (or already this engine)."""
+    return isinstance(model, llama_cpp.Llama | LlamaCppEngine)
+
+
+def wrap(model: Any) -> LlamaCppEngine:
+    return model if isinstance(model, LlamaCppEngine) else LlamaCppEngine(model)
+
+
+# -- the tokenizer ------------------------------------------------------------------------
+
+
+def _piece(vocab: Any, token: int, special: bool, buf: Any) -> bytes:
+    n = llama_cpp.llama_token_to_piece(vocab, token, buf, len(buf), 0, special)
+    if n < 0:
+        bigger = ctypes.create_string_buffer(-n)
+        n = llama_cpp.llama_token_to_piece(vocab, token, bigger, -n, 0, special)
+        return bigger.raw[:n]
+    return buf.raw[:n]
+
+
+class LlamaCppTokenizer:
+    """llama.cpp's tokenizer, with the interface `stream_generate` and the server use.
+
+    `encode` is `llama_tokenize` (special tokens in the text are parsed, as llama-server
+    does for prompts); `apply_chat_template` renders the GGUF's `tokenizer.chat_template`
+    with llama-cpp-python's Jinja2 formatter (transformers' rendering rules);
+    `eos_token_ids` are the ids llama.cpp treats as end of generation (`llama_vocab_is_eog`).
+    """
+
+    def __init__(self, llama: Any) -> None:
+        self.llama = llama
+        self._vocab_p = llama._model.vocab
+        self.vocab_size = int(llama_cpp.llama_vocab_n_tokens(self._vocab_p))
+        meta = dict(llama.metadata)
+        self.chat_template: str | None = meta.get("tokenizer.chat_template") or None
+        self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self._vocab_p))
+        bos = int(llama_cpp.llama_vocab_bos(self._vocab_p))
+        eos = int(llama_cpp.llama_vocab_eos(self._vocab_p))
+        self.bos_token_id: int | None = bos if bos >= 0 else None
+        self.eos_token_id: int | None = eos if eos >= 0 else None
+        self.bos_token: str | None = self._text(bos) if bos >= 0 else None
+        self.eos_token: str | None = self._text(eos) if eos >= 0 else None
+        self._attrs = [
+            int(llama_cpp.llama_vocab_get_attr(self._vocab_p, i)) for i in range(self.vocab_size)
+        ]
+        marked = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL | llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED
+        eog = {
+            i for i, a in enumerate(self._attrs)
+            if a & marked and llama_cpp.llama_vocab_is_eog(self._vocab_p, i)
+        }
+        if self.eos_token_id is not None:
+            eog.add(self.eos_token_id)
+        self.eos_token_ids: frozenset[int] = frozenset(eog)
+        self._compiled: Vocab | None = None
+        self._formatter: Any = None
+
+    def _text(self, token: int) -> str:
+        return llama_cpp.llama_vocab_get_text(self._vocab_p, token).decode("utf-8", "replace")
+
+    @property
+    def has_chat_template(self) -> bool:
+        return self.chat_template is not None
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of `text`; a BOS is added when the model wants one and asked to."""
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str, got {type(text).__name__}")
+        return list(
+            self.llama.tokenize(
+                text.encode("utf-8"), add_bos=add_special_tokens and self.add_bos, special=True
+            )
+        )
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        """llama.cpp's streamed text for `ids`: their pieces, concatenated, decoded."""
+        buf = ctypes.create_string_buffer(256)
+        data = b"".join(_piece(self._vocab_p, int(i), not skip_special_tokens, buf) for i in ids)
+        return data.decode("utf-8", "replace")
+
+    def apply_chat_template(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tokenize: bool = True,
+        return_dict: bool = False,
+        **kwargs: Any,
+    ) -> Any:
+        """Render `messages` with the GGUF's chat template; token ids unless tokenize=False."""
+        if self.chat_template is None:
+            raise ValueError("this GGUF model has no tokenizer.chat_template")
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+        formatter = Jinja2ChatFormatter(
+            template=self.chat_template,
+            eos_token=self.eos_token or "",
+            bos_token=self.bos_token or "",
+            add_generation_prompt=add_generation_prompt,
+        )
+        text = formatter(messages=[dict(m) for m in messages], **kwargs).prompt
+        if not tokenize:
+            return text
+        add_bos = self.bos_token is None or not text.startswith(self.bos_token)
+        ids = self.encode(text, add_special_tokens=add_bos)
+        return {"input_ids": ids} if return_dict else ids
+
+    def __tokentrail_vocab__(self) -> Vocab:
+        """The `Vocab` of llama.cpp's decode: `llama_token_to_piece(id, special=True)` per
+        id; control tokens are `special` (llama.cpp prints them only when asked to)."""
+        if self._compiled is None:
+            buf = ctypes.create_string_buffer(256)
+            pieces: list[bytes | None] = []
+            names: dict[int, str] = {}
+            control = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL
+            special = set()
+            for i in range(self.vocab_size):
+                piece = _piece(self._vocab_p, i, True, buf)
+                pieces.append(piece)
+                if self._attrs[i] & control:
+                    special.add(i)
+                if not piece:
+                    names[i] = self._text(i)
+            self._compiled = Vocab(
+                pieces,
+                name=f"llama.cpp:{Path(self.llama.model_path).name}",
+                special=frozenset(special),
+                byte_mode="stream",
+                names=names,
+                oracle=lambda ids, skip: self.decode(ids, skip_special_tokens=skip),
+                source=self,
+            )
+        return self._compiled
+
+
+# -- the engine --------------------------------------------------------------------------
+
+
+class LlamaCppEngine:
+    """Runs a llama-cpp-python `Llama`; see `tokentrail.engines.Engine`.
+
+    `Step.logprob` is log p(token) after logit bias and the repeat penalty, before
+    temperature and the top-k/top-p/min-p filters (as on the other engines); with neither,
+    it equals llama-cpp-python's own `logprobs` (a log-softmax of the raw logits).
+    """
+
+    name = "llamacpp"
+
+    def __init__(self, llama: Any) -> None:
+        if not isinstance(llama, llama_cpp.Llama):
+            raise TypeError(f"LlamaCppEngine needs a llama_cpp.Llama, got {type(llama).__name__}")
+        self.llama = llama
+        self.tokenizer = LlamaCppTokenizer(llama)
+        self.vocab_size: int | None = self.tokenizer.vocab_size
+        self.context_length: int | None = int(llama.n_ctx())
+        self._serial = 0  # bumped at every decode: which logits the buffer holds
+        self._owner: object = None  # the generator whose sequence is in the KV cache
+        self._scratch = np.empty(self.vocab_size or 0, dtype=np.float32)
+
+    @property
+    def model_path(self) -> str:
+        return str(self.llama.model_path)
+
+    def peak_memory(self) -> float:
+        """0.0: llama.cpp does not report its peak memory use."""
+        return 0.0
+
+    def generate(
+        self, prompt_ids: Sequence[int], params: SamplingParams, max_tokens: int | None
+    ) -> Iterator[Step]:
+        """Yield Steps; see `Engine.generate`. Arguments are checked here, at the call."""
+        ids = check_generate_args(prompt_ids, params, max_tokens, self.vocab_size)
+        if self.context_length is not None and len(ids) >= self.context_length:
+            raise ValueError(
+                f"prompt is {len(ids)} tokens, which leaves no room in the context of "
+                f"{self.context_length} tokens (load with a larger n_ctx)"
+            )
+        return self._steps(ids, params, max_tokens)
+
+    # -- internals --
+
+    def _sampler(self, params: SamplingParams, prompt: list[int]) -> Any:
+        return make_sampler(params, prompt, self.vocab_size or 0)
+
+    def open_batch(self, max_batch: int, **options: Any) -> LlamaCppBatch:
+        """A `Batch` over llama.cpp's parallel sequences (see `llamacpp_batch`)."""
+        return LlamaCppBatch(self, max_batch, **options)
+
+    def _eval(self, owner: object, sequence: list[int], new: list[int]) -> None:
+        """Make the KV cache hold `sequence + new` (reusing what it holds), run the model."""
+        llama = self.llama
+        target = sequence + new
+        if (
+            self._owner is not owner
+            or llama.n_tokens != len(sequence)
+            or (sequence and int(llama.input_ids[len(sequence) - 1]) != sequence[-1])
+        ):  # someone else (another stream, the Llama's own API) used the KV cache
+            cached = llama.input_ids[: llama.n_tokens].tolist()
+            keep = 0
+            for a, b in zip(cached, target, strict=False):
+                if a != b:
+                    break
+                keep += 1
+            keep = min(keep, len(target) - 1)  # decode at least one token: fresh logits
+            llama.n_tokens = keep
+            new = target[keep:]
+        self._owner = owner
+        llama.eval(new)
+        self._serial += 1
+
+    def _logprobs(
+        self, token: int, k: int, bias: Mapping[int, float] | None, window: deque[int],
+        penalty: float | None,
+    ) -> tuple[float, list[tuple[int, float]], LazyLogprobs]:
+        """logprob of `token` and the top-k, from llama.cpp's logits (a numpy view)."""
+        ptr = llama_cpp.llama_get_logits_ith(self.llama._ctx.ctx, -1)
+        x = np.ctypeslib.as_array(ptr, shape=(self.vocab_size or 0,))
+        lp, top, lse, affected = step_logprobs(x, token, k, bias, window, penalty, self._scratch)
+        return lp, top, LazyLogprobs(self, x, lse, affected)
+
+    def _steps(
+        self, ids: list[int], params: SamplingParams, max_tokens: int | None
+    ) -> Iterator[Step]:
+        owner = object()
+        chain = self._sampler(params, ids)
+        penalty = params.repetition_penalty
+        window: deque[int] = deque(ids[-REPETITION_CONTEXT_SIZE:], maxlen=REPETITION_CONTEXT_SIZE)
+        sequence: list[int] = []
+        pending = ids
+        n = 0
+        try:
+            while max_tokens is None or n < max_tokens:
+                if len(sequence) + len(pending) >= (self.context_length or 1 << 62):
+                    raise ValueError(
+                        f"the context of {self.context_length} tokens is full after "
+                        f"{n} generated tokens"
+                    )
+                self._eval(owner, sequence, pending)
+                sequence.extend(pending)
+                token = int(chain.sample(self.llama._ctx, -1))  # also accepts it
+                lp, top, full = self._logprobs(
+                    token, params.top_logprobs, params.logit_bias, window, penalty
+                )
+                window.append(token)
+                n += 1
+                yield Step(token, lp, top, full)
+                pending = [token]
+        finally:
+            chain.close()

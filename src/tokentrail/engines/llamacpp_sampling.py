@@ -1,0 +1,152 @@
+"""llama.cpp sampling and logprobs, shared by the llamacpp engine and its batch.
+
+`make_sampler` builds llama.cpp's sampler chain (`llama_sampler_*`) in llama-cpp-python's
+order; `step_logprobs` reads a step's logprob and top-k from a numpy view over llama.cpp's
+logits buffer without copying it; `LazyLogprobs` is the full vector, computed on demand.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..sampling import SamplingParams
+
+#: How many recent tokens the repeat penalty looks at (llama.cpp's `penalty_last_n`).
+REPETITION_CONTEXT_SIZE = 64
+#: Block size of the blockwise top-k search over the logits.
+_TOPK_BLOCK = 256
+_DEFAULT_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: a random seed
+
+__all__ = ["REPETITION_CONTEXT_SIZE", "LazyLogprobs", "make_sampler", "step_logprobs"]
+
+
+def make_sampler(params: SamplingParams, prompt: Sequence[int], n_vocab: int) -> Any:
+    """llama.cpp's sampler chain for `params`, in llama-cpp-python's order; the prompt's
+    last tokens are accepted into it when a repeat penalty is on (as llama-server)."""
+    from llama_cpp._internals import LlamaSampler
+
+    chain = LlamaSampler()
+    if params.logit_bias:
+        chain.add_logit_bias(n_vocab, dict(params.logit_bias))
+    penalty = params.repetition_penalty
+    if penalty is not None and penalty != 1.0:
+        chain.add_penalties(n_vocab, REPETITION_CONTEXT_SIZE, penalty, 0.0, 0.0)
+    if params.temp == 0:
+        chain.add_greedy()
+    else:
+        if params.top_k > 0:
+            chain.add_top_k(params.top_k)
+        if params.top_p < 1.0:
+            chain.add_top_p(params.top_p, 1)
+        if params.min_p > 0.0:
+            chain.add_min_p(params.min_p, 1)
+        chain.add_temp(params.temp)
+        chain.add_dist(_DEFAULT_SEED if params.seed is None else params.seed & 0xFFFFFFFF)
+    if penalty is not None and penalty != 1.0:
+        for t in prompt[-REPETITION_CONTEXT_SIZE:]:
+            chain.accept(t)  # the prompt counts towards the penalty (llama-server)
+    return chain
+
+
+def step_logprobs(
+    x: np.ndarray, token: int, k: int, bias: Mapping[int, float] | None, window: Iterable[int],
+    penalty: float | None, scratch: np.ndarray,
+) -> tuple[float, list[tuple[int, float]], float, dict[int, float]]:
+    """The logprob of `token`, the top-k (id, logprob), the log-normalizer and the ids whose
+    logits bias or penalty changed (with their new logits), from logits `x` (a view).
+
+    One pass over `x` into `scratch` (preallocated, vocabulary-sized) for the normalizer,
+    a blockwise max to find the top-k, exact corrections for the changed ids.
+    """
+    n = x.shape[0]
+    affected: dict[int, float] = {}
+    if bias:
+        for i, b in bias.items():
+            affected[i] = float(x[i]) + b
+    if penalty is not None and penalty != 1.0:
+        for i in set(window):
+            v = affected.get(i, float(x[i]))
+            affected[i] = v * penalty if v <= 0 else v / penalty
+    n_blocks = n // _TOPK_BLOCK
+    want = k + len(affected)
+    if n_blocks > want:
+        head = x[: n_blocks * _TOPK_BLOCK].reshape(n_blocks, _TOPK_BLOCK)
+        block_max = head.max(axis=1)
+        m = float(block_max.max())
+        if n_blocks * _TOPK_BLOCK < n:
+            m = max(m, float(x[n_blocks * _TOPK_BLOCK :].max()))
+    else:
+        block_max = None
+        m = float(x.max())
+    if affected:
+        m = max(m, *affected.values())
+    np.subtract(x, np.float32(m), out=scratch)
+    np.exp(scratch, out=scratch)
+    total = float(scratch.sum(dtype=np.float64))
+    for i, v in affected.items():
+        total += math.exp(v - m) - math.exp(float(x[i]) - m)
+    lse = m + math.log(total)
+    value = affected.get(token)
+    lp = (float(x[token]) if value is None else value) - lse
+    top: list[tuple[int, float]] = []
+    if k:
+        if block_max is not None:
+            best = np.argpartition(block_max, n_blocks - want)[n_blocks - want :]
+            cand = (best[:, None] * _TOPK_BLOCK + np.arange(_TOPK_BLOCK)).ravel()
+            if n_blocks * _TOPK_BLOCK < n:
+                cand = np.concatenate([cand, np.arange(n_blocks * _TOPK_BLOCK, n)])
+        else:
+            cand = np.arange(n)
+        vals = x[cand]
+        if len(cand) > want:
+            pick = np.argpartition(vals, len(cand) - want)[len(cand) - want :]
+            cand, vals = cand[pick], vals[pick]
+        scored = {int(i): float(v) for i, v in zip(cand.tolist(), vals.tolist(), strict=True)}
+        scored.update(affected)
+        best_k = sorted(scored.items(), key=lambda kv: (-kv[1], kv[0]))[:k]
+        top = [(i, v - lse) for i, v in best_k]
+    return lp, top, lse, affected
+
+
+class LazyLogprobs:
+    """The full logprob vector of one step, computed only when asked for.
+
+    llama.cpp overwrites its logits buffer at the next decode, so the vector can be read
+    (``np.asarray(step.logprobs)``) until the generator advances; after that it raises.
+    """
+
+    __slots__ = ("_affected", "_engine", "_logits", "_lse", "_serial")
+
+    def __init__(
+        self, owner: Any, logits: np.ndarray, lse: float, affected: dict[int, float]
+    ) -> None:
+        self._engine = owner  # the engine or batch; its `_serial` counts decodes
+        self._serial = owner._serial
+        self._logits = logits
+        self._lse = lse
+        self._affected = affected
+
+    @property
+    def shape(self) -> tuple[int]:
+        return (self._logits.shape[0],)
+
+    def __len__(self) -> int:
+        return self._logits.shape[0]
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        if self._engine._serial != self._serial:
+            raise RuntimeError(
+                "this step's logprobs are gone: llama.cpp reuses its logits buffer at the "
+                "next step; read np.asarray(response.logprobs) before advancing the stream"
+            )
+        out = self._logits.astype(np.float32) - np.float32(self._lse)
+        for i, v in self._affected.items():
+            out[i] = v - self._lse
+        return out if dtype is None else out.astype(dtype)
+
+    def tolist(self) -> list[float]:
+        return self.__array__().tolist()

@@ -40,6 +40,7 @@ ENGINE_OPTIONS: dict[str, tuple[str, ...]] = {
         "gpu_memory_utilization",
         "max_model_len",
     ),
+    "llamacpp": ("n_ctx", "n_threads", "n_gpu_layers"),
 }
 _ALL_OPTIONS = tuple(dict.fromkeys(k for keys in ENGINE_OPTIONS.values() for k in keys))
 
@@ -96,13 +97,17 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--model-name", default=None,
         help="id the model is served under (default: the folder name, or tokentrail-demo)")
     add("--engine", default="mlx", choices=list(ENGINE_OPTIONS),
-        help="model runtime (default mlx; torch runs transformers, vllm a vLLM deployment)")
+        help="model runtime (default mlx; torch runs transformers, vllm a vLLM deployment, "
+        "llamacpp a .gguf file on llama.cpp)")
     add("--device", help="torch engine: cuda, mps or cpu (default: best)")
     add("--dtype", help="torch/vllm engines: float32, bfloat16, float16, auto")
     add("--tensor-parallel-size", type=int, metavar="N", help="vllm engine")
     add("--pipeline-parallel-size", type=int, metavar="N", help="vllm engine")
     add("--gpu-memory-utilization", type=float, metavar="F", help="vllm engine")
     add("--max-model-len", type=int, metavar="N", help="vllm engine")
+    add("--n-ctx", type=int, metavar="N", help="llamacpp engine: context length")
+    add("--n-threads", type=int, metavar="N", help="llamacpp engine: CPU threads")
+    add("--n-gpu-layers", type=int, metavar="N", help="llamacpp engine: layers to offload")
     add("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 

@@ -30,6 +30,10 @@ def __getattr__(name: str) -> Any:
         from . import generate
 
         return getattr(generate, name)
+    if name in ("batch_generate", "stream_batch_generate"):
+        from . import batch
+
+        return getattr(batch, name)
     if name == "StreamingDetokenizer":
         from .detokenizer import StreamingDetokenizer
 

@@ -183,7 +183,10 @@ class MLXEngine:
         """A `Batch` on mlx-lm's `BatchGenerator` (see `tokentrail.engines.mlx_batch`)."""
         from .mlx_batch import MLXBatch
 
-        return MLXBatch(self.model, max_batch, prompt_cache_bytes=prompt_cache_bytes)
+        return MLXBatch(
+            self.model, max_batch, prompt_cache_bytes=prompt_cache_bytes,
+            vocab_size=self.vocab_size,
+        )
 
 
 def sampling_for(

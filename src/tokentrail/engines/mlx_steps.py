@@ -90,7 +90,9 @@ class Recorder:
         return token
 
 
-def read_rows(arrays: list[mx.array], k: int) -> list[tuple[int, float, list[tuple[int, float]]]]:
+def read_rows(
+    arrays: list[mx.array], k: int | bool
+) -> list[tuple[int, float, list[tuple[int, float]]]]:
     """One recorded call as host values: (token, logprob, top-k sorted best first) per row."""
     tokens = arrays[0].reshape(-1).tolist()
     lps = arrays[1].reshape(-1).tolist()

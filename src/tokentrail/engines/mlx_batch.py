@@ -79,7 +79,7 @@ class _Recorder:
         else:  # a seeded sequence draws from its own key, whatever else is in the batch
             self.key, sub = mx.random.split(self.key)
             token = mx.random.categorical(self.inner(logprobs) * (1.0 / self.temp), key=sub)
-        out = [token, mx.take_along_axis(logprobs, token.reshape(-1, 1).astype(mx.int32), -1)]
+        out = [token, mx.take_along_axis(logprobs, token.reshape(-1, 1), -1)]
         k = self.sink.k
         if k:
             ids = top_k_ids(logprobs, k)

@@ -79,8 +79,7 @@ class Recorder:
         from .mlx_engine import top_k_ids
 
         token = self.sampler(logprobs)
-        rows = token.reshape(-1, 1)
-        out = [token, mx.take_along_axis(logprobs, rows.astype(mx.int32), axis=-1)]
+        out = [token, mx.take_along_axis(logprobs, token.reshape(-1, 1), axis=-1)]
         if self.k:
             ids = top_k_ids(logprobs.reshape(-1, logprobs.shape[-1]), self.k)
             out += [ids, mx.take_along_axis(logprobs.reshape(ids.shape[0], -1), ids, axis=-1)]
@@ -93,9 +92,15 @@ class Recorder:
 def read_rows(
     arrays: list[mx.array], k: int | bool
 ) -> list[tuple[int, float, list[tuple[int, float]]]]:
-    """One recorded call as host values: (token, logprob, top-k sorted best first) per row."""
-    tokens = arrays[0].reshape(-1).tolist()
-    lps = arrays[1].reshape(-1).tolist()
+    """One recorded call as host values: (token, logprob, top-k sorted best first) per row.
+
+    Reads the evaluated arrays as they are (a reshape here would be one more device op)."""
+    token_arr, lp_arr = arrays[0], arrays[1]
+    if token_arr.size == 1:
+        tokens, lps = [token_arr.item()], [lp_arr.item()]
+    else:
+        tokens = token_arr.tolist()
+        lps = [row[0] for row in lp_arr.tolist()]
     if not k:
         return [(t, lp, []) for t, lp in zip(tokens, lps, strict=True)]
     ids, vals = arrays[2].tolist(), arrays[3].tolist()

@@ -1,5 +1,9 @@
 """Tokens/s of tokentrail's stream_generate against mlx-lm's, side by side in one run.
 
+Section (a) is below; (b) speculative decoding, (c) second-turn time to first token
+with a reused prompt cache and (d) batch_generate throughput are in parity_sections.py
+(`--sections a,b,c,d`, all by default).
+
 Variants, all with the same model, prompt, seed, sampler and max_tokens:
 
 * ``mlx-lm``: ``mlx_lm.stream_generate`` as is (text only);
@@ -339,7 +343,11 @@ def main() -> int:
     p.add_argument("--skip-demo", action="store_true")
     p.add_argument("--skip-llama3", action="store_true")
     p.add_argument("--output", type=Path, help="also write the markdown report here")
+    p.add_argument("--sections", default="a,b,c,d", help="which of a,b,c,d to run")
+    p.add_argument("--spec-tokens", type=int, default=96, help="(b) tokens per run")
+    p.add_argument("--batch-tokens", type=int, default=48, help="(d) tokens per sequence")
     args = p.parse_args()
+    sections = set(args.sections.split(","))
     rows: list[dict] = []
     paths = []
     if not args.skip_demo:
@@ -351,10 +359,29 @@ def main() -> int:
         folder = args.workdir / f"llama3-vocab-random-h{args.hidden}"
         paths.append(build_llama3_vocab_model(folder, args.hidden))
     args.host = {}
-    for path in paths:
-        rows += bench_model(path, args.rounds, args.max_tokens, args.temp, args.seed)
-        args.host[path.name] = host_overhead(path, args.rounds, args.max_tokens, args.seed)
-    report = markdown(rows, args)
+    if "a" in sections:
+        for path in paths:
+            rows += bench_model(path, args.rounds, args.max_tokens, args.temp, args.seed)
+            args.host[path.name] = host_overhead(path, args.rounds, args.max_tokens, args.seed)
+    report = markdown(rows, args) if rows else "# stream_generate: tokentrail vs mlx-lm\n"
+    if sections & {"b", "c", "d"}:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import parity_sections as ps
+
+        demo = tokentrail.load(DEMO_MODEL)
+        more: list[dict] = []
+        if "b" in sections:
+            more += ps.speculative(demo, args.rounds, args.spec_tokens)
+        if "c" in sections:
+            more += ps.prompt_cache(demo, args.rounds)
+        if "d" in sections:
+            more += ps.batches(demo, args.rounds, args.batch_tokens)
+        report += ps.markdown(more)
+        report = report.replace(
+            f"--hidden {args.hidden}`",
+            f"--hidden {args.hidden} --sections {args.sections} --spec-tokens "
+            f"{args.spec_tokens} --batch-tokens {args.batch_tokens}`", 1,
+        )
     print(report)
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)

@@ -16,6 +16,8 @@ mx = pytest.importorskip("mlx.core")
 pytest.importorskip("mlx_lm")
 
 import mlx_lm  # noqa: E402
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 from test_mlx_parity import check_exact  # noqa: E402
 
 import tokentrail  # noqa: E402
@@ -216,3 +218,26 @@ def test_bad_batch_arguments(demo: tuple[Any, Any]) -> None:
         stream_batch_generate(model, tok, "a")
     with pytest.raises(ValueError, match="top_p"):
         stream_batch_generate(model, tok, ["a", "b"], top_p=[0.5, 2.0])
+
+
+@settings(
+    max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    prompts=st.lists(st.lists(st.integers(3, 3071), min_size=1, max_size=10), min_size=1,
+                     max_size=5),
+    n=st.integers(1, 10),
+    max_batch=st.integers(1, 4),
+)
+def test_property_batch_equals_single_with_exact_attribution(
+    demo: tuple[Any, Any], prompts: list[list[int]], n: int, max_batch: int
+) -> None:
+    """Any prompts, lengths and batch sizes: each sequence is what it would be alone."""
+    model, tok = demo
+    got: dict[int, list[Any]] = {}
+    for i, r in stream_batch_generate(model, tok, prompts, n, max_batch=max_batch):
+        got.setdefault(i, []).append(r)
+    for i, p in enumerate(prompts):
+        ref = single(model, tok, p, n)
+        assert [r.token for r in got[i]] == [r.token for r in ref]
+        check_exact(tok, p, got[i])

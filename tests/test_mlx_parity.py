@@ -316,6 +316,24 @@ def test_max_kv_size_rotating_cache(demo: tuple[Any, Any]) -> None:
     model, tok = demo
     prompt = tok.encode("a rotating cache keeps only the last few tokens of the text")
     same(theirs(model, tok, prompt, 16, max_kv_size=8), ours(model, tok, prompt, 16, max_kv_size=8))
+    # a rotating prompt cache never runs out of room: no context cap from its offset
+    from mlx_lm.models.cache import RotatingKVCache
+
+    cache = [RotatingKVCache(max_size=8, keep=4) for _ in model.layers]
+    for _ in range(3):
+        out = ours(model, tok, prompt * 8, 4, prompt_cache=cache, logit_bias={0: -1e9, 2: -1e9})
+        assert len(out) == 4
+    assert cache[0].offset > model.args.max_position_embeddings
+
+
+def test_stream_positional_like_mlx_lm(demo: tuple[Any, Any]) -> None:
+    """mlx-lm's order: model, tokenizer, prompt, max_tokens, draft_model, stream."""
+    from mlx_lm.generate import generation_stream
+
+    model, tok = demo
+    a = theirs(model, tok, "hello", 6, None, generation_stream)
+    b = ours(model, tok, "hello", 6, None, generation_stream)
+    same(a, b)
 
 
 def test_sentencepiece_style_prompt_context_keeps_the_space() -> None:

@@ -210,12 +210,16 @@ def _room(engine: Engine, n_prompt: int, limit: int | None, cached: int) -> int 
     return room if limit is None or limit > room else limit
 
 
-def _cache_offset(prompt_cache: Any) -> int:
-    """Tokens already in an mlx-lm prompt cache (0 if it cannot tell)."""
+def _cache_offset(prompt_cache: Any) -> int | None:
+    """Tokens already in an mlx-lm prompt cache (0 if it cannot tell; None for a
+    rotating cache, which never runs out of room)."""
     try:
-        offset = prompt_cache[0].offset
+        first = prompt_cache[0]
+        offset = first.offset
     except (TypeError, IndexError, AttributeError, KeyError):
         return 0
+    if "Rotating" in type(first).__name__:
+        return None
     return offset if isinstance(offset, int) else 0
 
 
@@ -306,7 +310,7 @@ def stream_generate(
         ids = _prompt_ids(tokenizer, prompt, engine.vocab_size)
         n_prompt = len(ids)
     cached = _cache_offset(mlx_options.get("prompt_cache"))
-    if mlx_options.get("max_kv_size") is None:
+    if mlx_options.get("max_kv_size") is None and cached is not None:
         limit = _room(engine, n_prompt, limit, cached)
     matcher = _stops(stop)
     aligner = aligner_for(tokenizer, ids, skip_special_tokens)

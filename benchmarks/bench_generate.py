@@ -16,9 +16,10 @@ Runs are interleaved (every variant once per round) and the median of the rounds
 reported. Tokens/s counts decode steps only: (tokens - 1) / (time of the last
 response - time of the first), so prompt processing is excluded for every variant.
 
-Models: the built-in demo model (when installed) and a random-weight 2-layer Llama
+Models: the built-in demo model (when installed), a random-weight 2-layer Llama
 with the Llama 3 vocabulary (128,256 ids, from the corpus's tiktoken ranks), where
-per-step work over the vocabulary weighs the most.
+per-step work over the vocabulary weighs the most, and the real SmolLM2-135M-Instruct
+(converted once from its GGUF, see parity_sections.build_smollm2).
 
     python benchmarks/bench_generate.py --rounds 5 --max-tokens 256 \\
         --output benchmarks/results/generate.md
@@ -342,6 +343,7 @@ def main() -> int:
     p.add_argument("--hidden", type=int, default=64, help="hidden size of the 128k-vocab model")
     p.add_argument("--skip-demo", action="store_true")
     p.add_argument("--skip-llama3", action="store_true")
+    p.add_argument("--skip-smollm2", action="store_true", help="the real SmolLM2-135M-Instruct")
     p.add_argument("--output", type=Path, help="also write the markdown report here")
     p.add_argument("--sections", default="a,b,c,d", help="which of a,b,c,d to run")
     p.add_argument("--spec-tokens", type=int, default=96, help="(b) tokens per run")
@@ -358,6 +360,15 @@ def main() -> int:
     if not args.skip_llama3:
         folder = args.workdir / f"llama3-vocab-random-h{args.hidden}"
         paths.append(build_llama3_vocab_model(folder, args.hidden))
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import parity_sections as ps
+
+    if not args.skip_smollm2 and "a" in sections:
+        smol = ps.build_smollm2(args.workdir)
+        if smol is None:
+            print(f"no SmolLM2 wheel at {ps.SMOLLM2_WHEEL}; skipping it", file=sys.stderr)
+        else:
+            paths.append(smol)
     args.host = {}
     if "a" in sections:
         for path in paths:
@@ -365,9 +376,6 @@ def main() -> int:
             args.host[path.name] = host_overhead(path, args.rounds, args.max_tokens, args.seed)
     report = markdown(rows, args) if rows else "# stream_generate: tokentrail vs mlx-lm\n"
     if sections & {"b", "c", "d"}:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        import parity_sections as ps
-
         demo = tokentrail.load(DEMO_MODEL)
         more: list[dict] = []
         if "b" in sections:

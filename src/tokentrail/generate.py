@@ -1,29 +1,31 @@
 """`load` and `stream_generate`: mlx-lm's streaming API, with every piece of text
 carrying the exact tokens behind it, their logprobs, alternatives and a confidence.
 
-The loop is engine-agnostic: an engine (see `tokentrail.engines`) yields one `Step`
-per token; each step goes through the `Aligner` (text and token attribution), then the
-`StopMatcher` (stop strings), and becomes one `GenerationResponse`.
+On MLX, generation is mlx-lm's own `generate_step` / `speculative_generate_step` (see
+`tokentrail.engines.mlx_steps`), so every mlx-lm option keeps its meaning; other engines
+(torch, vLLM) yield `Step`s through the `Engine` protocol. Either way each step goes
+through a `tokentrail.sequence.Sequence` (aligner, stop strings, EOS) and becomes one
+`GenerationResponse`. Text is aligned in the prompt's context, so it is exactly what the
+continuation adds to the prompt's decoded text.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import os
-import time
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from .align import Aligner
 from .engines import Engine, engine_for, load_model
+from .engines.base import Step
 from .loaders import load_vocab
 from .sampling import SamplingParams, check_max_tokens, make_params
-from .segment import Alternative, Confidence, Segment, TokenSpan, confidence_of
-from .stops import StopMatcher, merge_spans
+from .sequence import GenerationResponse
+from .sequence import Sequence as _Sequence
+from .stops import StopMatcher
 from .vocab import Vocab
 
 log = logging.getLogger(__name__)
@@ -32,53 +34,6 @@ log = logging.getLogger(__name__)
 DEMO_MODEL = Path(__file__).resolve().parent / "demo_model"
 
 __all__ = ["DEMO_MODEL", "GenerationResponse", "load", "stream_generate"]
-
-
-@dataclass(slots=True)
-class GenerationResponse:
-    """One generated token and the text that became final with it.
-
-    The first ten fields mean what they mean in mlx-lm's `GenerationResponse`. The rest
-    say where `text` came from: `last_segment_tokens` are the tokens (with the byte
-    range of each that went into `text`) behind it, `confidence` aggregates their
-    logprobs, `token_logprob` and `top_logprobs` describe this step's token, and, when a
-    stop string ended generation, `stop_string` names it and `stop_tokens` are the
-    tokens from its first byte to the end of what was generated.
-    """
-
-    text: str
-    token: int
-    logprobs: Any
-    from_draft: bool
-    prompt_tokens: int
-    prompt_tps: float
-    generation_tokens: int
-    generation_tps: float
-    peak_memory: float
-    finish_reason: str | None = None
-    last_segment_tokens: list[TokenSpan] = field(default_factory=list)
-    confidence: Confidence | None = None
-    token_logprob: float = 0.0
-    top_logprobs: list[Alternative] = field(default_factory=list)
-    stop_string: str | None = None
-    stop_tokens: list[TokenSpan] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-safe dict (no device arrays) for logs, scripts and HTTP."""
-        return {
-            "text": self.text,
-            "token": self.token,
-            "token_logprob": self.token_logprob,
-            "top_logprobs": [a.to_dict() for a in self.top_logprobs],
-            "last_segment_tokens": [t.to_dict() for t in self.last_segment_tokens],
-            "confidence": None if self.confidence is None else self.confidence.to_dict(),
-            "finish_reason": self.finish_reason,
-            "stop_string": self.stop_string,
-            "stop_tokens": [t.to_dict() for t in self.stop_tokens],
-            "prompt_tokens": self.prompt_tokens,
-            "generation_tokens": self.generation_tokens,
-            "generation_tps": self.generation_tps,
-        }
 
 
 def load(
@@ -197,16 +152,6 @@ def _chat_ids(
     return _check_ids(list(ids), vocab_size, "chat template output")
 
 
-def _confidence(spans: list[TokenSpan]) -> Confidence | None:
-    """`confidence_of(spans)`, with a shortcut for the common one-token segment."""
-    if len(spans) == 1:
-        t = spans[0]
-        lp = t.logprob
-        if lp is not None and not t.top_logprobs:
-            return Confidence(lp, lp, math.exp(-lp), math.exp(lp), None, 1)
-    return confidence_of(spans) if spans else None
-
-
 def _stops(stop: Any) -> StopMatcher | None:
     if stop is None:
         return None
@@ -219,12 +164,73 @@ def _stops(stop: Any) -> StopMatcher | None:
     return StopMatcher(stop)
 
 
+_ALIGNERS: weakref.WeakKeyDictionary[Any, dict[bool, Aligner]] = weakref.WeakKeyDictionary()
+
+
+def aligner_for(
+    tokenizer: Any, prompt_ids: Sequence[int] | None, skip_special_tokens: bool
+) -> Aligner:
+    """An aligner continuing `prompt_ids`, built from a per-tokenizer template (cheap).
+
+    A prompt the tokenizer cannot decode (ids past its vocabulary, which padded models
+    accept) is left out as context rather than refused."""
+    try:
+        templates = _ALIGNERS.setdefault(tokenizer, {})
+    except TypeError:  # not weak-referenceable or not hashable
+        templates = {}
+    template = templates.get(skip_special_tokens)
+    if template is None:
+        template = templates[skip_special_tokens] = Aligner(
+            _vocab(tokenizer), skip_special_tokens=skip_special_tokens
+        )
+    if prompt_ids:
+        try:
+            return template.fresh(prompt_ids=prompt_ids)
+        except (TypeError, ValueError) as e:
+            log.debug("prompt not usable as alignment context: %s", e)
+    return template.fresh(prompt_ids=None)
+
+
+def _is_mlx(engine: Engine) -> bool:
+    return type(engine).__module__ == "tokentrail.engines.mlx_engine"
+
+
+def _room(engine: Engine, n_prompt: int, limit: int | None, cached: int) -> int | None:
+    """`limit`, capped at what is left of the model's context after the prompt."""
+    ctx = engine.context_length
+    if ctx is None:
+        return limit
+    room = ctx - cached - n_prompt
+    if room < 1:
+        raise ValueError(
+            f"prompt is {n_prompt} tokens{f' after {cached} cached ones' if cached else ''}, "
+            f"which leaves no room in the model's context of {ctx} tokens "
+            "(max_position_embeddings)"
+        )
+    return room if limit is None or limit > room else limit
+
+
+def _cache_offset(prompt_cache: Any) -> int | None:
+    """Tokens already in an mlx-lm prompt cache (0 if it cannot tell; None for a
+    rotating cache, which never runs out of room)."""
+    try:
+        first = prompt_cache[0]
+        offset = first.offset
+    except (TypeError, IndexError, AttributeError, KeyError):
+        return 0
+    if "Rotating" in type(first).__name__:
+        return None
+    return offset if isinstance(offset, int) else 0
+
+
 def stream_generate(
     model: Any,
     tokenizer: Any,
     prompt: str | Sequence[int] | Sequence[Mapping[str, Any]] | Any,
-    *,
     max_tokens: int | None = 256,
+    draft_model: Any = None,
+    stream: Any = None,
+    *,
     temp: float = 0.0,
     top_p: float = 1.0,
     top_k: int = 0,
@@ -235,139 +241,136 @@ def stream_generate(
     top_logprobs: int = 0,
     stop: str | Sequence[str] | None = None,
     skip_special_tokens: bool = True,
+    sampler: Callable[[Any], Any] | None = None,
+    logits_processors: Sequence[Callable[[Any, Any], Any]] | None = None,
+    **mlx_options: Any,
 ) -> Iterator[GenerationResponse]:
     """Generate from `prompt`, one `GenerationResponse` per token; the last has
     `finish_reason` "stop" (EOS or a stop string) or "length".
 
+    The first six arguments are `mlx_lm.stream_generate`'s, in its order. On MLX every
+    option of mlx-lm's `generate_step` / `speculative_generate_step` is taken with
+    mlx-lm's meaning and passed to them unchanged (`sampler`, `logits_processors`,
+    `prompt_cache` (updated in place), `max_kv_size`, `kv_bits`, `kv_group_size`,
+    `quantized_kv_start`, `prefill_step_size`, `prompt_progress_callback`,
+    `input_embeddings`, `num_draft_tokens`, ...), so for the same inputs and seed the
+    tokens and `from_draft` flags are mlx-lm's. tokentrail's own keywords: `temp`,
+    `top_p`, `top_k`, `min_p` build an mlx-lm sampler (give those or `sampler`, not
+    both); `repetition_penalty` and `logit_bias` add mlx-lm processors after
+    `logits_processors`; `seed` seeds MLX's generator when generation starts;
+    `top_logprobs` (0..20) alternatives per token; `stop` strings; `skip_special_tokens`.
+
     `prompt` is text, token ids, or chat messages (rendered with the tokenizer's chat
     template and a generation prompt). `max_tokens=None` (or -1) generates until EOS or
-    the model's context is full. `top_logprobs` (0..20) alternatives are reported per
-    token. Every argument is checked here, before any model work, so a bad value
-    raises at the call; generation itself starts on the first `next()`. Closing the
-    iterator (or breaking out of the loop) stops generation.
+    the model's context is full. Text is aligned in the prompt's context: the texts of
+    all responses are exactly what the generated ids add to the prompt's decoded text.
+    Every argument is checked here, before any model work; generation starts on the
+    first `next()`. Closing the iterator (or breaking out of the loop) stops it.
     """
     engine = engine_for(model)
     limit = check_max_tokens(max_tokens)
+    mlx = _is_mlx(engine)
+    if not mlx:
+        extra = dict(mlx_options, sampler=sampler, logits_processors=logits_processors)
+        extra.update(draft_model=draft_model, stream=stream)
+        given = sorted(k for k, v in extra.items() if v is not None)
+        if given:
+            raise TypeError(
+                f"{', '.join(given)}: mlx-lm options, which the {engine.name} engine does "
+                "not take (they work with MLX models)"
+            )
+    else:
+        from .engines.mlx_steps import STEP_OPTIONS
+
+        unknown = sorted(set(mlx_options) - STEP_OPTIONS)
+        if unknown:
+            raise TypeError(
+                f"stream_generate() got unexpected keyword argument(s) {', '.join(unknown)}; "
+                f"mlx-lm's step options are {', '.join(sorted(STEP_OPTIONS))}"
+            )
+    if sampler is not None:
+        if not callable(sampler):
+            raise TypeError(f"sampler must be callable, got {type(sampler).__name__}")
+        if (temp, top_p, top_k, min_p) != (0.0, 1.0, 0, 0.0):
+            raise ValueError("give either sampler or temp/top_p/top_k/min_p, not both")
+    if logits_processors is not None:
+        logits_processors = list(logits_processors)
+        if not all(callable(p) for p in logits_processors):
+            raise TypeError("logits_processors must be a list of callables")
     params = make_params(
         temp=temp, top_p=top_p, top_k=top_k, min_p=min_p,
         repetition_penalty=repetition_penalty, logit_bias=logit_bias, seed=seed,
         top_logprobs=top_logprobs, vocab_size=engine.vocab_size,
     )
-    ids = _prompt_ids(tokenizer, prompt, engine.vocab_size)
-    ctx = engine.context_length
-    if ctx is not None:
-        room = ctx - len(ids)
-        if room < 1:
-            raise ValueError(
-                f"prompt is {len(ids)} tokens, which leaves no room in the model's context of "
-                f"{ctx} tokens (max_position_embeddings)"
-            )
-        if limit is None or limit > room:
-            limit = room
+    embeddings = mlx_options.get("input_embeddings")
+    if embeddings is not None and _empty(prompt):
+        ids: list[int] = []
+        n_prompt = len(embeddings)
+    else:
+        ids = _prompt_ids(tokenizer, prompt, engine.vocab_size)
+        n_prompt = len(ids)
+    cached = _cache_offset(mlx_options.get("prompt_cache"))
+    if mlx_options.get("max_kv_size") is None and cached is not None:
+        limit = _room(engine, n_prompt, limit, cached)
     matcher = _stops(stop)
-    aligner = Aligner(_vocab(tokenizer), skip_special_tokens=skip_special_tokens)
-    return _generate(engine, aligner, matcher, _eos_ids(tokenizer), ids, params, limit)
+    aligner = aligner_for(tokenizer, ids, skip_special_tokens)
+    seq = _Sequence(
+        aligner, matcher, _eos_ids(tokenizer), n_prompt, limit, engine.vocab_size,
+        engine.peak_memory,
+    )
+    if mlx:
+        steps = _mlx_steps(
+            engine, ids, params, limit, draft_model, stream, sampler, logits_processors,
+            mlx_options,
+        )
+    else:
+        steps = engine.generate(ids, params, limit)
+    return _run(seq, steps, engine.name)
 
 
-def _generate(
-    engine: Engine,
-    aligner: Aligner,
-    matcher: StopMatcher | None,
-    eos: frozenset[int],
-    prompt_ids: list[int],
+def _empty(prompt: Any) -> bool:
+    try:
+        return len(prompt) == 0
+    except TypeError:
+        return False
+
+
+def _mlx_steps(
+    engine: Any,
+    ids: list[int],
     params: SamplingParams,
     limit: int | None,
-) -> Iterator[GenerationResponse]:
-    n_prompt = len(prompt_ids)
-    vocab = aligner.vocab
+    draft_model: Any,
+    stream: Any,
+    sampler: Callable[[Any], Any] | None,
+    processors: list[Callable[[Any, Any], Any]] | None,
+    options: dict[str, Any],
+) -> Iterator[Step]:
+    from .engines.mlx_engine import sampling_for
+    from .engines.mlx_steps import mlx_steps
 
-    # Models often pad their embeddings past the tokenizer's last id; such ids have no
-    # text, so they are left out of the alternatives (a sampled one is an error).
-    padded = engine.vocab_size is not None and engine.vocab_size > vocab.size
-    pieces = vocab.pieces
+    own_sampler, own_processors = sampling_for(params, engine.vocab_size)
+    processors = [*(processors or []), *own_processors]
+    options = dict(options, logits_processors=processors or None)
+    if params.seed is not None:
+        import mlx.core as mx
 
-    steps = engine.generate(prompt_ids, params, limit)
-    tic = time.perf_counter()
-    prompt_tps = 0.0
+        mx.random.seed(params.seed)
+    yield from mlx_steps(
+        engine.model, ids, sampler or own_sampler, params.top_logprobs, limit,
+        draft_model, stream, **options,
+    )
+
+
+def _run(seq: _Sequence, steps: Iterator[Step], name: str) -> Iterator[GenerationResponse]:
     try:
-        for n, step in enumerate(steps):
-            if n == 0:
-                now = time.perf_counter()
-                prompt_tps = n_prompt / max(now - tic, 1e-9)
-                tic = now
-            token = step.token
-            pairs = step.top_logprobs
-            if padded and pairs:
-                pairs = [p for p in pairs if p[0] < vocab.size and pieces[p[0]] is not None]
-            is_eos = token in eos
-            last = is_eos or (limit is not None and n + 1 >= limit)
-            eos_span = None
-            if is_eos:
-                # EOS ends the text: it adds no characters but is still reported.
-                segs = aligner.finish()
-                top = aligner.alternatives(pairs) if pairs else None
-                eos_span = TokenSpan(n, token, 0, 0, step.logprob, top)
-            else:
-                segs = aligner.push(token, step.logprob, pairs or None)
-                if last:
-                    segs += aligner.finish()
-
-            stop_string = None
-            stop_tokens: list[TokenSpan] = []
-            if matcher is not None:
-                segs, match = matcher.feed(segs)
-                if match is not None:
-                    stop_string = match.stop
-                    rest = [] if last else aligner.finish()
-                    stop_tokens = merge_spans([Segment("", match.tokens), *rest])
-                    if eos_span is not None:
-                        stop_tokens.append(eos_span)
-                        eos_span = None
-                    last = True
-                elif last:
-                    segs += matcher.flush()
-
-            if len(segs) == 1:
-                text = segs[0].text
-                spans = list(segs[0].tokens)
-            else:
-                text = "".join(s.text for s in segs)
-                spans = merge_spans(segs)
-            if eos_span is not None:
-                spans.append(eos_span)
-
-            if not pairs:
-                top_list: list[Alternative] = []
-            elif spans and spans[-1].index == n and spans[-1].top_logprobs is not None:
-                top_list = list(spans[-1].top_logprobs)
-            else:
-                top_list = list(aligner.alternatives(pairs))
-
-            finish = None
-            if last:
-                finish = "stop" if (is_eos or stop_string is not None) else "length"
-            yield GenerationResponse(
-                text=text,
-                token=token,
-                logprobs=step.logprobs,
-                from_draft=False,
-                prompt_tokens=n_prompt,
-                prompt_tps=prompt_tps,
-                generation_tokens=n + 1,
-                generation_tps=(n + 1) / max(time.perf_counter() - tic, 1e-9),
-                peak_memory=engine.peak_memory(),
-                finish_reason=finish,
-                last_segment_tokens=spans,
-                confidence=_confidence(spans),
-                token_logprob=step.logprob,
-                top_logprobs=top_list,
-                stop_string=stop_string,
-                stop_tokens=stop_tokens,
-            )
-            if last:
+        for step in steps:
+            response = seq.feed(step)
+            yield response
+            if seq.done:
                 return
         raise RuntimeError(
-            f"the {engine.name} engine stopped before EOS or the token limit; engines must "
+            f"the {name} engine stopped before EOS or the token limit; engines must "
             "yield a step for every token up to max_tokens"
         )
     finally:

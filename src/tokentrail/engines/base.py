@@ -24,13 +24,15 @@ class Step:
     logits processors such as repetition penalty and logit bias, before temperature
     and the top-p/top-k/min-p filters, as in mlx-lm). `top_logprobs` holds the k most
     likely (id, logprob) pairs, most likely first. `logprobs` is the full vector in the
-    engine's native array type.
+    engine's native array type. `from_draft` says a draft model proposed the token and
+    the target model accepted it (speculative decoding).
     """
 
     token: int
     logprob: float
     top_logprobs: list[tuple[int, float]]
     logprobs: Any
+    from_draft: bool = False
 
 
 @runtime_checkable

@@ -1,10 +1,11 @@
-"""The MLX engine: mlx-lm's model zoo, prompt cache and samplers, plus on-device logprobs.
+"""The MLX engine: mlx-lm's model zoo, its own generation loop and samplers, plus
+on-device logprobs.
 
-Each step computes, in one lazy graph, the next token, its logprob and (when asked) the
-top-k alternatives, then evaluates them together with `mx.async_eval` while the host
-handles the previous step, exactly as `mlx_lm.generate.generate_step` pipelines its
-steps. The host reads a few scalars per step, so logprobs and alternatives cost a
-handful of extra device ops per step, never a transfer of the whole vocabulary.
+Generation is mlx-lm's `generate_step` with a wrapped sampler (`mlx_steps`): each step
+computes, in one lazy graph, the next token, its logprob and (when asked) the top-k
+alternatives, evaluated together with `mx.async_eval` while the host handles the
+previous step. The host reads a few scalars per step, never the whole vocabulary.
+Batches run on mlx-lm's `BatchGenerator` (`mlx_batch`).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -162,77 +163,47 @@ class MLXEngine:
         return mx.get_peak_memory() / 1e9
 
     def generate(
-        self, prompt_ids: Sequence[int], params: SamplingParams, max_tokens: int | None
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        max_tokens: int | None,
+        **options: Any,
     ) -> Iterator[Step]:
-        """Yield Steps; see `Engine.generate`. Prompt ids must already be validated."""
-        from mlx_lm.generate import generation_stream, wired_limit
-        from mlx_lm.models.cache import make_prompt_cache
-        from mlx_lm.sample_utils import make_logits_processors, make_sampler
+        """Yield Steps; see `Engine.generate`. Prompt ids must already be validated.
 
-        model = self.model
-        k = params.top_logprobs
-        vocab = self.vocab_size
-        top_k = params.top_k if vocab is None or params.top_k < vocab else 0
-        sampler = make_sampler(params.temp, params.top_p, params.min_p, 1, top_k=top_k)
-        processors = make_logits_processors(params.logit_bias, params.repetition_penalty)
-        cache = make_prompt_cache(model)
-        stream = generation_stream
+        Runs mlx-lm's own `generate_step` (see `mlx_steps`); `options` are its keywords
+        (e.g. `prompt_cache`, `kv_bits`, `draft_model` for speculative decoding)."""
+        from .mlx_steps import mlx_steps
+
+        sampler, processors = sampling_for(params, self.vocab_size)
+        if options.get("logits_processors"):
+            processors = [*options.pop("logits_processors"), *processors]
+        options["logits_processors"] = processors or None
         if params.seed is not None:
             mx.random.seed(params.seed)
-        prompt = mx.array(list(prompt_ids), dtype=mx.int32)
-        history = prompt if processors else None
+        draft = options.pop("draft_model", None)
+        yield from mlx_steps(
+            self.model, prompt_ids, sampler, params.top_logprobs, max_tokens, draft, **options
+        )
 
-        def step(inputs: mx.array) -> list[mx.array]:
-            """Queue one step: [token, its logprob, full logprobs, (top ids, top logprobs)]."""
-            nonlocal history
-            with mx.stream(stream):
-                logits = model(inputs[None], cache=cache)[:, -1, :]
-                if processors:
-                    if inputs is not prompt_tail:
-                        history = mx.concatenate([history, inputs])
-                    for processor in processors:
-                        logits = processor(history, logits)
-                logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-                token = sampler(logprobs)
-                out = [token, mx.take_along_axis(logprobs, token[:, None], axis=-1), logprobs[0]]
-                if k:
-                    ids = top_k_ids(logprobs, k)
-                    out += [ids, mx.take_along_axis(logprobs, ids, axis=-1)]
-                return out
+    def open_batch(self, max_batch: int, prompt_cache_bytes: int | None = None) -> Any:
+        """A `Batch` on mlx-lm's `BatchGenerator` (see `tokentrail.engines.mlx_batch`)."""
+        from .mlx_batch import MLXBatch
 
-        def read(arrays: list[mx.array]) -> Step:
-            # Separate small reads cost less than device ops to pack them into one array.
-            top: list[tuple[int, float]] = []
-            if k:
-                # Whole-array tolist(): indexing first would be one more device op each.
-                top = list(zip(arrays[3].tolist()[0], arrays[4].tolist()[0], strict=True))
-                top.sort(key=lambda pair: -pair[1])  # k <= 20: sorting here beats the device
-            return Step(arrays[0].item(), arrays[1].item(), top, arrays[2])
+        return MLXBatch(
+            self.model, max_batch, prompt_cache_bytes=prompt_cache_bytes,
+            vocab_size=self.vocab_size,
+        )
 
-        with wired_limit(model, [stream]):
-            with mx.stream(stream):
-                rest = prompt
-                while rest.size > 1:
-                    n = min(PREFILL_STEP_SIZE, rest.size - 1)
-                    model(rest[:n][None], cache=cache)
-                    mx.eval([c.state for c in cache])
-                    rest = rest[n:]
-                    mx.clear_cache()
-            prompt_tail = rest
-            current = step(rest)
-            mx.async_eval(*current)
-            n = 0
-            while True:
-                n += 1
-                more = max_tokens is None or n < max_tokens
-                if more:
-                    # Queue the next step before reading this one, so the device works
-                    # while the host turns this token into text.
-                    following = step(current[0])
-                    mx.async_eval(*following)
-                yield read(current)
-                if not more:
-                    return
-                if n % 256 == 0:
-                    mx.clear_cache()
-                current = following
+
+def sampling_for(
+    params: SamplingParams, vocab_size: int | None
+) -> tuple[Callable[[mx.array], mx.array], list[Callable[[mx.array, mx.array], mx.array]]]:
+    """mlx-lm's sampler and logits processors for `params` (as `mlx_lm.generate` makes
+    them from its command-line flags)."""
+    from mlx_lm.sample_utils import make_logits_processors, make_sampler
+
+    top_k = params.top_k if vocab_size is None or params.top_k < vocab_size else 0
+    sampler = make_sampler(params.temp, params.top_p, params.min_p, 1, top_k=top_k)
+    processors = make_logits_processors(params.logit_bias, params.repetition_penalty)
+    return sampler, processors

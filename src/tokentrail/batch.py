@@ -1,0 +1,248 @@
+"""Batched generation: `batch_generate` (like `mlx_lm.batch_generate`) and the streaming
+`stream_batch_generate`, with exact token attribution for every sequence.
+
+Both run on the engine's `Batch` (`tokentrail.engines.batch.open_batch`): on MLX that is
+mlx-lm's `BatchGenerator` with per-sequence samplers, processors and on-device logprobs
+(`tokentrail.engines.mlx_batch`); other engines get a `SerialBatch`. Sequences join the
+batch as others finish, so `n` completions per prompt and more prompts than `max_batch`
+stream through together. Each sequence has its own `tokentrail.sequence.Sequence`
+(aligner in its prompt's context, stop strings, EOS, token limit).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .engines import engine_for
+from .engines.batch import open_batch
+from .generate import (
+    _eos_ids,
+    _prompt_ids,
+    _room,
+    _stops,
+    aligner_for,
+)
+from .sampling import check_max_tokens, make_params
+from .segment import Segment
+from .sequence import GenerationResponse
+from .sequence import Sequence as _Sequence
+
+log = logging.getLogger(__name__)
+
+__all__ = ["BatchResponse", "Completion", "batch_generate", "stream_batch_generate"]
+
+#: Sequences decoded together unless `max_batch` says otherwise (mlx-lm's default).
+DEFAULT_MAX_BATCH = 32
+_PER_SEQUENCE = (
+    "temp", "top_p", "top_k", "min_p", "repetition_penalty", "seed", "logit_bias",
+    "top_logprobs",
+)
+
+
+@dataclass
+class Completion:
+    """One finished sequence: its text, the segments (text with the tokens behind it)
+    it streamed, its token ids and their logprobs, and why it ended."""
+
+    prompt_index: int
+    text: str
+    segments: list[Segment] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_string: str | None = None
+
+
+@dataclass
+class BatchResponse:
+    """What `batch_generate` returns: one `Completion` per prompt and choice, in order
+    (prompt 0's `n` choices first). `texts`, `token_ids` and `logprobs` are mlx-lm's
+    `BatchResponse` fields."""
+
+    completions: list[Completion]
+
+    @property
+    def texts(self) -> list[str]:
+        return [c.text for c in self.completions]
+
+    @property
+    def token_ids(self) -> list[list[int]]:
+        return [c.token_ids for c in self.completions]
+
+    @property
+    def logprobs(self) -> list[list[float]]:
+        return [c.logprobs for c in self.completions]
+
+
+def _per_prompt(name: str, value: Any, n_prompts: int, nested: bool = False) -> list[Any]:
+    """`value` for every prompt: a list is one entry per prompt, anything else is shared.
+
+    For `stop` (`nested`), a list is per prompt only if its entries are lists or None."""
+    is_list = isinstance(value, list | tuple)
+    if nested:
+        is_list = is_list and bool(value) and all(v is None or isinstance(v, list | tuple)
+                                                   for v in value)
+    if not is_list:
+        return [value] * n_prompts
+    if len(value) != n_prompts:
+        raise ValueError(f"{name} has {len(value)} entries for {n_prompts} prompts")
+    return list(value)
+
+
+@dataclass
+class _Job:
+    index: int
+    prompt_index: int
+    ids: list[int]
+    params: Any
+    limit: int | None
+    stop: Any
+
+
+def stream_batch_generate(
+    model: Any,
+    tokenizer: Any,
+    prompts: Sequence[Any],
+    max_tokens: int | Sequence[int | None] | None = 256,
+    *,
+    n: int = 1,
+    temp: float | Sequence[float] = 0.0,
+    top_p: float | Sequence[float] = 1.0,
+    top_k: int | Sequence[int] = 0,
+    min_p: float | Sequence[float] = 0.0,
+    repetition_penalty: float | Sequence[float | None] | None = None,
+    seed: int | Sequence[int | None] | None = None,
+    logit_bias: Mapping[int, float] | Sequence[Mapping[int, float] | None] | None = None,
+    top_logprobs: int | Sequence[int] = 0,
+    stop: str | Sequence[str] | Sequence[Sequence[str] | None] | None = None,
+    skip_special_tokens: bool = True,
+    max_batch: int | None = None,
+    prompt_cache_bytes: int | None = None,
+) -> Iterator[tuple[int, GenerationResponse]]:
+    """Generate from every prompt together; yield `(index, response)` per token.
+
+    `index` is `prompt_index * n + choice`. Each sequence's responses are exactly what
+    `stream_generate` would yield for it (text aligned in its prompt's context, tokens,
+    logprobs, alternatives, stop strings; its last response has a `finish_reason`).
+    Every sampling keyword takes one value for all prompts or a list with one per
+    prompt (for `stop`, a list of lists). With `n > 1` and a `seed`, choice j uses
+    `seed + j`. `max_batch` sequences decode at once (default: all, up to 32); the rest
+    join as others finish. `prompt_cache_bytes` (default None: no cache) turns on a prompt
+    cache of that many bytes, shared by the call's sequences: one that joins after another
+    with a common prefix finished reuses its KV cache. Arguments are checked before any
+    model work.
+    """
+    engine = engine_for(model)
+    if isinstance(prompts, str) or not isinstance(prompts, Sequence):
+        raise TypeError("prompts must be a list of prompts (str, token ids or chat messages)")
+    if not prompts:
+        raise ValueError("prompts is empty")
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be an int >= 1, got {n!r}")
+    count = len(prompts)
+    settings = {
+        "temp": temp, "top_p": top_p, "top_k": top_k, "min_p": min_p,
+        "repetition_penalty": repetition_penalty, "seed": seed, "logit_bias": logit_bias,
+        "top_logprobs": top_logprobs,
+    }
+    per = {k: _per_prompt(k, v, count) for k, v in settings.items()}
+    limits = [check_max_tokens(m) for m in _per_prompt("max_tokens", max_tokens, count)]
+    stops = _per_prompt("stop", stop, count, nested=True)
+    jobs: deque[_Job] = deque()
+    for i, prompt in enumerate(prompts):
+        ids = _prompt_ids(tokenizer, prompt, engine.vocab_size)
+        limit = _room(engine, len(ids), limits[i], 0)
+        _stops(stops[i])  # checked now
+        for j in range(n):
+            kw = {k: per[k][i] for k in _PER_SEQUENCE}
+            if kw["seed"] is not None:
+                kw["seed"] += j
+            params = make_params(**kw, vocab_size=engine.vocab_size)
+            jobs.append(_Job(i * n + j, i, ids, params, limit, stops[i]))
+    if max_batch is None:
+        max_batch = min(len(jobs), DEFAULT_MAX_BATCH)
+    if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
+        raise ValueError(f"max_batch must be an int >= 1, got {max_batch!r}")
+    # A one-shot call's batch is private and short-lived, so its prompt cache only pays
+    # off when asked for (sequences that follow others with a common prefix).
+    options = {"prompt_cache_bytes": 0 if prompt_cache_bytes is None else prompt_cache_bytes}
+    return _run(engine, tokenizer, jobs, max_batch, skip_special_tokens, options)
+
+
+def _run(
+    engine: Any,
+    tokenizer: Any,
+    jobs: deque[_Job],
+    max_batch: int,
+    skip_special_tokens: bool,
+    options: dict[str, Any],
+) -> Iterator[tuple[int, GenerationResponse]]:
+    batch = open_batch(engine, max_batch, **options)
+    eos = _eos_ids(tokenizer)
+    live: dict[int, tuple[_Job, _Sequence]] = {}
+    try:
+        while jobs or live:
+            while jobs and len(batch) < max_batch:
+                job = jobs.popleft()
+                uid = batch.add(job.ids, job.params, job.limit)
+                aligner = aligner_for(tokenizer, job.ids, skip_special_tokens)
+                seq = _Sequence(
+                    aligner, _stops(job.stop), eos, len(job.ids), job.limit,
+                    engine.vocab_size, engine.peak_memory,
+                )
+                live[uid] = (job, seq)
+            for uid, step in batch.step():
+                entry = live.get(uid)
+                if entry is None:
+                    continue
+                job, seq = entry
+                response = seq.feed(step)
+                if seq.done:
+                    del live[uid]
+                    batch.remove(uid)
+                yield job.index, response
+            if live and len(batch) == 0:
+                raise RuntimeError(
+                    f"the {engine.name} engine's batch dropped {len(live)} sequence(s) "
+                    "before EOS or their token limit"
+                )
+    finally:
+        batch.close()
+
+
+def batch_generate(
+    model: Any,
+    tokenizer: Any,
+    prompts: Sequence[Any],
+    max_tokens: int | Sequence[int | None] | None = 128,
+    **kwargs: Any,
+) -> BatchResponse:
+    """Generate for every prompt together (like `mlx_lm.batch_generate`); return one
+    `Completion` per prompt and choice with its text, segments, token ids and logprobs.
+
+    Takes `stream_batch_generate`'s keywords (`n`, sampling settings per prompt,
+    `top_logprobs`, `stop`, `max_batch`, `prompt_cache_bytes`, ...). EOS ends a
+    completion and is not part of its tokens, as in mlx-lm."""
+    stream = stream_batch_generate(model, tokenizer, prompts, max_tokens, **kwargs)
+    n = kwargs.get("n", 1)
+    out = [Completion(i // n, "") for i in range(len(prompts) * n)]
+    texts: list[list[str]] = [[] for _ in out]
+    eos = _eos_ids(tokenizer)
+    for index, r in stream:
+        c = out[index]
+        if r.text or r.last_segment_tokens:
+            texts[index].append(r.text)
+            c.segments.append(Segment(r.text, tuple(r.last_segment_tokens)))
+        if not (r.finish_reason == "stop" and r.token in eos and r.stop_string is None):
+            c.token_ids.append(r.token)
+            c.logprobs.append(r.token_logprob)
+        if r.finish_reason is not None:
+            c.finish_reason = r.finish_reason
+            c.stop_string = r.stop_string
+    for c, parts in zip(out, texts, strict=True):
+        c.text = "".join(parts)
+    return BatchResponse(out)

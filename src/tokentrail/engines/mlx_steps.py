@@ -1,0 +1,206 @@
+"""tokentrail's steps on mlx-lm's own step functions (`generate_step`,
+`speculative_generate_step`), with each token's logprob and top-k computed on the device.
+
+Rather than re-implementing mlx-lm's loop, `mlx_steps` runs it as is and wraps its
+sampler: the wrapped sampler's graph also computes the sampled token's logprob and (when
+asked) the top-k alternatives from the very `logprobs` mlx-lm hands it, so they come
+out of the same lazy graph as the token. On the plain path they are scheduled with
+`mx.async_eval` inside that step, so they overlap the device's work exactly as mlx-lm's
+token does; with a draft model (whose loop evaluates synchronously once per round) they
+are read with one small evaluation per round. Every other mlx-lm option (prompt cache,
+KV quantization, rotating caches, processors, input embeddings, progress callbacks)
+keeps its mlx-lm meaning because mlx-lm itself implements it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import mlx.core as mx
+
+from .base import Step
+
+log = logging.getLogger(__name__)
+
+__all__ = ["STEP_OPTIONS", "Recorder", "mlx_steps", "step_options"]
+
+_OWN = {"prompt", "model", "draft_model", "stream", "max_tokens"}
+
+
+def step_options() -> frozenset[str]:
+    """The keyword options of mlx-lm's `generate_step` and `speculative_generate_step`
+    (as installed), which `stream_generate` passes through unchanged."""
+    from mlx_lm.generate import generate_step, speculative_generate_step
+
+    names: set[str] = set()
+    for fn in (generate_step, speculative_generate_step):
+        names.update(inspect.signature(fn).parameters)
+    return frozenset(names - _OWN)
+
+
+#: Read once: the options mlx-lm 0.32's step functions take.
+STEP_OPTIONS = step_options()
+_SPECULATIVE_OPTIONS: frozenset[str] | None = None
+
+
+def _speculative_options() -> frozenset[str]:
+    global _SPECULATIVE_OPTIONS
+    if _SPECULATIVE_OPTIONS is None:
+        from mlx_lm.generate import speculative_generate_step
+
+        _SPECULATIVE_OPTIONS = frozenset(
+            set(inspect.signature(speculative_generate_step).parameters) - _OWN
+        )
+    return _SPECULATIVE_OPTIONS
+
+
+class Recorder:
+    """A sampler wrapper: returns the inner sampler's tokens unchanged and records, from
+    the same `logprobs`, the lazy arrays [token, token logprob, top-k ids, top-k
+    logprobs] of each call (`k == 0`: no top-k).
+
+    `schedule=True` queues them with `mx.async_eval` inside the call, i.e. in the step
+    that samples the token; the caller pops them in call order with `pop()`.
+    """
+
+    __slots__ = ("calls", "k", "sampler", "schedule")
+
+    def __init__(self, sampler: Callable[[mx.array], mx.array], k: int, schedule: bool) -> None:
+        self.sampler = sampler
+        self.k = k
+        self.schedule = schedule
+        self.calls: deque[list[mx.array]] = deque()
+
+    def __call__(self, logprobs: mx.array) -> mx.array:
+        from .mlx_engine import top_k_ids
+
+        token = self.sampler(logprobs)
+        out = [token, mx.take_along_axis(logprobs, token.reshape(-1, 1), axis=-1)]
+        if self.k:
+            ids = top_k_ids(logprobs.reshape(-1, logprobs.shape[-1]), self.k)
+            out += [ids, mx.take_along_axis(logprobs.reshape(ids.shape[0], -1), ids, axis=-1)]
+        if self.schedule:
+            mx.async_eval(*out)
+        self.calls.append(out)
+        return token
+
+
+def read_rows(
+    arrays: list[mx.array], k: int | bool
+) -> list[tuple[int, float, list[tuple[int, float]]]]:
+    """One recorded call as host values: (token, logprob, top-k sorted best first) per row.
+
+    Reads the evaluated arrays as they are (a reshape here would be one more device op)."""
+    token_arr, lp_arr = arrays[0], arrays[1]
+    if token_arr.size == 1:
+        tokens, lps = [token_arr.item()], [lp_arr.item()]
+    else:
+        tokens = token_arr.tolist()
+        lps = [row[0] for row in lp_arr.tolist()]
+    if not k:
+        return [(t, lp, []) for t, lp in zip(tokens, lps, strict=True)]
+    ids, vals = arrays[2].tolist(), arrays[3].tolist()
+    out = []
+    for t, lp, i, v in zip(tokens, lps, ids, vals, strict=True):
+        top = list(zip(i, v, strict=True))
+        top.sort(key=lambda pair: -pair[1])  # k <= 20: sorting here beats the device
+        out.append((t, lp, top))
+    return out
+
+
+def _mismatch(got: int, want: int) -> RuntimeError:
+    return RuntimeError(
+        f"mlx-lm yielded token {got} but its sampler produced {want}: this mlx-lm version "
+        "calls the sampler differently from the one tokentrail was built against"
+    )
+
+
+def mlx_steps(
+    model: Any,
+    prompt_ids: Sequence[int],
+    sampler: Callable[[mx.array], mx.array],
+    k: int,
+    max_tokens: int | None,
+    draft_model: Any = None,
+    stream: Any = None,
+    **options: Any,
+) -> Iterator[Step]:
+    """Yield a `Step` per token from mlx-lm's own `generate_step` (or, with
+    `draft_model`, `speculative_generate_step`), with `from_draft` set.
+
+    `options` are mlx-lm's step keywords, passed unchanged (see `STEP_OPTIONS`); as in
+    `mlx_lm.stream_generate`, those speculative decoding does not take
+    (`max_kv_size`, `prompt_progress_callback`) are dropped with a draft model, and
+    `num_draft_tokens` without one. `max_tokens=None` generates without end.
+    """
+    from mlx_lm.generate import (
+        generate_step,
+        generation_stream,
+        speculative_generate_step,
+        wired_limit,
+    )
+
+    stream = generation_stream if stream is None else stream
+    prompt = mx.array(list(prompt_ids), dtype=mx.uint32 if draft_model is not None else None)
+    limit = -1 if max_tokens is None else max_tokens
+    if draft_model is None:
+        options.pop("num_draft_tokens", None)
+        rec = Recorder(sampler, k, schedule=True)
+        gen = generate_step(prompt, model, stream, max_tokens=limit, sampler=rec, **options)
+    else:
+        options.pop("max_kv_size", None)
+        options.pop("prompt_progress_callback", None)
+        if options.pop("input_embeddings", None) is not None:
+            raise ValueError("speculative decoding (draft_model) does not take input_embeddings")
+        spec = _speculative_options()
+        unknown = sorted(set(options) - spec)
+        if unknown:
+            raise TypeError(f"speculative decoding does not take {', '.join(unknown)}")
+        rec = Recorder(sampler, k, schedule=False)
+        gen = speculative_generate_step(
+            prompt, model, draft_model, stream, max_tokens=limit, sampler=rec, **options
+        )
+    with wired_limit(model, [stream]):
+        try:
+            if draft_model is None:
+                yield from _plain(gen, rec, k)
+            else:
+                yield from _speculative(gen, rec, k, bool(options.get("logits_processors")))
+        finally:
+            gen.close()
+
+
+def _plain(gen: Iterator[Any], rec: Recorder, k: int) -> Iterator[Step]:
+    calls = rec.calls
+    for token, logprobs in gen:
+        ((want, lp, top),) = read_rows(calls.popleft(), k)
+        if want != token:
+            raise _mismatch(token, want)
+        yield Step(token, lp, top, logprobs, False)
+
+
+def _speculative(gen: Iterator[Any], rec: Recorder, k: int, processed: bool) -> Iterator[Step]:
+    # Each round drafts K tokens (K sampler calls on the draft model), then verifies
+    # them with one call on the target model (K + 1 rows), or, with logits processors,
+    # K + 1 one-row calls. The yields of a round are rows 0, 1, ... of those calls.
+    calls = rec.calls
+    rows: list[tuple[int, float, list[tuple[int, float]]]] = []
+    row = 0
+    for token, logprobs, from_draft in gen:
+        if calls:
+            made = list(calls)
+            calls.clear()
+            target = made[-((len(made) + 1) // 2) :] if processed else made[-1:]
+            flat = [a for call in target for a in call]
+            mx.eval(*flat)  # one small evaluation per round; the logprobs are ready
+            rows = [r for call in target for r in read_rows(call, k)]
+            row = 0
+        want, lp, top = rows[row]
+        row += 1
+        if want != token:
+            raise _mismatch(token, want)
+        yield Step(int(token), lp, top, logprobs, bool(from_draft))

@@ -1,0 +1,212 @@
+"""One generated sequence, token by token: engine `Step`s in, `GenerationResponse`s out.
+
+Shared by `stream_generate` (one sequence) and the batched generators (many): each
+step goes through the `Aligner` (text and token attribution), then the `StopMatcher`
+(stop strings), EOS and the token limit, and becomes one `GenerationResponse`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .align import Aligner
+from .engines.base import Step
+from .segment import Alternative, Confidence, Segment, TokenSpan, confidence_of
+from .stops import StopMatcher, merge_spans
+
+__all__ = ["GenerationResponse", "Sequence"]
+
+
+@dataclass(slots=True)
+class GenerationResponse:
+    """One generated token and the text that became final with it.
+
+    The first ten fields mean what they mean in mlx-lm's `GenerationResponse`. The rest
+    say where `text` came from: `last_segment_tokens` are the tokens (with the byte
+    range of each that went into `text`) behind it, `confidence` aggregates their
+    logprobs, `token_logprob` and `top_logprobs` describe this step's token, and, when a
+    stop string ended generation, `stop_string` names it and `stop_tokens` are the
+    tokens from its first byte to the end of what was generated.
+    """
+
+    text: str
+    token: int
+    logprobs: Any
+    from_draft: bool
+    prompt_tokens: int
+    prompt_tps: float
+    generation_tokens: int
+    generation_tps: float
+    peak_memory: float
+    finish_reason: str | None = None
+    last_segment_tokens: list[TokenSpan] = field(default_factory=list)
+    confidence: Confidence | None = None
+    token_logprob: float = 0.0
+    top_logprobs: list[Alternative] = field(default_factory=list)
+    stop_string: str | None = None
+    stop_tokens: list[TokenSpan] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-safe dict (no device arrays) for logs, scripts and HTTP."""
+        return {
+            "text": self.text,
+            "token": self.token,
+            "token_logprob": self.token_logprob,
+            "top_logprobs": [a.to_dict() for a in self.top_logprobs],
+            "last_segment_tokens": [t.to_dict() for t in self.last_segment_tokens],
+            "confidence": None if self.confidence is None else self.confidence.to_dict(),
+            "finish_reason": self.finish_reason,
+            "stop_string": self.stop_string,
+            "stop_tokens": [t.to_dict() for t in self.stop_tokens],
+            "prompt_tokens": self.prompt_tokens,
+            "generation_tokens": self.generation_tokens,
+            "generation_tps": self.generation_tps,
+        }
+
+
+def _confidence(spans: list[TokenSpan]) -> Confidence | None:
+    """`confidence_of(spans)`, with a shortcut for the common one-token segment."""
+    if len(spans) == 1:
+        t = spans[0]
+        lp = t.logprob
+        if lp is not None and not t.top_logprobs:
+            return Confidence(lp, lp, math.exp(-lp), math.exp(lp), None, 1)
+    return confidence_of(spans) if spans else None
+
+
+class Sequence:
+    """The state of one sequence above the engine: aligner, stop strings, EOS, limit.
+
+    `feed(step)` turns the next engine step into its `GenerationResponse`; `done` is
+    set once a response carries a `finish_reason`. `padded_size` (the model's vocabulary
+    when it runs past the tokenizer's) makes alternatives without text drop out.
+    """
+
+    __slots__ = (
+        "_pieces",
+        "_size",
+        "aligner",
+        "done",
+        "eos",
+        "limit",
+        "matcher",
+        "n",
+        "n_prompt",
+        "padded",
+        "peak_memory",
+        "prompt_tps",
+        "tic",
+    )
+
+    def __init__(
+        self,
+        aligner: Aligner,
+        matcher: StopMatcher | None,
+        eos: frozenset[int],
+        n_prompt: int,
+        limit: int | None,
+        model_vocab_size: int | None,
+        peak_memory: Callable[[], float],
+    ) -> None:
+        self.aligner = aligner
+        self.matcher = matcher
+        self.eos = eos
+        self.n_prompt = n_prompt
+        self.limit = limit
+        vocab = aligner.vocab
+        self._size = vocab.size
+        self._pieces = vocab.pieces
+        self.padded = model_vocab_size is not None and model_vocab_size > vocab.size
+        self.peak_memory = peak_memory
+        self.n = 0
+        self.done = False
+        self.tic = time.perf_counter()
+        self.prompt_tps = 0.0
+
+    def feed(self, step: Step) -> GenerationResponse:
+        """The response for the next token; raises RuntimeError after the last one."""
+        if self.done:
+            raise RuntimeError("this sequence has already finished")
+        n = self.n
+        aligner = self.aligner
+        if n == 0:
+            now = time.perf_counter()
+            self.prompt_tps = self.n_prompt / max(now - self.tic, 1e-9)
+            self.tic = now
+        token = step.token
+        pairs = step.top_logprobs
+        if self.padded and pairs:
+            size, pieces = self._size, self._pieces
+            pairs = [p for p in pairs if p[0] < size and pieces[p[0]] is not None]
+        is_eos = token in self.eos
+        last = is_eos or (self.limit is not None and n + 1 >= self.limit)
+        eos_span = None
+        if is_eos:
+            # EOS ends the text: it adds no characters but is still reported.
+            segs = aligner.finish()
+            top = aligner.alternatives(pairs) if pairs else None
+            eos_span = TokenSpan(n, token, 0, 0, step.logprob, top)
+        else:
+            segs = aligner.push(token, step.logprob, pairs or None)
+            if last:
+                segs += aligner.finish()
+
+        stop_string = None
+        stop_tokens: list[TokenSpan] = []
+        matcher = self.matcher
+        if matcher is not None:
+            segs, match = matcher.feed(segs)
+            if match is not None:
+                stop_string = match.stop
+                rest = [] if last else aligner.finish()
+                stop_tokens = merge_spans([Segment("", match.tokens), *rest])
+                if eos_span is not None:
+                    stop_tokens.append(eos_span)
+                    eos_span = None
+                last = True
+            elif last:
+                segs += matcher.flush()
+
+        if len(segs) == 1:
+            text = segs[0].text
+            spans = list(segs[0].tokens)
+        else:
+            text = "".join(s.text for s in segs)
+            spans = merge_spans(segs)
+        if eos_span is not None:
+            spans.append(eos_span)
+
+        if not pairs:
+            top_list: list[Alternative] = []
+        elif spans and spans[-1].index == n and spans[-1].top_logprobs is not None:
+            top_list = list(spans[-1].top_logprobs)
+        else:
+            top_list = list(aligner.alternatives(pairs))
+
+        finish = None
+        if last:
+            finish = "stop" if (is_eos or stop_string is not None) else "length"
+            self.done = True
+        self.n = n + 1
+        return GenerationResponse(
+            text=text,
+            token=token,
+            logprobs=step.logprobs,
+            from_draft=step.from_draft,
+            prompt_tokens=self.n_prompt,
+            prompt_tps=self.prompt_tps,
+            generation_tokens=n + 1,
+            generation_tps=(n + 1) / max(time.perf_counter() - self.tic, 1e-9),
+            peak_memory=self.peak_memory(),
+            finish_reason=finish,
+            last_segment_tokens=spans,
+            confidence=_confidence(spans),
+            token_logprob=step.logprob,
+            top_logprobs=top_list,
+            stop_string=stop_string,
+            stop_tokens=stop_tokens,
+        )

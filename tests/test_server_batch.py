@@ -180,12 +180,6 @@ def test_concurrent_clients_never_mix(server: Any, no_eos: dict[str, float]) -> 
     assert len({r["text"] for r in solo}) == 4
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="the MLX engine seeds MLX's global random state (mx.random.seed in "
-    "engines/mlx_engine.py), so sequences that SerialBatch interleaves share one random "
-    "stream; an engine batch with a key per sequence makes this pass",
-)
 def test_concurrent_seeded_sampling_never_mixes(server: Any, no_eos: dict[str, float]) -> None:
     jobs = [job for job in _requests(server, no_eos) if job[1]["temperature"] > 0]
     solo, both, most = _together(server, jobs)

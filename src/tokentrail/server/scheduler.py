@@ -23,11 +23,12 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from ..sequence import Sequence as TokenSequence
 from ..vocab import Vocab
 from .formatting import step_of
 from .metrics import Metrics
@@ -104,46 +105,15 @@ class Job:
 
 @dataclass(eq=False)
 class _Seq:
-    """One sequence of the batch: a choice of a job, and its per-token loop."""
+    """One sequence of the batch: a choice of a job, and its per-token state (the same
+    `tokentrail.sequence.Sequence` that `stream_generate` and `batch_generate` use)."""
 
     job: Job
     choice: int
-    responses: Iterator[Any]
-    feed: _Feed
+    state: TokenSequence
     index: int = 0
     last_step: float = 0.0
     cached: int | None = None
-
-
-class _Feed:
-    """Hands the step the batch produced for a sequence to `stream_generate`'s loop.
-
-    That loop pulls steps from an engine's `generate`; here the batch pushes them, one
-    at a time, so the sequence gets exactly the same text, stops and attribution as
-    `stream_generate` would give it.
-    """
-
-    def __init__(self, engine: Any) -> None:
-        self.engine = engine
-        self.name = engine.name
-        self.vocab_size = engine.vocab_size
-        self.context_length = engine.context_length
-        self.step: Any = None
-
-    def peak_memory(self) -> float:
-        return self.engine.peak_memory()
-
-    def generate(self, prompt_ids: Sequence[int], params: Any, max_tokens: int | None) -> _Feed:
-        return self
-
-    def __iter__(self) -> _Feed:
-        return self
-
-    def __next__(self) -> Any:
-        step, self.step = self.step, None
-        if step is None:
-            raise StopIteration
-        return step
 
 
 def served_name(model_path: str | os.PathLike[str] | None) -> str:
@@ -460,13 +430,19 @@ class Scheduler:
             top_logprobs=req.top_logprobs,
             vocab_size=self._engine.vocab_size,
         )
-        feed = _Feed(self._engine)
-        aligner = self._aligner.fresh(prompt_ids=ids)
-        stops = generate._stops(req.stop)
-        responses = generate._generate(feed, aligner, stops, self._eos, ids, params, limit)
+        engine = self._engine
+        state = TokenSequence(
+            self._aligner.fresh(prompt_ids=ids),
+            generate._stops(req.stop),
+            self._eos,
+            len(ids),
+            limit,
+            engine.vocab_size,
+            engine.peak_memory,
+        )
         uid = batch.add(ids, params, limit)
         job.live += 1
-        self._seqs[uid] = _Seq(job, choice, responses, feed, last_step=time.perf_counter())
+        self._seqs[uid] = _Seq(job, choice, state, last_step=time.perf_counter())
 
     def _limit(self, req: GenRequest, n_prompt: int) -> int:
         """The token limit for a prompt of `n_prompt` tokens, or APIError (context)."""
@@ -501,9 +477,8 @@ class Scheduler:
         if seq.cached is None:
             seq.cached = int(batch.cached_tokens(uid))
             self.metrics.prompt_cache(seq.cached)
-        seq.feed.step = engine_step
         try:
-            response = next(seq.responses)
+            response = seq.state.feed(engine_step)
         except Exception as e:
             logger.exception("request %s failed", job.id)
             job.post("error", seq.choice, e)
@@ -555,8 +530,6 @@ class Scheduler:
             if other is seq:
                 batch.remove(uid)
                 del self._seqs[uid]
-                with contextlib.suppress(Exception):
-                    seq.responses.close()  # type: ignore[attr-defined]
                 break
         job = seq.job
         job.live -= 1

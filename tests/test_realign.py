@@ -537,6 +537,48 @@ def test_cli_bad_input_exits_2_with_one_line(
     assert rc == 2 and err.count("\n") == 1 and "not a chunk of a known format" in err
 
 
+@pytest.mark.parametrize(
+    ("stdin", "args", "says"),
+    [
+        # An error body instead of a stream (issue #13): named, not an empty success.
+        (
+            '{"error": {"message": "model not found", "type": "invalid_request_error"}}\n',
+            [],
+            "the server answered an error: model not found",
+        ),
+        ('data: {"error": "upstream overloaded"}\n\n', [], "upstream overloaded"),
+        ("", [], "is empty: no chunks"),
+        ("\n\n  \n", [], "is empty: no chunks"),
+        ("data: [DONE]\n", [], "is empty: no chunks"),
+    ],
+)
+def test_cli_error_body_and_empty_input_exit_2(
+    corpus: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: Any,
+    stdin: str,
+    args: list[str],
+    says: str,
+) -> None:
+    tokenizer = str(corpus / "tokenizers" / "gpt2" / "tokenizer.json")
+    rc, out, err = _cli(["--tokenizer", tokenizer, *args], stdin, monkeypatch, capsys)
+    assert (rc, out) == (2, "")
+    assert err.count("\n") == 1 and err.startswith("tokentrail: error: ") and says in err
+
+
+def test_cli_choice_the_stream_lacks_exits_2(
+    corpus: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    entry = BY_NAME["openai_chat_logprobs"]
+    text = (DATA / entry["file"]).read_text("utf-8")
+    tokenizer = str(corpus / "tokenizers" / entry["tokenizer"])
+    rc, out, err = _cli(["--tokenizer", tokenizer, "--choice", "3"], text, monkeypatch, capsys)
+    assert (rc, out) == (2, "")
+    assert err.count("\n") == 1 and "no choice 3 (its choices: 0)" in err
+    rc, out, err = _cli(["--tokenizer", tokenizer, "--choice", "0"], text, monkeypatch, capsys)
+    assert (rc, err) == (0, "")
+
+
 # -- our own server, on loopback ---------------------------------------------------------------
 
 

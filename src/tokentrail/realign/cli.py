@@ -98,9 +98,10 @@ def run(args: argparse.Namespace) -> int:
         return fail(f"cannot read {args.input}: {e.strerror}")
     out = sys.stdout
     where = "stdin" if args.input == "-" else args.input
+    seen = _Seen()
     try:
         with stream:
-            for chunk in _chunks_of(stream, where):
+            for chunk in seen.watch(_chunks_of(stream, where)):
                 for seg in realigner.feed(chunk):
                     out.write(json.dumps(segment_json(seg), ensure_ascii=False) + "\n")
             for seg in realigner.finish():
@@ -110,11 +111,36 @@ def run(args: argparse.Namespace) -> int:
     except UnicodeDecodeError as e:
         return fail(f"{where} is not UTF-8 text: {e.reason} at byte {e.start}")
     out.flush()
+    if not seen.chunks:
+        return fail(f"{where} is empty: no chunks to realign")
     result = realigner.result()
+    if result.errors:
+        return fail(result.errors[0])
+    if seen.choices and args.choice not in seen.choices:
+        shown = ", ".join(str(c) for c in sorted(seen.choices))
+        return fail(f"the stream has no choice {args.choice} (its choices: {shown})")
     if result.exact:
         return 0
     sys.stderr.write(f"tokentrail: warning: {result.summary()}\n")
     return 3
+
+
+class _Seen:
+    """What the chunks held: how many, and which choice indices."""
+
+    def __init__(self) -> None:
+        self.chunks = 0
+        self.choices: set[int] = set()
+
+    def watch(self, chunks: Iterator[Any]) -> Iterator[Any]:
+        for chunk in chunks:
+            self.chunks += 1
+            choices = chunk.get("choices") if isinstance(chunk, dict) else None
+            if isinstance(choices, list):
+                for k, ch in enumerate(choices):
+                    if isinstance(ch, dict) and isinstance(ch.get("index", k), int):
+                        self.choices.add(ch.get("index", k))
+            yield chunk
 
 
 def _chunks_of(stream: TextIO, where: str) -> Iterator[Any]:

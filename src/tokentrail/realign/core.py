@@ -80,6 +80,7 @@ class Realigner(_Feeding):
         self._orphans: list[RefusedToken] = []
         self._trailing: list[TokenSpan] = []
         self._warnings: list[str] = []
+        self._errors: list[str] = []
         self._sources: list[str] = []
         self._ambiguous = 0
         self._alts_dropped = 0
@@ -101,7 +102,8 @@ class Realigner(_Feeding):
         if frame is None:
             return []
         if frame.error is not None:
-            self._warn(f"{where}: the server reported an error: {frame.error}")
+            self._errors.append(f"{where}: the server answered an error: {frame.error}")
+            self._warn(self._errors[-1])
             return []
         self._grew = bool(frame.content)
         if frame.content:
@@ -177,6 +179,7 @@ class Realigner(_Feeding):
             trailing=list(self._trailing),
             ambiguous=self._ambiguous,
             warnings=list(self._warnings),
+            errors=list(self._errors),
             extension_agrees=agrees,
         )
         return self._result

@@ -63,6 +63,8 @@ class RealignResult:
     ambiguous: int = 0
     warnings: list[str] = field(default_factory=list)
     extension_agrees: bool | None = None
+    #: Error bodies (``{"error": ...}``) the server sent instead of (or amid) chunks.
+    errors: list[str] = field(default_factory=list)
 
     @property
     def lossy(self) -> bool:
@@ -74,7 +76,12 @@ class RealignResult:
 
     @property
     def exact(self) -> bool:
-        return not self.lossy and self.content_matches and self.extension_agrees is not False
+        return (
+            not self.lossy
+            and self.content_matches
+            and self.extension_agrees is not False
+            and not self.errors
+        )
 
     def summary(self) -> str:
         """One line saying what is wrong (or that nothing is)."""

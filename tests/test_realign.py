@@ -45,9 +45,7 @@ EXACT_ALTERNATIVES = {
     "openai_completions_logprobs",
     "vllm_chat_tokens_as_token_ids",
     "vllm_completions_tokens_as_token_ids",
-    "llamacpp_completion_stream",
     "llamacpp_completion_stream_spm",
-    "llamacpp_completion_whole",
 }
 
 
@@ -145,8 +143,6 @@ def test_recording_realigns_to_the_reference_decode(name: str, cache: _Cache) ->
     # Logprobs and alternatives travel with the tokens.
     spans = [t for s in result.segments for t in s.tokens]
     for t in spans:
-        if name == "llamacpp_completion_whole" and t.logprob is None:
-            continue  # llama.cpp sends no probabilities for tokens it did not stream
         assert t.logprob == pytest.approx(cache.mr.logprob(t.index))
         if name in EXACT_ALTERNATIVES and t.top_logprobs is not None:
             expected = cache.mr.Tok.plain_alternatives(tok, t.id, t.index)
@@ -169,7 +165,7 @@ def test_exact_recording_equals_aligning_the_true_ids(name: str, cache: _Cache) 
 
 @pytest.mark.parametrize(
     "name",
-    ["openai_chat_logprobs", "vllm_completions_return_token_ids", "llamacpp_completion_stream"],
+    ["openai_chat_logprobs", "vllm_completions_return_token_ids", "llamacpp_completion_stream_spm"],
 )
 def test_feeding_releases_only_what_the_content_confirms(name: str, cache: _Cache) -> None:
     entry = BY_NAME[name]
@@ -283,19 +279,6 @@ def test_bytes_that_contradict_the_content_are_reported(cache: _Cache) -> None:
     assert not result.content_matches and not result.exact
     assert "character 3" in result.summary()  # "Hi " is common to both
     assert any("differs from the streamed content" in w for w in result.warnings)
-
-
-def test_dropped_frames_without_a_count_are_still_refused(cache: _Cache) -> None:
-    """Without tokens_predicted, llama.cpp's folded bytes are refused with no index."""
-    entry = BY_NAME["llamacpp_completion_stream"]
-    chunks = chunks_of("llamacpp_completion_stream")
-    for chunk in chunks:
-        chunk.pop("tokens_predicted", None)
-    result = realign(chunks, cache.vocab(entry["tokenizer"]))
-    assert result.text == result.content == entry["content"]
-    assert result.lossy and not result.exact
-    assert result.refused and all(r.index is None for r in result.refused)
-    assert "did not say how many" in result.refused[0].reason
 
 
 def test_a_tampered_extension_is_caught(cache: _Cache) -> None:
@@ -496,32 +479,6 @@ def test_cli_realigns_a_raw_sse_capture(corpus: Path, tmp_path: Path) -> None:
         set(t) >= {"index", "id", "start", "end", "logprob"} for s in segs for t in s["tokens"]
     )
     assert all("confidence" in s for s in segs if s["tokens"])
-
-
-def test_cli_lossy_stream_exits_3_with_one_warning(
-    corpus: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
-) -> None:
-    entry = BY_NAME["llamacpp_completion_stream"]
-    text = (DATA / entry["file"]).read_text("utf-8")
-    tokenizer = str(corpus / "tokenizers" / entry["tokenizer"])
-    rc, out, err = _cli(["--tokenizer", tokenizer], text, monkeypatch, capsys)
-    assert rc == 3
-    assert err.count("\n") == 1 and err.startswith("tokentrail: warning: lossy stream")
-    segs = [json.loads(line) for line in out.splitlines()]
-    assert "".join(s["text"] for s in segs) == entry["content"]
-    refused = sorted({r["index"] for s in segs for r in s.get("refused", [])})
-    assert refused == entry["refused"]
-
-
-def test_cli_reads_one_pretty_printed_response(
-    corpus: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
-) -> None:
-    entry = BY_NAME["llamacpp_completion_whole"]
-    text = json.dumps(chunks_of(entry["name"])[0], indent=2, ensure_ascii=False)
-    tokenizer = str(corpus / "tokenizers" / entry["tokenizer"])
-    rc, out, err = _cli(["--tokenizer", tokenizer], text, monkeypatch, capsys)
-    assert (rc, err) == (0, "")
-    assert "".join(json.loads(line)["text"] for line in out.splitlines()) == entry["content"]
 
 
 def test_cli_bad_input_exits_2_with_one_line(

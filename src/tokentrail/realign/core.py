@@ -89,6 +89,13 @@ class Realigner(_Feeding):
         self._out: list[Segment] = []
         self._done = False
         self._result: RealignResult | None = None
+        # Gaps whose token count the server did not say (llama.cpp's OpenAI endpoints):
+        # the stream index at each, and its refused marker. Segments after the first
+        # are held until the end, when usage.completion_tokens may settle the counts.
+        self._open_gaps: list[tuple[int, RefusedToken]] = []
+        self._deferred: list[Segment] = []
+        self._total: int | None = None
+        self._multi = False
 
     # -- public ------------------------------------------------------------------------------
 
@@ -115,9 +122,16 @@ class Realigner(_Feeding):
             ext_segments = tokentrail.read_extension(self, frame, where)
         elif self._ext is not None and frame.tokens:
             self._warn(f"{where} carries tokens but no tokentrail extension")
+        if frame.other_choices:
+            self._multi = True
+        if frame.total is not None:
+            self._total = frame.total
         self._observe(frame, where)
         self._drain(final=False)
         released = self._release(final=False)
+        if self._open_gaps and self._ext is None:
+            self._deferred.extend(released)
+            return []
         if self._ext is not None:
             self._ours.extend(released)
             self._out.extend(ext_segments)
@@ -148,6 +162,8 @@ class Realigner(_Feeding):
         if self._orphans:
             released.append(RealignedSegment("", (), tuple(self._orphans)))
             self._orphans = []
+        released = self._settle_counts(self._deferred + released)
+        self._deferred = []
         if self._ext is not None:
             self._ours.extend(released)
             return []
@@ -331,7 +347,79 @@ class Realigner(_Feeding):
             refused = (RefusedToken(None, reason + "; the server did not say how many"),)
         shown = data.decode("utf-8", "backslashreplace")
         refused = tuple(RefusedToken(r.index, r.reason, shown) for r in refused)
+        if not dropped:
+            self._open_gaps.append((self._n, refused[0]))
         self._pending.append(_Obs("gap", None, raw=data, refused=refused))
+
+
+    def _settle_counts(self, segments: list[Segment]) -> list[Segment]:
+        """At the end: account for tokens the server counted but never described.
+
+        ``usage.completion_tokens`` says how many tokens there were. Without open gaps,
+        the missing ones come after every entry (llama.cpp leaves the end-of-turn token
+        out of chat logprobs): they are refused at their indices. With open gaps, the
+        counts are settled when each gap held exactly one token (the indices after each
+        gap are shifted accordingly); otherwise the indices after the first gap stay
+        provisional and a warning says so.
+        """
+        total = None if self._multi else self._total
+        gaps = self._open_gaps
+        if total is None:
+            if gaps:
+                self._warn(
+                    f"the server folded {len(gaps)} frame(s) without saying how many tokens "
+                    "they held, and sent no usage: token indices after the first are "
+                    "provisional"
+                )
+            return segments
+        missing = total - self._n
+        if not gaps:
+            if missing > 0:
+                why = (
+                    "the server counted it (usage.completion_tokens) but sent no logprobs "
+                    "entry for it (llama.cpp leaves the end-of-turn token out of chat "
+                    "logprobs)"
+                )
+                extra = tuple(RefusedToken(i, why) for i in range(self._n, total))
+                self._refused.extend(extra)
+                segments.append(RealignedSegment("", (), extra))
+                self._n = total
+            elif missing < 0:
+                self._warn(f"usage.completion_tokens is {total}, but the stream held {self._n}")
+            return segments
+        if missing != len(gaps):
+            self._warn(
+                f"the server folded {len(gaps)} frame(s) without saying how many tokens they "
+                f"held; usage.completion_tokens says {missing} token(s) are missing, so token "
+                "indices after the first folded frame are provisional"
+            )
+            self._n = max(self._n, total)
+            return segments
+        starts = [at for at, _ in gaps]
+        renamed = {
+            id(ref): RefusedToken(at + k, ref.reason, ref.reported)
+            for k, (at, ref) in enumerate(gaps)
+        }
+
+        def index(i: int) -> int:
+            return i + sum(1 for at in starts if at <= i)
+
+        def refs(rs: tuple[RefusedToken, ...]) -> tuple[RefusedToken, ...]:
+            return tuple(renamed.get(id(r), r) for r in rs)
+
+        out: list[Segment] = []
+        for seg in segments:
+            spans = tuple(
+                TokenSpan(index(t.index), t.id, t.start, t.end, t.logprob, t.top_logprobs)
+                if t.index >= 0
+                else t
+                for t in seg.tokens
+            )
+            out.append(RealignedSegment(seg.text, spans, refs(getattr(seg, "refused", ()))))
+        self._refused = list(refs(tuple(self._refused)))
+        self._n = total
+        self._open_gaps = []
+        return out
 
 
 def realign(

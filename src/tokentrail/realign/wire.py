@@ -49,6 +49,10 @@ class _Frame:
     #: llama.cpp: the frame's content holds the text of its tokens plus dropped ones.
     folded_content: bool = False
     error: str | None = None
+    #: ``usage.completion_tokens``: how many tokens the server says it generated.
+    total: int | None = None
+    #: The chunk also carries other choices (then usage does not speak for this one).
+    other_choices: bool = False
 
 
 def _type_name(value: Any) -> str:

@@ -28,7 +28,12 @@ def claims(chunk: Mapping[str, Any]) -> bool:
 def _content_entries(content: Any, where: str) -> list[_Wire]:
     if not isinstance(content, list):
         raise RealignError(f"{where} must be a list")
-    return [_sourced(_entry(e, f"{where}[{k}]", "")) for k, e in enumerate(content)]
+    out = [_sourced(_entry(e, f"{where}[{k}]", "")) for k, e in enumerate(content)]
+    for w in out:
+        # llama.cpp: an entry's bytes are its token's plus those of the tokens whose
+        # frames it folded in (tokens ending inside a character get no frame).
+        w.folded = w.id is not None and w.raw is not None
+    return out
 
 
 def chat_choice(ch: Mapping[str, Any], where: str, frame: _Frame) -> list[_Wire]:
@@ -93,15 +98,31 @@ def _pick_choice(choices: Any, choice: int, where: str) -> Mapping[str, Any] | N
     return None
 
 
+def _completion_tokens(usage: Any) -> int | None:
+    if isinstance(usage, Mapping):
+        n = usage.get("completion_tokens")
+        if isinstance(n, int) and not isinstance(n, bool) and n >= 0:
+            return n
+    return None
+
+
 def parse(chunk: Mapping[str, Any], choice: int, where: str) -> _Frame | None:
     """The frame of choice `choice`; None when the chunk has no such choice (usage)."""
     from . import CHOICE_IDS
 
     ext = chunk.get("tokentrail")
     ch = _pick_choice(chunk["choices"], choice, where)
+    # usage counts all choices together: it speaks for choice 0 of a one-choice stream.
+    total = _completion_tokens(chunk.get("usage")) if choice == 0 else None
+    others = any(
+        isinstance(c, Mapping) and c.get("index", k) != choice
+        for k, c in enumerate(chunk["choices"])
+    )
     if ch is None:
-        return _Frame(ext=ext) if ext is not None else None
-    frame = _Frame(ext=ext)
+        if ext is None and total is None and not others:
+            return None
+        return _Frame(ext=ext, total=total, other_choices=others)
+    frame = _Frame(ext=ext, total=total, other_choices=others)
     here = f"{where}.choices[{choice}]"
     if "delta" in ch or "message" in ch:
         entries = chat_choice(ch, here, frame)

@@ -281,6 +281,25 @@ def test_bytes_that_contradict_the_content_are_reported(cache: _Cache) -> None:
     assert any("differs from the streamed content" in w for w in result.warnings)
 
 
+@pytest.mark.parametrize("name", ["llamacpp_completion_stream_spm", "vllm_chat_return_token_ids"])
+def test_realigning_in_the_prompts_context(name: str, cache: _Cache) -> None:
+    """With the prompt's ids known, the stream is realigned as its continuation: the same
+    segments `Aligner(prompt_ids=...)` makes of the true ids, and the streamed text."""
+    entry = BY_NAME[name]
+    vocab = cache.vocab(entry["tokenizer"])
+    prompt = cache.tok(entry["tokenizer"]).encode(cache.mr.PROMPT)
+    result = realign(chunks_of(name), vocab, prompt_ids=prompt)
+    assert result.text == result.content == entry["content"]
+    direct = Aligner(vocab, skip_special_tokens=True, prompt_ids=prompt)
+    expected = direct.align(entry["ids"])
+    got = attributed(result)
+    refused = {r.index for r in result.refused}
+    assert all(entry["ids"][i] == t for i, t in got.items())
+    assert set(got) | refused == set(range(len(entry["ids"])))
+    if not entry["lossy"]:
+        assert span_key(result.segments) == span_key(expected)
+
+
 def test_a_tampered_extension_is_caught(cache: _Cache) -> None:
     entry = BY_NAME["tokentrail_extension_chat"]
     vocab = cache.vocab(entry["tokenizer"])

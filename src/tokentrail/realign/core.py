@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ..align import Aligner
@@ -48,15 +48,21 @@ class Realigner(_Feeding):
         skip_special_tokens: bool | None = None,
         *,
         choice: int = 0,
+        prompt_ids: Sequence[int] | None = None,
     ) -> None:
         from ..loaders import load_vocab
 
         self.vocab: Vocab = load_vocab(tokenizer)
         self.choice = choice
+        #: The prompt the stream continues, when known: realigned in its context (its
+        #: decoding rules, a character it left open), as `Aligner(prompt_ids=...)`.
+        self.prompt_ids: tuple[int, ...] = tuple(prompt_ids or ())
         self._rev = _reverse(self.vocab)
         self._skip: bool | None = skip_special_tokens
         self._first_rule = bool(self.vocab.first_pieces) or self.vocab.strip_leading > 0
         self._continuation: bool | None = None if self._first_rule else False
+        if self.prompt_ids:
+            self._continuation = True  # the prompt's text comes first: no first-token rules
         self._aligners: dict[bool, Aligner] | None = None
         self._primary = True
         self._map: list[int | _GapRef] = []
@@ -351,7 +357,6 @@ class Realigner(_Feeding):
             self._open_gaps.append((self._n, refused[0]))
         self._pending.append(_Obs("gap", None, raw=data, refused=refused))
 
-
     def _settle_counts(self, segments: list[Segment]) -> list[Segment]:
         """At the end: account for tokens the server counted but never described.
 
@@ -428,6 +433,8 @@ def realign(
     skip_special_tokens: bool | None = None,
     *,
     choice: int = 0,
+    prompt_ids: Sequence[int] | None = None,
 ) -> RealignResult:
     """Realign a whole stream of parsed chunks with `tokenizer` (see `Realigner`)."""
-    return Realigner(tokenizer, skip_special_tokens, choice=choice).realign(chunks)
+    r = Realigner(tokenizer, skip_special_tokens, choice=choice, prompt_ids=prompt_ids)
+    return r.realign(chunks)

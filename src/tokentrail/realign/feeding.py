@@ -30,6 +30,7 @@ class _Feeding:
 
     if TYPE_CHECKING:
         vocab: Vocab
+        prompt_ids: tuple[int, ...]
         _rev: _Reverse
         _skip: bool | None
         _continuation: bool | None
@@ -112,7 +113,12 @@ class _Feeding:
                 self._continuation = False
         vocab = _continued(self.vocab) if self._continuation else self.vocab
         skips = [True, False] if self._skip is None else [self._skip]
-        self._aligners = {s: Aligner(vocab, skip_special_tokens=s) for s in skips}
+        if self.prompt_ids:
+            vocab = self.vocab  # the prompt itself takes the first-token rules
+        self._aligners = {
+            s: Aligner(vocab, skip_special_tokens=s, prompt_ids=self.prompt_ids or None)
+            for s in skips
+        }
         self._primary = skips[0]
         return True
 
@@ -291,6 +297,9 @@ class _Feeding:
                 refused.extend(self._orphans)
                 self._orphans = []
             for t in seg.tokens:
+                if t.index < 0:  # a prompt token carrying a character it left open
+                    spans.append(t)
+                    continue
                 m = self._map[t.index]
                 if isinstance(m, _GapRef):
                     for r in m.refused:

@@ -513,6 +513,8 @@ class Step:
     stop_string: str | None
     stop_tokens: tuple[TokenSpan, ...]
     prompt_tokens: int
+    #: Tokens the engine did not identify (an upstream's lossy data): index, id, reason.
+    refused: tuple[dict[str, Any], ...] = ()
 
 
 EventKind = Literal["step", "done", "error", "cancelled"]
@@ -803,6 +805,7 @@ def _step_of(response: Any, index: int) -> Step:
         stop_string=getattr(response, "stop_string", None),
         stop_tokens=tuple(getattr(response, "stop_tokens", None) or ()),
         prompt_tokens=int(getattr(response, "prompt_tokens", 0) or 0),
+        refused=tuple(getattr(response, "refused", None) or ()),
     )
 
 
@@ -888,13 +891,16 @@ class Formatter:
         if not step.text and not step.segment_tokens:
             return None
         conf = step.confidence
-        return {
+        out = {
             "text": step.text,
             "tokens": [self._span(s) for s in step.segment_tokens],
             "confidence": None
             if conf is None
             else {k: _finite(v) for k, v in conf.to_dict().items()},
         }
+        if step.refused:
+            out["refused"] = list(step.refused)
+        return out
 
     def _stop(self, step: Step) -> dict[str, Any] | None:
         if step.stop_string is None:
@@ -1466,6 +1472,9 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         default="info",
         choices=["debug", "info", "warning", "error"],
     )
+    from .proxy import add_arguments as add_upstream_arguments
+
+    add_upstream_arguments(parser)
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -1507,6 +1516,10 @@ def run(args: argparse.Namespace) -> int:
             f"tokentrail serve: error: --max-body-bytes must be >= 1, got {args.max_body_bytes}\n"
         )
         return 2
+    if getattr(args, "upstream", None):
+        from .proxy import run as run_upstream
+
+        return run_upstream(args)
     options: dict[str, Any] = {}
     allowed = {
         "mlx": (),

@@ -105,6 +105,11 @@ class Realigner(_Feeding):
 
     # -- public ------------------------------------------------------------------------------
 
+    @property
+    def errors(self) -> list[str]:
+        """Error bodies the server sent so far (``{"error": ...}``), one line each."""
+        return list(self._errors)
+
     def feed(self, chunk: Mapping[str, Any]) -> list[Segment]:
         """Add one parsed chunk; return the segments its content confirmed (maybe none)."""
         if self._done:

@@ -16,7 +16,6 @@ from typing import Any
 
 import httpx
 import pytest
-
 from smollm2 import LlamaServer, free_port, llama_server_binary, smollm2_gguf
 
 pytest.importorskip("uvicorn")
@@ -231,7 +230,7 @@ def test_tokentrail_serve_as_the_upstream(
         ours_text = "".join(c.choices[0].text for c in chunks if c.choices)
         assert ours_text == theirs["choices"][0]["text"]
         exts = [ext(c) for c in chunks if c.model_extra.get("tokentrail")]
-        seen, refused, text = attributed(exts)
+        _, refused, text = attributed(exts)
         assert refused == [] and text == ours_text
         # The same ids, at the same indices, as the upstream's own extension.
         want = [

@@ -308,3 +308,83 @@ def test_mlx_lm_server_as_the_upstream_says_what_it_cannot_do(
         assert got == want
     finally:
         server.stop()
+
+
+def test_client_hanging_up_stops_the_upstream(proxy: Any, llama: LlamaServer) -> None:
+    """Closing the stream to the proxy closes the proxy's stream to llama-server, which
+    stops generating (its /slots says so) long before its token limit."""
+    import time
+
+    def busy() -> bool:
+        slots = httpx.get(llama.url + "/slots", timeout=10)
+        if slots.status_code != 200:
+            pytest.skip(f"llama-server /slots answered {slots.status_code}")
+        return any(s.get("is_processing") for s in slots.json())
+
+    body = {
+        "model": proxy.model,
+        "messages": [{"role": "user", "content": "Tell me a very long story about a dragon."}],
+        "max_tokens": 1500,
+        "temperature": 1.0,
+        "seed": 3,
+        "stream": True,
+    }
+    with httpx.stream("POST", proxy.url + "/v1/chat/completions", json=body, timeout=120) as r:
+        got = []
+        seen = []
+        for line in r.iter_lines():
+            seen.append(line)
+            if line.startswith("data:"):
+                got.append(line)
+            if len(got) == 3:
+                break
+        assert len(got) == 3, (r.status_code, seen)
+        assert busy()
+    # 1500 tokens take llama-server over 10 s here; a cancelled one stops at once.
+    deadline = time.monotonic() + 3
+    while busy():
+        assert time.monotonic() < deadline, "llama-server kept generating after the hang-up"
+        time.sleep(0.2)
+
+
+def test_upstream_timeout_is_an_openai_shaped_504(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """An upstream that accepts the request but never answers: 504 upstream_timeout."""
+    import json
+    import threading
+    import time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Slow(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            data = json.dumps({"data": [{"id": "m", "owned_by": "vllm"}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_POST(self) -> None:
+            time.sleep(6)
+
+    slow = ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    threading.Thread(target=slow.serve_forever, daemon=True).start()
+    log = tmp_path_factory.mktemp("logs") / "proxy-slow.log"
+    url = f"http://127.0.0.1:{slow.server_address[1]}"
+    server = H.start_server(
+        None, log, "--upstream", url, "--tokenizer", str(DEMO), "--upstream-timeout", "1"
+    )
+    try:
+        r = httpx.post(
+            server.url + "/v1/completions",
+            json={"model": server.model, "prompt": "hi", "max_tokens": 4},
+            timeout=60,
+        )
+        assert r.status_code == 504, r.text
+        err = r.json()["error"]
+        assert err["code"] == "upstream_timeout" and "within 1.0 s" in err["message"]
+    finally:
+        server.stop()
+        slow.shutdown()

@@ -136,7 +136,7 @@ class UpstreamEngine:
         self.timeout = timeout
         self.model = model
         self.dialect = self.detect() if dialect == "auto" else dialect
-        if self.model is None and self.dialect != "llamacpp":
+        if self.model is None:
             self.model = self._first_model()
         if self.dialect == "mlx":
             log.warning(

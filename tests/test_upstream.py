@@ -388,3 +388,65 @@ def test_upstream_timeout_is_an_openai_shaped_504(tmp_path_factory: pytest.TempP
     finally:
         server.stop()
         slow.shutdown()
+
+
+# -- vLLM's dialect (no vLLM runs here: its documented wire format, replayed) ---------------------
+
+
+def test_vllm_dialect_asks_for_ids_and_reads_them(corpus: Path) -> None:
+    """The engine asks a vLLM upstream for `return_token_ids` and
+    `return_tokens_as_token_ids`, and turns its stream (the recording that follows vLLM's
+    documented format, served here on loopback) into exactly its ids."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from tokentrail import load_vocab
+    from tokentrail.engines.upstream import UpstreamEngine
+    from tokentrail.sampling import SamplingParams
+
+    data = Path(__file__).resolve().parent / "data" / "realign"
+    entry = next(
+        e
+        for e in json.loads((data / "MANIFEST.json").read_text("utf-8"))
+        if e["name"] == "vllm_completions_return_token_ids"
+    )
+    lines = (data / entry["file"]).read_text("utf-8").splitlines()
+    asked: list[dict[str, Any]] = []
+
+    class Replay(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def _send(self, body: bytes, kind: str) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:
+            models = {"data": [{"id": "EleutherAI/pythia-1b", "owned_by": "vllm"}]}
+            self._send(json.dumps(models).encode(), "application/json")
+
+        def do_POST(self) -> None:
+            asked.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            sse = "".join(f"data: {line}\n\n" for line in lines) + "data: [DONE]\n\n"
+            self._send(sse.encode(), "text/event-stream")
+
+    replay = ThreadingHTTPServer(("127.0.0.1", 0), Replay)
+    threading.Thread(target=replay.serve_forever, daemon=True).start()
+    try:
+        vocab = load_vocab(corpus / "tokenizers" / entry["tokenizer"])
+        engine = UpstreamEngine(f"http://127.0.0.1:{replay.server_address[1]}/v1", vocab)
+        assert engine.dialect == "vllm" and engine.model == "EleutherAI/pythia-1b"
+        prompt = [27128, 23120, 275, 1264, 20477, 27]
+        steps = list(engine.generate(prompt, SamplingParams(top_logprobs=3), len(entry["ids"])))
+    finally:
+        replay.shutdown()
+    (body,) = asked
+    assert body["prompt"] == prompt and body["stream"] is True
+    assert body["return_token_ids"] is True and body["return_tokens_as_token_ids"] is True
+    assert body["logprobs"] == 3 and body["model"] == "EleutherAI/pythia-1b"
+    assert [s.token for s in steps] == entry["ids"]
+    assert all(s.refused is None for s in steps)  # type: ignore[attr-defined]

@@ -38,9 +38,7 @@ def test_recordings_cover_the_cases_the_issue_names() -> None:
     assert {r["endpoint"] for r in recs} == {"completion", "v1_completions", "v1_chat"}
     assert {r["temperature"] for r in recs} == {0.0, 1.5}
     assert any(r["dropped"] for r in recs if r["endpoint"] == "v1_chat")
-    assert any(
-        set(r["dropped"]) - {len(r["ids"]) - 1} for r in recs if r["endpoint"] == "v1_chat"
-    )
+    assert any(set(r["dropped"]) - {len(r["ids"]) - 1} for r in recs if r["endpoint"] == "v1_chat")
 
 
 @pytest.mark.parametrize("name", sorted(RECORDINGS))
@@ -95,9 +93,13 @@ def test_folded_chat_frames_keep_text_and_later_indices(vocab: Any) -> None:
     rec = RECORDINGS["llamacpp_v1_chat_mixed_t15"]
     result = realign(chunks(rec["name"]), vocab)
     assert "\ufffd" not in result.text and result.text == rec["content"]
-    folded = [c for c in chunks(rec["name"]) for ch in c.get("choices") or []
-              for e in (ch.get("logprobs") or {}).get("content") or []
-              if len(e["bytes"]) > len(rec["bytes"][rec["ids"].index(e["id"])])]
+    folded = [
+        c
+        for c in chunks(rec["name"])
+        for ch in c.get("choices") or []
+        for e in (ch.get("logprobs") or {}).get("content") or []
+        if len(e["bytes"]) > len(rec["bytes"][rec["ids"].index(e["id"])])
+    ]
     assert folded, "the recording has no folded frame"
     last = max(t.index for s in result.segments for t in s.tokens)
     assert rec["ids"][last] == next(
@@ -161,8 +163,13 @@ def test_cli_reads_a_real_whole_response(
     from tokentrail.cli import main
 
     rec = RECORDINGS["llamacpp_completion_emoji_t0"]
-    whole = {"content": rec["content"], "tokens": rec["ids"], "id_slot": 0, "stop": True,
-             "tokens_predicted": len(rec["ids"])}
+    whole = {
+        "content": rec["content"],
+        "tokens": rec["ids"],
+        "id_slot": 0,
+        "stop": True,
+        "tokens_predicted": len(rec["ids"]),
+    }
     monkeypatch.setattr(sys, "stdin", io.StringIO(json.dumps(whole, indent=2)))
     rc = main(["realign", "--tokenizer", str(gguf)])
     out, err = capsys.readouterr()

@@ -2,7 +2,9 @@
 
 The recordings and their ground truth (ids, each token's bytes, the indices the stream
 sent no id for) come from record_llamacpp.py beside them, run against llama-server on
-SmolLM2-135M-Instruct; the tokenizer is the GGUF itself.
+SmolLM2-135M-Instruct (the tokenizer is the GGUF itself) and, in llamacpp_demo/, on the
+built-in demo model converted to GGUF (the tokenizer is the demo model's folder, so those
+run wherever the repository is).
 """
 
 from __future__ import annotations
@@ -20,8 +22,13 @@ from tokentrail import load_vocab
 from tokentrail.realign import Realigner, realign
 
 DATA = Path(__file__).resolve().parent / "data" / "realign" / "llamacpp"
+DEMO_DATA = DATA.with_name("llamacpp_demo")
+DEMO_MODEL = Path(__file__).resolve().parents[1] / "src" / "tokentrail" / "demo_model"
 MANIFEST = json.loads((DATA / "MANIFEST.json").read_text("utf-8"))
 RECORDINGS = {r["name"]: r for r in MANIFEST["recordings"]}
+DEMO = {
+    r["name"]: r for r in json.loads((DEMO_DATA / "MANIFEST.json").read_text("utf-8"))["recordings"]
+}
 
 
 @pytest.fixture(scope="module")
@@ -43,9 +50,18 @@ def test_recordings_cover_the_cases_the_issue_names() -> None:
 
 @pytest.mark.parametrize("name", sorted(RECORDINGS))
 def test_real_llamacpp_recording(name: str, vocab: Any) -> None:
-    rec = RECORDINGS[name]
+    check_recording(RECORDINGS[name], chunks(name), vocab)
+
+
+@pytest.mark.parametrize("name", sorted(DEMO))
+def test_real_llamacpp_recording_of_the_demo_model(name: str) -> None:
+    lines = (DEMO_DATA / f"{name}.jsonl").read_text("utf-8").splitlines()
+    check_recording(DEMO[name], [json.loads(line) for line in lines], load_vocab(DEMO_MODEL))
+
+
+def check_recording(rec: dict[str, Any], stream: list[dict[str, Any]], vocab: Any) -> None:
     ids: list[int] = rec["ids"]
-    result = realign(chunks(name), vocab)
+    result = realign(stream, vocab)
 
     # Text: exactly what llama.cpp streamed, which is the ids' own bytes.
     assert result.content == rec["content"]

@@ -23,6 +23,15 @@ applied by the server's ``/apply-template``, so all four see the same prompt tok
 ``cache_prompt`` is off). A recording is kept only if the stream's content equals the
 ground truth's, so the generation is known to be the same one.
 
+The demo model's recordings (../llamacpp_demo/) were made the same way from the built-in
+demo model converted with llama.cpp's own converter (the sdist's
+vendor/llama.cpp/convert_hf_to_gguf.py, with `get_vocab_base_pre` answering "gpt-2", as
+the demo tokenizer is GPT-2-style byte-level and its hash is not in llama.cpp's list):
+
+    python convert_hf_to_gguf.py src/tokentrail/demo_model --outtype f32 --outfile demo.gguf
+    python tests/data/realign/llamacpp/record_llamacpp.py --gguf demo.gguf \
+        --out tests/data/realign/llamacpp_demo
+
 MANIFEST.json then lists, per recording: the ground-truth ids and per-token bytes
 (llama.cpp's own), the content, ``usage``'s count, and ``dropped``: the indices of the
 tokens the stream carried no id for, worked out here from the wire alone (a /completion
@@ -96,9 +105,10 @@ def sse(client: httpx.Client, path: str, body: dict[str, Any]) -> list[dict[str,
     out = []
     # A fresh connection per stream: llama-server 0.5.0-dev exits when a chat stream
     # follows other streams on one kept-alive connection.
-    with httpx.Client(base_url=client.base_url, timeout=client.timeout) as fresh, fresh.stream(
-        "POST", path, json=body
-    ) as r:
+    with (
+        httpx.Client(base_url=client.base_url, timeout=client.timeout) as fresh,
+        fresh.stream("POST", path, json=body) as r,
+    ):
         r.raise_for_status()
         for line in r.iter_lines():
             if line.startswith("data: ") and line != "data: [DONE]":
@@ -167,8 +177,12 @@ def main() -> None:
                 truth = client.post(
                     "/completion",
                     json={
-                        "prompt": prompt, "n_predict": N, "n_probs": 1, "return_tokens": True,
-                        "stream": False, **sampling(temp),
+                        "prompt": prompt,
+                        "n_predict": N,
+                        "n_probs": 1,
+                        "return_tokens": True,
+                        "stream": False,
+                        **sampling(temp),
                     },
                 ).json()
                 ids = truth["tokens"]
@@ -176,19 +190,42 @@ def main() -> None:
                 pieces = [vocab[i] for i in ids]
                 pairs = list(zip(ids, pieces, strict=True))
                 runs = {
-                    "completion": sse(client, "/completion", {
-                        "prompt": prompt, "n_predict": N, "n_probs": TOP, "stream": True,
-                        **sampling(temp),
-                    }),
-                    "v1_completions": sse(client, "/v1/completions", {
-                        "prompt": prompt, "max_tokens": N, "logprobs": TOP, "stream": True,
-                        "stream_options": {"include_usage": True}, **sampling(temp),
-                    }),
-                    "v1_chat": sse(client, "/v1/chat/completions", {
-                        "messages": messages, "max_tokens": N, "logprobs": True,
-                        "top_logprobs": TOP, "stream": True,
-                        "stream_options": {"include_usage": True}, **sampling(temp),
-                    }),
+                    "completion": sse(
+                        client,
+                        "/completion",
+                        {
+                            "prompt": prompt,
+                            "n_predict": N,
+                            "n_probs": TOP,
+                            "stream": True,
+                            **sampling(temp),
+                        },
+                    ),
+                    "v1_completions": sse(
+                        client,
+                        "/v1/completions",
+                        {
+                            "prompt": prompt,
+                            "max_tokens": N,
+                            "logprobs": TOP,
+                            "stream": True,
+                            "stream_options": {"include_usage": True},
+                            **sampling(temp),
+                        },
+                    ),
+                    "v1_chat": sse(
+                        client,
+                        "/v1/chat/completions",
+                        {
+                            "messages": messages,
+                            "max_tokens": N,
+                            "logprobs": True,
+                            "top_logprobs": TOP,
+                            "stream": True,
+                            "stream_options": {"include_usage": True},
+                            **sampling(temp),
+                        },
+                    ),
                 }
                 for kind, chunks in runs.items():
                     if kind == "completion":
@@ -202,9 +239,9 @@ def main() -> None:
                         total = None
                         for c in chunks:
                             for ch in c.get("choices") or []:
-                                content += ch.get("text") or (ch.get("delta") or {}).get(
-                                    "content"
-                                ) or ""
+                                content += (
+                                    ch.get("text") or (ch.get("delta") or {}).get("content") or ""
+                                )
                                 entries += ((ch.get("logprobs") or {}).get("content")) or []
                             if c.get("usage"):
                                 total = c["usage"]["completion_tokens"]
@@ -214,28 +251,46 @@ def main() -> None:
                     # last character.
                     expected = b"".join(pieces).decode("utf-8", "ignore")
                     if content != expected or total != len(ids):
-                        print(f"skipped {name}: not the ground truth's generation:"
-                              f" {content[-12:]!r} vs {truth['content'][-12:]!r}, {total}")
+                        print(
+                            f"skipped {name}: not the ground truth's generation:"
+                            f" {content[-12:]!r} vs {truth['content'][-12:]!r}, {total}"
+                        )
                         continue
                     (args.out / f"{name}.jsonl").write_text(
                         "".join(json.dumps(c, ensure_ascii=False) + "\n" for c in chunks),
                         encoding="utf-8",
                     )
-                    manifest.append({
-                        "name": name, "file": f"{name}.jsonl", "endpoint": kind,
-                        "prompt": text, "temperature": temp, "seed": SEED,
-                        "ids": ids, "bytes": [list(p) for p in pieces],
-                        "content": content, "completion_tokens": total,
-                        "stop_type": truth.get("stop_type"), "dropped": dropped,
-                    })
+                    manifest.append(
+                        {
+                            "name": name,
+                            "file": f"{name}.jsonl",
+                            "endpoint": kind,
+                            "prompt": text,
+                            "temperature": temp,
+                            "seed": SEED,
+                            "ids": ids,
+                            "bytes": [list(p) for p in pieces],
+                            "content": content,
+                            "completion_tokens": total,
+                            "stop_type": truth.get("stop_type"),
+                            "dropped": dropped,
+                        }
+                    )
                     print(f"{name}: {len(ids)} tokens, {len(dropped)} dropped")
     finally:
         proc.terminate()
         proc.wait(10)
     (args.out / "MANIFEST.json").write_text(
-        json.dumps({"server": "llama-server 0.5.0-dev (llama-cpp-python 0.3.36 sdist)",
-                    "model": args.gguf.name, "recordings": manifest},
-                   indent=1, ensure_ascii=False) + "\n",
+        json.dumps(
+            {
+                "server": "llama-server 0.5.0-dev (llama-cpp-python 0.3.36 sdist)",
+                "model": args.gguf.name,
+                "recordings": manifest,
+            },
+            indent=1,
+            ensure_ascii=False,
+        )
+        + "\n",
         encoding="utf-8",
     )
 

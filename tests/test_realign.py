@@ -46,9 +46,7 @@ EXACT_ALTERNATIVES = {
     "openai_completions_logprobs",
     "vllm_chat_tokens_as_token_ids",
     "vllm_completions_tokens_as_token_ids",
-    "llamacpp_completion_stream",
     "llamacpp_completion_stream_spm",
-    "llamacpp_completion_whole",
 }
 
 
@@ -146,8 +144,6 @@ def test_recording_realigns_to_the_reference_decode(name: str, cache: _Cache) ->
     # Logprobs and alternatives travel with the tokens.
     spans = [t for s in result.segments for t in s.tokens]
     for t in spans:
-        if name == "llamacpp_completion_whole" and t.logprob is None:
-            continue  # llama.cpp sends no probabilities for tokens it did not stream
         assert t.logprob == pytest.approx(cache.mr.logprob(t.index))
         if name in EXACT_ALTERNATIVES and t.top_logprobs is not None:
             expected = cache.mr.Tok.plain_alternatives(tok, t.id, t.index)
@@ -170,7 +166,7 @@ def test_exact_recording_equals_aligning_the_true_ids(name: str, cache: _Cache) 
 
 @pytest.mark.parametrize(
     "name",
-    ["openai_chat_logprobs", "vllm_completions_return_token_ids", "llamacpp_completion_stream"],
+    ["openai_chat_logprobs", "vllm_completions_return_token_ids", "llamacpp_completion_stream_spm"],
 )
 def test_feeding_releases_only_what_the_content_confirms(name: str, cache: _Cache) -> None:
     entry = BY_NAME[name]
@@ -286,17 +282,23 @@ def test_bytes_that_contradict_the_content_are_reported(cache: _Cache) -> None:
     assert any("differs from the streamed content" in w for w in result.warnings)
 
 
-def test_dropped_frames_without_a_count_are_still_refused(cache: _Cache) -> None:
-    """Without tokens_predicted, llama.cpp's folded bytes are refused with no index."""
-    entry = BY_NAME["llamacpp_completion_stream"]
-    chunks = chunks_of("llamacpp_completion_stream")
-    for chunk in chunks:
-        chunk.pop("tokens_predicted", None)
-    result = realign(chunks, cache.vocab(entry["tokenizer"]))
+@pytest.mark.parametrize("name", ["llamacpp_completion_stream_spm", "vllm_chat_return_token_ids"])
+def test_realigning_in_the_prompts_context(name: str, cache: _Cache) -> None:
+    """With the prompt's ids known, the stream is realigned as its continuation: the same
+    segments `Aligner(prompt_ids=...)` makes of the true ids, and the streamed text."""
+    entry = BY_NAME[name]
+    vocab = cache.vocab(entry["tokenizer"])
+    prompt = cache.tok(entry["tokenizer"]).encode(cache.mr.PROMPT)
+    result = realign(chunks_of(name), vocab, prompt_ids=prompt)
     assert result.text == result.content == entry["content"]
-    assert result.lossy and not result.exact
-    assert result.refused and all(r.index is None for r in result.refused)
-    assert "did not say how many" in result.refused[0].reason
+    direct = Aligner(vocab, skip_special_tokens=True, prompt_ids=prompt)
+    expected = direct.align(entry["ids"])
+    got = attributed(result)
+    refused = {r.index for r in result.refused}
+    assert all(entry["ids"][i] == t for i, t in got.items())
+    assert set(got) | refused == set(range(len(entry["ids"])))
+    if not entry["lossy"]:
+        assert span_key(result.segments) == span_key(expected)
 
 
 def test_a_tampered_extension_is_caught(cache: _Cache) -> None:
@@ -499,32 +501,6 @@ def test_cli_realigns_a_raw_sse_capture(corpus: Path, tmp_path: Path) -> None:
     assert all("confidence" in s for s in segs if s["tokens"])
 
 
-def test_cli_lossy_stream_exits_3_with_one_warning(
-    corpus: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
-) -> None:
-    entry = BY_NAME["llamacpp_completion_stream"]
-    text = (DATA / entry["file"]).read_text("utf-8")
-    tokenizer = str(corpus / "tokenizers" / entry["tokenizer"])
-    rc, out, err = _cli(["--tokenizer", tokenizer], text, monkeypatch, capsys)
-    assert rc == 3
-    assert err.count("\n") == 1 and err.startswith("tokentrail: warning: lossy stream")
-    segs = [json.loads(line) for line in out.splitlines()]
-    assert "".join(s["text"] for s in segs) == entry["content"]
-    refused = sorted({r["index"] for s in segs for r in s.get("refused", [])})
-    assert refused == entry["refused"]
-
-
-def test_cli_reads_one_pretty_printed_response(
-    corpus: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
-) -> None:
-    entry = BY_NAME["llamacpp_completion_whole"]
-    text = json.dumps(chunks_of(entry["name"])[0], indent=2, ensure_ascii=False)
-    tokenizer = str(corpus / "tokenizers" / entry["tokenizer"])
-    rc, out, err = _cli(["--tokenizer", tokenizer], text, monkeypatch, capsys)
-    assert (rc, err) == (0, "")
-    assert "".join(json.loads(line)["text"] for line in out.splitlines()) == entry["content"]
-
-
 def test_cli_bad_input_exits_2_with_one_line(
     corpus: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any, tmp_path: Path
 ) -> None:
@@ -536,6 +512,48 @@ def test_cli_bad_input_exits_2_with_one_line(
     assert rc == 2 and out == "" and err.count("\n") == 1 and "cannot load tokenizer" in err
     rc, out, err = _cli(["--tokenizer", tokenizer], '{"x": 1}\n', monkeypatch, capsys)
     assert rc == 2 and err.count("\n") == 1 and "not a chunk of a known format" in err
+
+
+@pytest.mark.parametrize(
+    ("stdin", "args", "says"),
+    [
+        # An error body instead of a stream (issue #13): named, not an empty success.
+        (
+            '{"error": {"message": "model not found", "type": "invalid_request_error"}}\n',
+            [],
+            "the server answered an error: model not found",
+        ),
+        ('data: {"error": "upstream overloaded"}\n\n', [], "upstream overloaded"),
+        ("", [], "is empty: no chunks"),
+        ("\n\n  \n", [], "is empty: no chunks"),
+        ("data: [DONE]\n", [], "is empty: no chunks"),
+    ],
+)
+def test_cli_error_body_and_empty_input_exit_2(
+    corpus: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: Any,
+    stdin: str,
+    args: list[str],
+    says: str,
+) -> None:
+    tokenizer = str(corpus / "tokenizers" / "gpt2" / "tokenizer.json")
+    rc, out, err = _cli(["--tokenizer", tokenizer, *args], stdin, monkeypatch, capsys)
+    assert (rc, out) == (2, "")
+    assert err.count("\n") == 1 and err.startswith("tokentrail: error: ") and says in err
+
+
+def test_cli_choice_the_stream_lacks_exits_2(
+    corpus: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    entry = BY_NAME["openai_chat_logprobs"]
+    text = (DATA / entry["file"]).read_text("utf-8")
+    tokenizer = str(corpus / "tokenizers" / entry["tokenizer"])
+    rc, out, err = _cli(["--tokenizer", tokenizer, "--choice", "3"], text, monkeypatch, capsys)
+    assert (rc, out) == (2, "")
+    assert err.count("\n") == 1 and "no choice 3 (its choices: 0)" in err
+    rc, out, err = _cli(["--tokenizer", tokenizer, "--choice", "0"], text, monkeypatch, capsys)
+    assert (rc, err) == (0, "")
 
 
 # -- our own server, on loopback ---------------------------------------------------------------

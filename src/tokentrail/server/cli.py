@@ -109,6 +109,9 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--n-threads", type=int, metavar="N", help="llamacpp engine: CPU threads")
     add("--n-gpu-layers", type=int, metavar="N", help="llamacpp engine: layers to offload")
     add("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    from ..proxy import add_arguments as add_upstream_arguments
+
+    add_upstream_arguments(parser)
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -164,6 +167,18 @@ def _check(args: argparse.Namespace) -> None:
     for ok, message in checks:
         if not ok:
             raise UsageError(message)
+
+
+def _check_upstream(args: argparse.Namespace) -> None:
+    """The proxy's own flags (`serve --upstream URL --tokenizer PATH`)."""
+    if not args.tokenizer:
+        raise UsageError("--upstream needs --tokenizer PATH (the upstream model's tokenizer)")
+    if not args.upstream.startswith(("http://", "https://")):
+        raise UsageError(f"--upstream must be an http(s) URL, got {args.upstream!r}")
+    if args.model is not None:
+        raise UsageError("--model does not apply with --upstream (the upstream runs the model)")
+    if args.upstream_timeout <= 0:
+        raise UsageError(f"--upstream-timeout must be > 0, got {args.upstream_timeout}")
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -257,25 +272,50 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger("tokentrail").setLevel(level)  # also under `tokentrail -v serve`
     try:
         _check(args)
-        loader = model_loader(args)
+        loader = None if args.upstream else model_loader(args)
+        if args.upstream:
+            _check_upstream(args)
         sock = _bind(args.host, args.port)
     except UsageError as e:
         sys.stderr.write(f"tokentrail serve: error: {e}\n")
         return 2
-    hosts = [args.host, *args.allowed_host]
-    app = create_app(
-        model_path=args.model,
-        loader=loader,
-        max_queue=args.max_queue,
-        max_batch=args.max_batch,
-        max_body_bytes=args.max_body_bytes,
-        model_name=args.model_name,
-        prompt_cache_bytes=args.prompt_cache_bytes,
-        client_timeout=args.client_timeout,
-        temperature=args.temp,
-        api_key=args.api_key,
-        allowed_hosts=hosts,
-    )
+    options: dict[str, Any] = {
+        "max_queue": args.max_queue,
+        "max_batch": args.max_batch,
+        "max_body_bytes": args.max_body_bytes,
+        "model_name": args.model_name,
+        "prompt_cache_bytes": args.prompt_cache_bytes,
+        "client_timeout": args.client_timeout,
+        "temperature": args.temp,
+        "api_key": args.api_key,
+        "allowed_hosts": [args.host, *args.allowed_host],
+    }
+    if args.upstream:
+        from ..engines.upstream import UpstreamError
+        from ..proxy import create_upstream_app
+
+        try:
+            app = create_upstream_app(
+                args.upstream,
+                args.tokenizer,
+                upstream_api_key=args.upstream_api_key,
+                upstream_model=args.upstream_model,
+                dialect=args.upstream_dialect,
+                timeout=args.upstream_timeout,
+                **options,
+            )
+        except UpstreamError as e:
+            sock.close()
+            sys.stderr.write(f"tokentrail serve: error: {' '.join(str(e).split())}\n")
+            return 2
+        except (OSError, ValueError, ImportError) as e:
+            sock.close()
+            sys.stderr.write(
+                f"tokentrail serve: error: cannot load the tokenizer: {' '.join(str(e).split())}\n"
+            )
+            return 2
+    else:
+        app = create_app(model_path=args.model, loader=loader, **options)
     engine = app.state.engine
     try:
         engine.start()

@@ -29,9 +29,14 @@ class Step:
     stop_tokens: tuple[TokenSpan, ...]
     prompt_tokens: int
     cached_tokens: int = 0
+    #: Tokens behind this step's text the engine did not identify (an upstream's lossy
+    #: data), as {"index", "id", "reason"}: listed, never guessed.
+    refused: tuple[dict[str, Any], ...] = ()
 
 
-def step_of(response: Any, index: int, cached: int) -> Step:
+def step_of(
+    response: Any, index: int, cached: int, refused: tuple[dict[str, Any], ...] = ()
+) -> Step:
     """Copy what the HTTP layer needs out of a GenerationResponse."""
     return Step(
         index=index,
@@ -46,6 +51,7 @@ def step_of(response: Any, index: int, cached: int) -> Step:
         stop_tokens=tuple(response.stop_tokens or ()),
         prompt_tokens=int(response.prompt_tokens or 0),
         cached_tokens=cached,
+        refused=refused,
     )
 
 
@@ -134,13 +140,16 @@ class Formatter:
         if not step.text and not step.segment_tokens:
             return None
         conf = step.confidence
-        return {
+        out = {
             "text": step.text,
             "tokens": [self._span(s) for s in step.segment_tokens],
             "confidence": None
             if conf is None
             else {k: _finite(v) for k, v in conf.to_dict().items()},
         }
+        if step.refused:
+            out["refused"] = list(step.refused)
+        return out
 
     def _stop(self, step: Step) -> dict[str, Any] | None:
         if step.stop_string is None:

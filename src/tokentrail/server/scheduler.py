@@ -114,6 +114,8 @@ class _Seq:
     index: int = 0
     last_step: float = 0.0
     cached: int | None = None
+    #: index -> why, for tokens the engine could not identify (an upstream's lossy data)
+    refused: dict[int, str] = field(default_factory=dict)
 
 
 def served_name(model_path: str | os.PathLike[str] | None) -> str:
@@ -477,6 +479,9 @@ class Scheduler:
         if seq.cached is None:
             seq.cached = int(batch.cached_tokens(uid))
             self.metrics.prompt_cache(seq.cached)
+        reason = getattr(engine_step, "refused", None)
+        if reason is not None:
+            seq.refused[seq.index] = reason
         try:
             response = seq.state.feed(engine_step)
         except Exception as e:
@@ -490,7 +495,15 @@ class Scheduler:
         else:
             self.metrics.itl.observe(now - seq.last_step)
         seq.last_step = now
-        step = step_of(response, seq.index, seq.cached)
+        refused: tuple[dict[str, Any], ...] = ()
+        if seq.refused:
+            spans = (*response.last_segment_tokens, *response.stop_tokens)
+            refused = tuple(
+                {"index": t.index, "id": t.id, "reason": seq.refused[t.index]}
+                for t in spans
+                if t.index in seq.refused
+            )
+        step = step_of(response, seq.index, seq.cached, refused)
         seq.index += 1
         with self._cond:
             job.generated += 1

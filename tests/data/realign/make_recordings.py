@@ -569,12 +569,9 @@ def recordings() -> dict[str, tuple[str, str, str, Recording]]:
             vllm,
             lambda: vllm_chat(gpt2, token_ids=False, as_ids=False),
         ),
-        "llamacpp_completion_stream": (
-            gpt2.rel,
-            "llama.cpp-completion",
-            llama,
-            lambda: llama_completion(gpt2, stream=True, return_tokens=True, rel_model="gpt2.gguf"),
-        ),
+        # Real llama.cpp recordings (byte-level BPE, SmolLM2) are in llamacpp/, made by
+        # record_llamacpp.py; this one stays script-made for SentencePiece's leading-space
+        # rule, as no SentencePiece GGUF model runs here.
         "llamacpp_completion_stream_spm": (
             llama2.rel,
             "llama.cpp-completion",
@@ -582,12 +579,6 @@ def recordings() -> dict[str, tuple[str, str, str, Recording]]:
             lambda: llama_completion(
                 llama2, stream=True, return_tokens=False, rel_model="llama-2-7b.Q4_K_M.gguf"
             ),
-        ),
-        "llamacpp_completion_whole": (
-            gpt2.rel,
-            "llama.cpp-completion",
-            llama,
-            lambda: llama_completion(gpt2, stream=False, return_tokens=True, rel_model="gpt2.gguf"),
         ),
         "tokentrail_extension_chat": (
             gpt2.rel,

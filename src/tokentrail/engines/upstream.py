@@ -1,0 +1,404 @@
+"""An engine that is another server: any OpenAI-compatible upstream, realigned exactly.
+
+`UpstreamEngine` implements the `Engine` protocol on top of a running server (vLLM,
+SGLang, llama.cpp's llama-server, mlx_lm.server, another tokentrail): `generate` sends
+the prompt *ids* to the upstream's completions endpoint, asking in that server's own
+dialect for what exact attribution needs, and turns each streamed token into a `Step`
+with the realign parsers (`tokentrail.realign`). Everything above (alignment, stop
+strings, the OpenAI API, the extension, the page) is tokentrail's own, so
+``tokentrail serve --upstream URL`` serves the whole API in front of the upstream.
+
+What each dialect is asked for:
+
+- ``vllm``: ``/v1/completions`` with ``return_token_ids`` and
+  ``return_tokens_as_token_ids`` (exact ids, alternatives as ``token_id:N``);
+- ``llamacpp``: llama.cpp's ``/completion`` with ``n_probs`` (``tokens`` and
+  ``tokens_predicted`` in every frame: exact ids and counts);
+- ``tokentrail``: ``/v1/completions``; the ``tokentrail`` extension carries the ids;
+- ``mlx``: mlx_lm.server streams no logprobs and takes no token-id prompts, so the
+  request is sent whole (``stream: false``, the prompt as text, which it re-tokenizes)
+  and its tokens are streamed on once the response is complete;
+- ``openai``: ``/v1/completions`` with ``logprobs`` (token strings, ``bytes:`` forms).
+
+Lossy upstreams are never guessed: a token the wire did not identify (U+FFFD stand-in,
+a frame llama.cpp folded) is still given a `Step` so the text stays exact, but with an
+id that only spells its bytes, and `UpstreamStep.refused` says why; the server reports
+it in the extension as refused. Errors, timeouts and disconnects raise `UpstreamError`
+(with an HTTP status for the proxy to answer); closing the generator closes the
+upstream stream, which cancels the upstream's generation.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..realign.core import Realigner
+from ..realign.placement import _GapRef
+from ..realign.result import RealignError
+from ..sampling import SamplingParams
+from ..vocab import Vocab
+from .base import Step
+
+log = logging.getLogger("tokentrail.upstream")
+
+DIALECTS = ("auto", "vllm", "llamacpp", "openai", "tokentrail", "mlx")
+
+
+class UpstreamError(RuntimeError):
+    """The upstream failed: `status` is what the proxy answers (502, 504, or the
+    upstream's own 4xx), `code` a short machine-readable name."""
+
+    def __init__(self, message: str, status: int = 502, code: str = "upstream_error") -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+
+
+@dataclass(slots=True)
+class UpstreamStep(Step):
+    """A `Step` from an upstream; `refused` (when not None) says why its token id is
+    a stand-in that only spells the right bytes: the upstream did not identify it."""
+
+    refused: str | None = None
+
+
+class _Outbox(Realigner):
+    """A Realigner that also hands out every token it pushes to its aligner, in order."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.outbox: list[tuple[int | None, float | None, Any, str | None]] = []
+
+    def _push(self, index: Any, tid: int, logprob: Any, top: Any) -> None:
+        why = None
+        if isinstance(index, _GapRef):
+            why = index.refused[0].reason if index.refused else "unidentified"
+        self.outbox.append((tid, logprob, top, why))
+        super()._push(index, tid, logprob, top)
+
+    def _placeholders(self, data: bytes, refused: Any) -> None:
+        if not data:  # tokens with neither id nor bytes (a character cut off at the end)
+            for ref in refused:
+                self.outbox.append((None, None, None, ref.reason))
+        super()._placeholders(data, refused)
+
+
+def _base_url(url: str) -> str:
+    url = url.rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+class UpstreamEngine:
+    """The `Engine` protocol over an OpenAI-compatible server at `url`.
+
+    `tokenizer` is the upstream model's tokenizer (anything `load_vocab` reads: a
+    tokenizer.json, a model folder, a GGUF, a tokenizer object). `dialect` "auto"
+    asks the server what it is (`detect`). `eos_ids` are the end-of-sequence ids, used
+    when an upstream ends the text without sending its end token.
+    """
+
+    name = "upstream"
+
+    def __init__(
+        self,
+        url: str,
+        tokenizer: Any,
+        *,
+        api_key: str | None = None,
+        model: str | None = None,
+        dialect: str = "auto",
+        timeout: float = 60.0,
+        eos_ids: Sequence[int] = (),
+        decode: Any = None,
+    ) -> None:
+        import httpx
+
+        from ..loaders import load_vocab
+
+        if dialect not in DIALECTS:
+            raise ValueError(f"unknown upstream dialect {dialect!r}; use one of {DIALECTS}")
+        self.url = _base_url(url)
+        self.tokenizer = tokenizer
+        self.vocab: Vocab = load_vocab(tokenizer)
+        self.vocab_size: int | None = self.vocab.size
+        self.context_length: int | None = None
+        self.eos_ids = tuple(eos_ids)
+        self._decode = decode
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.client = httpx.Client(
+            base_url=self.url, headers=headers, timeout=httpx.Timeout(timeout, connect=10.0)
+        )
+        self.timeout = timeout
+        self.model = model
+        self.dialect = self.detect() if dialect == "auto" else dialect
+        if self.model is None:
+            self.model = self._first_model()
+        if self.dialect == "mlx":
+            log.warning(
+                "upstream %s is mlx_lm.server: its streams carry no logprobs and it takes no "
+                "token-id prompts, so each request is sent whole with the prompt as text "
+                "(re-tokenized upstream) and streamed on once complete",
+                self.url,
+            )
+        log.info("upstream %s speaks the %s dialect", self.url, self.dialect)
+
+    # -- discovery --
+
+    def _get(self, path: str) -> Any:
+        import httpx
+
+        try:
+            r = self.client.get(path)
+        except httpx.HTTPError as e:
+            raise UpstreamError(f"cannot reach the upstream {self.url}{path}: {e}") from e
+        return r
+
+    def detect(self) -> str:
+        """Which dialect the upstream speaks, from what it says about itself."""
+        r = self._get("/v1/models")
+        owners: set[str] = set()
+        if r.status_code == 200:
+            try:
+                data = r.json()
+            except ValueError:
+                data = {}
+            for m in data.get("data") or []:
+                if isinstance(m, Mapping):
+                    owners.add(str(m.get("owned_by", "")))
+                    meta = m.get("meta") or {}
+                    if isinstance(meta, Mapping) and isinstance(meta.get("n_ctx"), int):
+                        self.context_length = meta["n_ctx"]
+                    if isinstance(m.get("max_model_len"), int):
+                        self.context_length = m["max_model_len"]
+        if "llamacpp" in owners:
+            return "llamacpp"
+        if "vllm" in owners:
+            return "vllm"
+        if "tokentrail" in owners:
+            return "tokentrail"
+        if r.headers.get("server", "").startswith("BaseHTTP"):
+            return "mlx"  # mlx_lm.server runs on Python's http.server
+        return "openai"
+
+    def _first_model(self) -> str | None:
+        r = self._get("/v1/models")
+        try:
+            data = r.json().get("data") or []
+        except (ValueError, AttributeError):
+            return None
+        return str(data[0]["id"]) if data and isinstance(data[0], Mapping) else None
+
+    def peak_memory(self) -> float:
+        return 0.0
+
+    def _filler(self) -> int:
+        """A token with no text (a special one, not EOS) to stand for a token the
+        upstream counted but sent nothing of."""
+        for i in sorted(self.vocab.hidden | self.vocab.special):
+            if i not in self.eos_ids:
+                return i
+        raise UpstreamError("the upstream dropped a token and the vocabulary has no filler")
+
+    def close(self) -> None:
+        self.client.close()
+
+    # -- requests --
+
+    def request(
+        self, prompt_ids: Sequence[int], params: SamplingParams, max_tokens: int | None
+    ) -> tuple[str, dict[str, Any]]:
+        """(path, JSON body) asking the upstream for `max_tokens` tokens after the prompt."""
+        k = max(1, params.top_logprobs)
+        d = self.dialect
+        if d == "llamacpp":
+            body: dict[str, Any] = {
+                "prompt": list(prompt_ids),
+                "n_predict": -1 if max_tokens is None else max_tokens,
+                "stream": True,
+                "n_probs": k,
+                "return_tokens": True,
+                "cache_prompt": True,
+                "temperature": params.temp,
+                "top_p": params.top_p,
+                "top_k": params.top_k,
+                "min_p": params.min_p,
+                "repeat_penalty": params.repetition_penalty or 1.0,
+            }
+            if params.seed is not None:
+                body["seed"] = params.seed
+            if params.logit_bias:
+                body["logit_bias"] = [[int(i), float(b)] for i, b in params.logit_bias.items()]
+            return "/completion", body
+        body = {
+            "prompt": list(prompt_ids),
+            "stream": True,
+            "temperature": params.temp,
+            "top_p": params.top_p,
+        }
+        if self.model is not None:
+            body["model"] = self.model
+        if max_tokens is not None:
+            body["max_tokens"] = max_tokens
+        if params.seed is not None:
+            body["seed"] = params.seed
+        if params.logit_bias:
+            body["logit_bias"] = {str(i): b for i, b in params.logit_bias.items()}
+        if d == "mlx":
+            body["prompt"] = self._prompt_text(prompt_ids)
+            body["stream"] = False
+            body["logprobs"] = True
+            body["top_logprobs"] = k
+            if params.top_k:
+                body["top_k"] = params.top_k
+            if params.min_p:
+                body["min_p"] = params.min_p
+            if params.repetition_penalty:
+                body["repetition_penalty"] = params.repetition_penalty
+            return "/v1/completions", body
+        body["logprobs"] = k
+        body["stream_options"] = {"include_usage": True}
+        if d in ("vllm", "tokentrail"):
+            body["top_k"] = params.top_k if d == "tokentrail" else (params.top_k or -1)
+            body["min_p"] = params.min_p
+            if params.repetition_penalty:
+                body["repetition_penalty"] = params.repetition_penalty
+        if d == "vllm":
+            body["return_token_ids"] = True
+            body["return_tokens_as_token_ids"] = True
+            body["skip_special_tokens"] = False
+        return "/v1/completions", body
+
+    def _prompt_text(self, prompt_ids: Sequence[int]) -> str:
+        if self._decode is not None:
+            return str(self._decode(list(prompt_ids)))
+        return b"".join(self.vocab.pieces[i] or b"" for i in prompt_ids).decode("utf-8", "replace")
+
+    # -- generation --
+
+    def generate(
+        self, prompt_ids: Sequence[int], params: SamplingParams, max_tokens: int | None
+    ) -> Iterator[Step]:
+        """Yield one `UpstreamStep` per token the upstream generated (see the module)."""
+        path, body = self.request(prompt_ids, params, max_tokens)
+        return self._steps(path, body, list(prompt_ids), max_tokens)
+
+    def _steps(
+        self, path: str, body: dict[str, Any], prompt_ids: list[int], max_tokens: int | None
+    ) -> Iterator[Step]:
+        import httpx
+
+        r = _Outbox(self.vocab, skip_special_tokens=True, prompt_ids=prompt_ids)
+        n = 0
+        finish: str | None = None
+        last: int | None = None
+
+        def drain() -> Iterator[Step]:
+            nonlocal n, last
+            for tid, lp, top, why in r.outbox:
+                if tid is None:
+                    tid = self._filler()
+                    why = f"{why}; it added no text, and a special token stands for it"
+                n += 1
+                last = tid
+                lp_value = math.nan if lp is None else float(lp)
+                yield UpstreamStep(tid, lp_value, list(top or ()), None, why)
+            r.outbox.clear()
+
+        try:
+            with self.client.stream("POST", path, json=body) as resp:
+                if resp.status_code >= 400:
+                    resp.read()
+                    raise _status_error(resp.status_code, resp.text, self.url + path)
+                for chunk in _chunks(resp, body.get("stream", True)):
+                    finish = _finish_reason(chunk) or finish
+                    try:
+                        r.feed(chunk)
+                    except RealignError as e:
+                        raise UpstreamError(f"the upstream sent what cannot be read: {e}") from e
+                    if r.errors:
+                        raise UpstreamError(f"the upstream reported an error: {r.errors[0]}")
+                    yield from drain()
+        except httpx.TimeoutException as e:
+            raise UpstreamError(
+                f"the upstream {self.url} did not answer within {self.timeout} s",
+                504,
+                "upstream_timeout",
+            ) from e
+        except httpx.HTTPError as e:
+            raise UpstreamError(f"the upstream {self.url} failed: {type(e).__name__}: {e}") from e
+        try:
+            r.finish()
+        except RealignError as e:
+            raise UpstreamError(
+                f"the upstream ({self.dialect} dialect) sent no per-token data: {e}"
+            ) from e
+        yield from drain()
+        if max_tokens is not None and n >= max_tokens:
+            return
+        if last is not None and last in self.eos_ids:
+            return
+        if finish == "stop" and self.eos_ids:
+            # The upstream ended the text without sending its end token (it left it out
+            # of its logprobs): one step stands for it, marked as not identified.
+            yield UpstreamStep(
+                self.eos_ids[0],
+                math.nan,
+                [],
+                None,
+                "the upstream ended the text (finish_reason 'stop') without sending its end "
+                "token; the tokenizer's EOS stands for it",
+            )
+            return
+        raise UpstreamError(
+            f"the upstream stopped after {n} token(s) (finish_reason {finish!r}) before the "
+            f"token limit and without an end token",
+        )
+
+
+def _status_error(status: int, text: str, where: str) -> UpstreamError:
+    try:
+        err = json.loads(text).get("error")
+        message = err.get("message") if isinstance(err, Mapping) else err
+    except (ValueError, AttributeError):
+        message = text[:300]
+    if 400 <= status < 500 and status not in (401, 403):
+        return UpstreamError(
+            f"the upstream rejected the request: {message}", status, "upstream_rejected"
+        )
+    return UpstreamError(f"the upstream {where} answered {status}: {message}", 502)
+
+
+def _chunks(resp: Any, streamed: bool) -> Iterator[Any]:
+    """Parsed SSE ``data:`` objects, or the one JSON body of a whole response."""
+    if not streamed:
+        resp.read()
+        yield resp.json()
+        return
+    for line in resp.iter_lines():
+        line = line.strip()
+        if not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if data == "[DONE]":
+            return
+        try:
+            yield json.loads(data)
+        except ValueError as e:
+            raise UpstreamError(f"the upstream sent a line that is not JSON: {data[:80]!r}") from e
+
+
+def _finish_reason(chunk: Any) -> str | None:
+    if not isinstance(chunk, Mapping):
+        return None
+    for ch in chunk.get("choices") or []:
+        if isinstance(ch, Mapping) and ch.get("finish_reason"):
+            return str(ch["finish_reason"])
+    if chunk.get("stop") is True:
+        kind = chunk.get("stop_type")
+        return "length" if kind == "limit" else "stop"
+    return None

@@ -1,0 +1,445 @@
+"""The `Realigner`: chunks in, exact segments (with the tokens behind them) out.
+
+It reads each chunk with its dialect's parser (`tokentrail.realign.dialects`),
+identifies every token from what the wire carries (ids, ``token_id:N`` strings, raw
+bytes, token strings), and feeds the ids to an `Aligner` (`tokentrail.realign.feeding`);
+a token it cannot identify is refused, never guessed, and its text kept exact from the
+streamed content.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from ..align import Aligner
+from ..segment import Segment, TokenSpan
+from ..vocab import Vocab
+from .dialects import parse_chunk, tokentrail
+from .dialects import token_ids as token_id_strings
+from .feeding import _Feeding
+from .placement import _GapRef, _Obs
+from .result import RealignedSegment, RealignError, RealignResult, RefusedToken
+from .vocabmap import _reverse
+from .wire import REPLACEMENT, _Frame, _Wire, token_string_bytes
+
+log = logging.getLogger("tokentrail.realign")
+
+
+class Realigner(_Feeding):
+    """Realigns one streamed choice: feed it chunks, get exact segments back.
+
+    >>> r = Realigner("path/to/tokenizer.json")            # doctest: +SKIP
+    >>> for chunk in chunks:                                # doctest: +SKIP
+    ...     for seg in r.feed(chunk):
+    ...         print(seg.text, seg.token_ids)
+    >>> rest = r.finish(); result = r.result()              # doctest: +SKIP
+
+    `skip_special_tokens` None (the default) follows the stream: a special token counts as
+    skipped when the streamed content does not show its text. A segment is released only
+    once the streamed content confirms its text, so output can lag the input a little.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        skip_special_tokens: bool | None = None,
+        *,
+        choice: int = 0,
+        prompt_ids: Sequence[int] | None = None,
+    ) -> None:
+        from ..loaders import load_vocab
+
+        self.vocab: Vocab = load_vocab(tokenizer)
+        self.choice = choice
+        #: The prompt the stream continues, when known: realigned in its context (its
+        #: decoding rules, a character it left open), as `Aligner(prompt_ids=...)`.
+        self.prompt_ids: tuple[int, ...] = tuple(prompt_ids or ())
+        self._rev = _reverse(self.vocab)
+        self._skip: bool | None = skip_special_tokens
+        self._first_rule = bool(self.vocab.first_pieces) or self.vocab.strip_leading > 0
+        self._continuation: bool | None = None if self._first_rule else False
+        if self.prompt_ids:
+            self._continuation = True  # the prompt's text comes first: no first-token rules
+        self._aligners: dict[bool, Aligner] | None = None
+        self._primary = True
+        self._map: list[int | _GapRef] = []
+        self._pending: deque[_Obs] = deque()
+        self._held: deque[RealignedSegment] = deque()
+        self._unconfirmed = ""  # streamed content not yet matched by released segments
+        self._content: list[str] = []
+        self._cb = bytearray()  # the streamed content, as bytes
+        # Where pushed tokens end in the content: text the aligner emitted, plus the bytes
+        # it still holds (pushed minus emitted, in its own byte stream).
+        self._text_emitted = 0
+        self._piece_pushed = 0
+        self._piece_emitted = 0
+        self._text_seen = False
+        self._raw_seen = False  # the stream sent bytes that are not UTF-8 on their own
+        self._grew = False
+        self._diverged: str | None = None
+        self._n = 0  # tokens seen
+        self._n_chunks = 0
+        self._refused: list[RefusedToken] = []
+        self._orphans: list[RefusedToken] = []
+        self._trailing: list[TokenSpan] = []
+        self._warnings: list[str] = []
+        self._errors: list[str] = []
+        self._sources: list[str] = []
+        self._ambiguous = 0
+        self._alts_dropped = 0
+        self._ext: list[RealignedSegment] | None = None
+        self._ours: list[RealignedSegment] = []
+        self._out: list[Segment] = []
+        self._done = False
+        self._result: RealignResult | None = None
+        # Gaps whose token count the server did not say (llama.cpp's OpenAI endpoints):
+        # the stream index at each, and its refused marker. Segments after the first
+        # are held until the end, when usage.completion_tokens may settle the counts.
+        self._open_gaps: list[tuple[int, RefusedToken]] = []
+        self._deferred: list[Segment] = []
+        self._total: int | None = None
+        self._multi = False
+
+    # -- public ------------------------------------------------------------------------------
+
+    @property
+    def errors(self) -> list[str]:
+        """Error bodies the server sent so far (``{"error": ...}``), one line each."""
+        return list(self._errors)
+
+    def feed(self, chunk: Mapping[str, Any]) -> list[Segment]:
+        """Add one parsed chunk; return the segments its content confirmed (maybe none)."""
+        if self._done:
+            raise RuntimeError("this Realigner is finished; make a new one for a new stream")
+        self._n_chunks += 1
+        where = f"chunk {self._n_chunks}"
+        frame = parse_chunk(chunk, self.choice, where)
+        if frame is None:
+            return []
+        if frame.error is not None:
+            self._errors.append(f"{where}: the server answered an error: {frame.error}")
+            self._warn(self._errors[-1])
+            return []
+        self._grew = bool(frame.content)
+        if frame.content:
+            self._content.append(frame.content)
+            self._unconfirmed += frame.content
+            self._cb += frame.content.encode("utf-8")
+        ext_segments: list[RealignedSegment] = []
+        if frame.ext is not None:
+            ext_segments = tokentrail.read_extension(self, frame, where)
+        elif self._ext is not None and frame.tokens:
+            self._warn(f"{where} carries tokens but no tokentrail extension")
+        if frame.other_choices:
+            self._multi = True
+        if frame.total is not None:
+            self._total = frame.total
+        self._observe(frame, where)
+        self._drain(final=False)
+        released = self._release(final=False)
+        if self._open_gaps and self._ext is None:
+            self._deferred.extend(released)
+            return []
+        if self._ext is not None:
+            self._ours.extend(released)
+            self._out.extend(ext_segments)
+            return list(ext_segments)
+        self._out.extend(released)
+        return released
+
+    def finish(self) -> list[Segment]:
+        """End of stream: flush what is held, settle every open question."""
+        if self._done:
+            raise RuntimeError("finish() was already called")
+        self._done = True
+        if self._n == 0 and not self._pending and "".join(self._content):
+            raise RealignError(
+                "the stream carries no per-token data: ask the server for logprobs "
+                "(or vLLM's return_token_ids), or use tokentrail's server"
+            )
+        self._drain(final=True)
+        if self._aligners is not None:
+            outs = {skip: al.finish() for skip, al in self._aligners.items()}
+            self._take(outs[self._primary])
+        released = self._release(final=True)
+        if self._diverged is None and self._unconfirmed:
+            r = RefusedToken(None, "the streamed content has text that no token data accounts for")
+            self._refused.append(r)
+            released.append(RealignedSegment(self._unconfirmed, (), (r,)))
+            self._unconfirmed = ""
+        if self._orphans:
+            released.append(RealignedSegment("", (), tuple(self._orphans)))
+            self._orphans = []
+        released = self._settle_counts(self._deferred + released)
+        self._deferred = []
+        if self._ext is not None:
+            self._ours.extend(released)
+            return []
+        self._out.extend(released)
+        return released
+
+    def result(self) -> RealignResult:
+        """The outcome; finishes the stream first if needed."""
+        if not self._done:
+            self.finish()
+        if self._result is not None:
+            return self._result
+        agrees = None
+        if self._ext is not None:
+            agrees = tokentrail.check_extension(self)
+        if self._alts_dropped:
+            self._warn(
+                f"{self._alts_dropped} alternative(s) in top_logprobs could not be identified "
+                "and were left out"
+            )
+        text = "".join(s.text for s in self._out)
+        self._result = RealignResult(
+            segments=list(self._out),
+            source="+".join(self._sources) or "none",
+            text=text,
+            content="".join(self._content),
+            tokens=self._n,
+            refused=list(self._refused),
+            trailing=list(self._trailing),
+            ambiguous=self._ambiguous,
+            warnings=list(self._warnings),
+            errors=list(self._errors),
+            extension_agrees=agrees,
+        )
+        return self._result
+
+    def realign(self, chunks: Iterable[Mapping[str, Any]]) -> RealignResult:
+        """Feed every chunk, finish, and return the result."""
+        for chunk in chunks:
+            self.feed(chunk)
+        return self.result()
+
+    # -- reading the wire --------------------------------------------------------------------
+
+    def _warn(self, message: str) -> None:
+        # Reported through the result (and the CLI's summary); logged for -v.
+        log.info("%s", message)
+        self._warnings.append(message)
+
+    def _source(self, name: str) -> None:
+        if name and name not in self._sources:
+            self._sources.append(name)
+
+    def _identify(self, w: _Wire, main: bool = True) -> tuple[int | None, bytes | None, str | None]:
+        """(id, claimed bytes, why not) for one wire token (`main`: not an alternative)."""
+        v = self.vocab
+        if w.id is not None:
+            if not 0 <= w.id < v.size or v.pieces[w.id] is None:
+                return None, w.raw, f"id {w.id} is outside the vocabulary of {v.name}"
+            return w.id, w.raw, None
+        tok = w.token
+        if token_id_strings.claims(tok):
+            assert tok is not None
+            tid, why = token_id_strings.identify(tok, v)
+            return tid, None, why
+        raw = w.raw
+        from_token = token_string_bytes(tok) if tok is not None else None
+        if raw is None:
+            raw = from_token
+        if raw is None:
+            return None, None, "the stream gives neither an id nor bytes for it"
+        if not self._raw_seen:
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError:
+                self._raw_seen = True  # a server that sends raw bytes: U+FFFD is U+FFFD
+        if REPLACEMENT in raw and (main or not self._raw_seen):
+            # Believed only from a server seen to send raw bytes, and (for a generated
+            # token) once the content shows the same bytes: see _close_unknown.
+            why = "its bytes are U+FFFD, a stand-in servers send for bytes not valid UTF-8 alone"
+            return None, raw, why
+        for key in (raw, from_token):
+            if key:
+                ids = self._rev.ids.get(key)
+                if ids:
+                    if len(ids) > 1 and main:
+                        self._ambiguous += 1
+                    return ids[0], raw, None
+        if tok is not None and tok in self._rev.names:
+            return self._rev.names[tok], raw, None
+        if not raw:
+            return None, raw, "it has no bytes and no name that identifies it"
+        return None, raw, f"its bytes match no token of {v.name}"
+
+    def _alternatives(self, wires: list[_Wire] | None) -> tuple[tuple[int, float], ...] | None:
+        if not wires:
+            return None
+        out = []
+        seen = set()
+        for w in wires:
+            tid, _, _ = self._identify(w, main=False)
+            if tid is None or w.logprob is None:
+                self._alts_dropped += 1
+                continue
+            if tid not in seen:
+                seen.add(tid)
+                out.append((tid, w.logprob))
+        return tuple(out)
+
+    def _piece(self, tid: int) -> bytes:
+        """What a token adds to a llama.cpp frame: specials add nothing there."""
+        v = self.vocab
+        if tid in v.special or tid in v.hidden:
+            return b""
+        return v.pieces[tid] or b""
+
+    def _observe(self, frame: _Frame, where: str) -> None:
+        """Turn a frame's wire tokens into observations queued for the aligner."""
+        dropped: list[int] = []
+        if frame.first_index is not None:
+            if frame.first_index > self._n:
+                dropped = list(range(self._n, frame.first_index))
+                self._n = frame.first_index
+            elif frame.first_index < self._n:
+                self._warn(f"{where}: tokens_predicted goes backwards; indices are approximate")
+        content_gap = None
+        if (
+            frame.folded_content
+            and frame.tokens
+            and all(w.id is not None and not w.folded for w in frame.tokens)
+        ):
+            # llama.cpp without byte data: its content holds what dropped frames held.
+            sent = frame.content.encode("utf-8")
+            own = b"".join(self._piece(w.id) for w in frame.tokens if w.id is not None)
+            if len(sent) > len(own) and sent.endswith(own):
+                content_gap = sent[: len(sent) - len(own)]
+        for k, w in enumerate(frame.tokens):
+            self._source(w.source)
+            tid, raw, why = self._identify(w)
+            gap = content_gap if k == 0 else None
+            if w.folded and tid is not None and raw is not None:
+                own = self._piece(tid)
+                if len(raw) > len(own) and raw.endswith(own):
+                    gap = raw[: len(raw) - len(own)]
+                elif raw not in (own, self.vocab.pieces[tid]):
+                    self._warn(
+                        f"{where}: llama.cpp sent bytes {list(raw)} for token {tid}, whose "
+                        f"bytes are {list(own)}"
+                    )
+            if gap:
+                self._gap(gap, dropped)
+                dropped = []
+            self._dropped(dropped)
+            dropped = []
+            idx = self._n
+            self._n += 1
+            top = self._alternatives(w.top)
+            if tid is None:
+                shown = w.token if w.token is not None else (repr(raw) if raw else None)
+                ref = RefusedToken(idx, why or "unidentified", shown)
+                self._pending.append(_Obs("unknown", idx, None, w.logprob, top, raw, (ref,)))
+            else:
+                self._pending.append(_Obs("token", idx, tid, w.logprob, top))
+        self._dropped(dropped)
+
+    def _dropped(self, indices: list[int]) -> None:
+        """Tokens the server counted but sent nothing about."""
+        for idx in indices:
+            ref = RefusedToken(idx, "the server generated it but sent no data for it")
+            self._pending.append(_Obs("unknown", idx, raw=None, refused=(ref,)))
+
+    def _gap(self, data: bytes, dropped: list[int]) -> None:
+        """Bytes sent with a llama.cpp frame whose own token did not carry them."""
+        reason = (
+            "llama.cpp sent no frame for it (its bytes left an incomplete character or a "
+            "possible stop string), and folded its bytes into the next frame"
+        )
+        if dropped:
+            refused = tuple(RefusedToken(i, reason) for i in dropped)
+        else:
+            refused = (RefusedToken(None, reason + "; the server did not say how many"),)
+        shown = data.decode("utf-8", "backslashreplace")
+        refused = tuple(RefusedToken(r.index, r.reason, shown) for r in refused)
+        if not dropped:
+            self._open_gaps.append((self._n, refused[0]))
+        self._pending.append(_Obs("gap", None, raw=data, refused=refused))
+
+    def _settle_counts(self, segments: list[Segment]) -> list[Segment]:
+        """At the end: account for tokens the server counted but never described.
+
+        ``usage.completion_tokens`` says how many tokens there were. Without open gaps,
+        the missing ones come after every entry (llama.cpp leaves the end-of-turn token
+        out of chat logprobs): they are refused at their indices. With open gaps, the
+        counts are settled when each gap held exactly one token (the indices after each
+        gap are shifted accordingly); otherwise the indices after the first gap stay
+        provisional and a warning says so.
+        """
+        total = None if self._multi else self._total
+        gaps = self._open_gaps
+        if total is None:
+            if gaps:
+                self._warn(
+                    f"the server folded {len(gaps)} frame(s) without saying how many tokens "
+                    "they held, and sent no usage: token indices after the first are "
+                    "provisional"
+                )
+            return segments
+        missing = total - self._n
+        if not gaps:
+            if missing > 0:
+                why = (
+                    "the server counted it (usage.completion_tokens) but sent no logprobs "
+                    "entry for it (llama.cpp leaves the end-of-turn token out of chat "
+                    "logprobs)"
+                )
+                extra = tuple(RefusedToken(i, why) for i in range(self._n, total))
+                self._refused.extend(extra)
+                segments.append(RealignedSegment("", (), extra))
+                self._n = total
+            elif missing < 0:
+                self._warn(f"usage.completion_tokens is {total}, but the stream held {self._n}")
+            return segments
+        if missing != len(gaps):
+            self._warn(
+                f"the server folded {len(gaps)} frame(s) without saying how many tokens they "
+                f"held; usage.completion_tokens says {missing} token(s) are missing, so token "
+                "indices after the first folded frame are provisional"
+            )
+            self._n = max(self._n, total)
+            return segments
+        starts = [at for at, _ in gaps]
+        renamed = {
+            id(ref): RefusedToken(at + k, ref.reason, ref.reported)
+            for k, (at, ref) in enumerate(gaps)
+        }
+
+        def index(i: int) -> int:
+            return i + sum(1 for at in starts if at <= i)
+
+        def refs(rs: tuple[RefusedToken, ...]) -> tuple[RefusedToken, ...]:
+            return tuple(renamed.get(id(r), r) for r in rs)
+
+        out: list[Segment] = []
+        for seg in segments:
+            spans = tuple(
+                TokenSpan(index(t.index), t.id, t.start, t.end, t.logprob, t.top_logprobs)
+                if t.index >= 0
+                else t
+                for t in seg.tokens
+            )
+            out.append(RealignedSegment(seg.text, spans, refs(getattr(seg, "refused", ()))))
+        self._refused = list(refs(tuple(self._refused)))
+        self._n = total
+        self._open_gaps = []
+        return out
+
+
+def realign(
+    chunks: Iterable[Mapping[str, Any]],
+    tokenizer: Any,
+    skip_special_tokens: bool | None = None,
+    *,
+    choice: int = 0,
+    prompt_ids: Sequence[int] | None = None,
+) -> RealignResult:
+    """Realign a whole stream of parsed chunks with `tokenizer` (see `Realigner`)."""
+    r = Realigner(tokenizer, skip_special_tokens, choice=choice, prompt_ids=prompt_ids)
+    return r.realign(chunks)

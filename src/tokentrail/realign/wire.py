@@ -1,0 +1,155 @@
+"""One chunk as the wire describes it, before any token id is known.
+
+The dialect parsers (`tokentrail.realign.dialects`) turn chunks into `_Frame`s of `_Wire`
+tokens with these helpers; the `Realigner` identifies the tokens afterwards.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .result import RealignError
+
+#: UTF-8 of U+FFFD, the stand-in servers send for bytes that are not text on their own.
+REPLACEMENT = "\ufffd".encode()
+#: Logprobs at or below this are "minus infinity" on the wire: OpenAI and vLLM send
+#: -9999.0, llama.cpp the lowest float.
+WIRE_NEG_INF = -9999.0
+
+_BYTES_ESCAPE = re.compile(r"\\x([0-9a-fA-F]{2})|(.)", re.S)
+
+
+@dataclass(slots=True)
+class _Wire:
+    """One token as the wire describes it, before its id is known."""
+
+    id: int | None = None
+    token: str | None = None
+    raw: bytes | None = None
+    logprob: float | None = None
+    top: list[_Wire] | None = None
+    source: str = ""
+    #: llama.cpp entry: `raw` is everything sent with this token, dropped frames included.
+    folded: bool = False
+
+
+@dataclass(slots=True)
+class _Frame:
+    """The part of one chunk that matters here."""
+
+    content: str = ""
+    tokens: list[_Wire] = field(default_factory=list)
+    ext: Mapping[str, Any] | None = None
+    #: llama.cpp: position of the frame's first token (from tokens_predicted).
+    first_index: int | None = None
+    #: llama.cpp: the frame's content holds the text of its tokens plus dropped ones.
+    folded_content: bool = False
+    error: str | None = None
+    #: ``usage.completion_tokens``: how many tokens the server says it generated.
+    total: int | None = None
+    #: The chunk also carries other choices (then usage does not speak for this one).
+    other_choices: bool = False
+
+
+def _type_name(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _logprob(value: Any, where: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise RealignError(f"{where}: logprob must be a number, got {_type_name(value)}")
+    value = float(value)
+    if math.isnan(value):
+        return None
+    return -math.inf if value <= WIRE_NEG_INF else value
+
+
+def _prob_to_logprob(value: Any, where: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise RealignError(f"{where}: prob must be a number, got {_type_name(value)}")
+    return math.log(value) if value > 0 else -math.inf
+
+
+def _byte_list(value: Any, where: str) -> bytes | None:
+    if value is None:
+        return None
+    try:
+        if isinstance(value, list):
+            return bytes(value)
+    except (TypeError, ValueError):
+        pass
+    raise RealignError(f"{where}: bytes must be a list of integers 0..255")
+
+
+def _text(value: Any, where: str) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise RealignError(f"{where} must be a string, got {_type_name(value)}")
+    return value
+
+
+def token_string_bytes(token: str) -> bytes:
+    """The bytes a token string stands for.
+
+    OpenAI writes a token that is not valid UTF-8 as ``bytes:\\xe2\\x80`` (backslash
+    escapes, literal characters for the rest); any other string is its UTF-8.
+    """
+    if token.startswith("bytes:") and "\\x" in token:
+        out = bytearray()
+        for m in _BYTES_ESCAPE.finditer(token, 6):
+            if m.group(1) is not None:
+                out.append(int(m.group(1), 16))
+            else:
+                out += m.group(2).encode("utf-8")
+        return bytes(out)
+    return token.encode("utf-8")
+
+
+def _entry(e: Any, where: str, source: str) -> _Wire:
+    """A logprobs entry: OpenAI chat (token, logprob, bytes, top_logprobs) or llama.cpp."""
+    if not isinstance(e, Mapping):
+        raise RealignError(f"{where}: expected an object, got {_type_name(e)}")
+    tid = e.get("id")
+    if tid is not None and not _is_int(tid):
+        raise RealignError(f"{where}.id must be an integer, got {_type_name(tid)}")
+    token = e.get("token", e.get("tok_str", e.get("content")))
+    if token is not None and not isinstance(token, str):
+        raise RealignError(f"{where}.token must be a string, got {_type_name(token)}")
+    if "logprob" in e:
+        lp = _logprob(e["logprob"], f"{where}.logprob")
+    else:
+        lp = _prob_to_logprob(e.get("prob"), f"{where}.prob")
+    top_src = next((e[k] for k in ("top_logprobs", "top_probs", "probs") if k in e), None)
+    top = None
+    if top_src is not None:
+        if not isinstance(top_src, list):
+            raise RealignError(f"{where}.top_logprobs must be a list, got {_type_name(top_src)}")
+        top = [_entry(t, f"{where}.top_logprobs[{k}]", source) for k, t in enumerate(top_src)]
+    raw = _byte_list(e.get("bytes"), f"{where}.bytes")
+    return _Wire(tid, token, raw, lp, top, source if tid is None else "llama.cpp-ids")
+
+
+def _sourced(w: _Wire) -> _Wire:
+    """Name how the token is identified, for `RealignResult.source`."""
+    if w.id is not None:
+        return w
+    if w.token is not None and w.token.startswith("token_id:"):
+        w.source = "token-id-strings"
+    elif w.raw is not None:
+        w.source = "logprob-bytes"
+    else:
+        w.source = "token-strings"
+    return w

@@ -1,0 +1,299 @@
+"""Record real llama.cpp `llama-server` streams for the realign tests, with ground truth.
+
+    python tests/data/realign/llamacpp/record_llamacpp.py --gguf SmolLM2-135M-Instruct.Q4_1.gguf \
+        [--server PATH/llama-server] [--out DIR]
+
+The server is llama.cpp's own `llama-server` as bundled in llama-cpp-python 0.3.36's sdist
+(`llama-server --version`: "version: 0.5.0-dev (build 0, commit unknown)", built by
+scripts/build_llama_server.sh), started here on loopback with
+
+    llama-server -m GGUF --host 127.0.0.1 --port FREE -c 2048 -np 1 -t 2 --no-webui
+
+For every prompt (CJK, emoji, code) and temperature (0, and 1.5 with a fixed seed) it
+records three streams, as the server sent them (one parsed SSE ``data:`` object a line):
+
+- ``/completion`` with ``n_probs`` (llama.cpp's native endpoint),
+- ``/v1/completions`` with ``logprobs``,
+- ``/v1/chat/completions`` with ``logprobs`` and ``top_logprobs`` (and ``stream_options``
+  ``include_usage``),
+
+and, as ground truth, the same generation once more without streaming from
+``/completion`` with ``return_tokens`` and ``n_probs`` (the prompt is the chat template
+applied by the server's ``/apply-template``, so all four see the same prompt tokens, and
+``cache_prompt`` is off). A recording is kept only if the stream's content equals the
+ground truth's, so the generation is known to be the same one.
+
+The demo model's recordings (../llamacpp_demo/) were made the same way from the built-in
+demo model converted with llama.cpp's own converter (the sdist's
+vendor/llama.cpp/convert_hf_to_gguf.py, with `get_vocab_base_pre` answering "gpt-2", as
+the demo tokenizer is GPT-2-style byte-level and its hash is not in llama.cpp's list):
+
+    python convert_hf_to_gguf.py src/tokentrail/demo_model --outtype f32 --outfile demo.gguf
+    python tests/data/realign/llamacpp/record_llamacpp.py --gguf demo.gguf \
+        --out tests/data/realign/llamacpp_demo
+
+MANIFEST.json then lists, per recording: the ground-truth ids and per-token bytes
+(llama.cpp's own), the content, ``usage``'s count, and ``dropped``: the indices of the
+tokens the stream carried no id for, worked out here from the wire alone (a /completion
+frame's ``tokens`` are its last ``len(tokens)`` of ``tokens_predicted``; an OpenAI-style
+entry's ``bytes`` are its own token's bytes plus those of the tokens whose frames were
+folded into it). tokentrail is not used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+HERE = Path(__file__).resolve().parent
+SERVER = Path.home() / ".cache/tokentrail/llama.cpp-0.3.36/build/bin/llama-server"
+PROMPTS = {
+    "cjk": "用中文写一句关于春天的话。",
+    "emoji": "Reply with three emoji and the word 你好.",
+    "code": "Write a Python function that reverses a string. Only code.",
+    "mixed": "Write 'good morning' in Japanese, Korean and Chinese, each with an emoji.",
+}
+TEMPS = {"t0": 0.0, "t15": 1.5}
+SEED = 7
+N = 40
+TOP = 3
+
+
+def gpt2_byte_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, inverted: printable char -> byte."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    chars = {b: chr(b) for b in keep}
+    n = 0
+    for b in range(256):
+        if b not in chars:
+            chars[b] = chr(256 + n)
+            n += 1
+    return {c: b for b, c in chars.items()}
+
+
+def gguf_pieces(path: Path) -> list[bytes]:
+    """Each token's bytes as llama.cpp streams them, read with the `gguf` package: the
+    byte-level token strings mapped back to bytes; control tokens add nothing."""
+    import gguf
+
+    reader = gguf.GGUFReader(path)
+    tokens = reader.fields["tokenizer.ggml.tokens"]
+    types = reader.fields["tokenizer.ggml.token_type"]
+    alphabet = gpt2_byte_alphabet()
+    out = []
+    for k, i in enumerate(tokens.data):
+        text = bytes(tokens.parts[i]).decode("utf-8")
+        kind = int(types.parts[types.data[k]][0])
+        out.append(b"" if kind == 3 else bytes(alphabet[c] for c in text))
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def sse(client: httpx.Client, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    # A fresh connection per stream: llama-server 0.5.0-dev exits when a chat stream
+    # follows other streams on one kept-alive connection.
+    with (
+        httpx.Client(base_url=client.base_url, timeout=client.timeout) as fresh,
+        fresh.stream("POST", path, json=body) as r,
+    ):
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                out.append(json.loads(line[6:]))
+    return out
+
+
+def sampling(temp: float) -> dict[str, Any]:
+    return {"temperature": temp, "seed": SEED, "cache_prompt": False}
+
+
+def dropped_native(frames: list[dict[str, Any]], total: int) -> list[int]:
+    sent: set[int] = set()
+    for f in frames:
+        ids = f.get("tokens") or []
+        n = f.get("tokens_predicted")
+        if ids and isinstance(n, int):
+            sent.update(range(n - len(ids), n))
+    return sorted(set(range(total)) - sent)
+
+
+def dropped_openai(entries: list[dict[str, Any]], truth: list[tuple[int, bytes]]) -> list[int]:
+    """Walk the ground truth: each entry covers its own token and the folded ones before."""
+    sent = []
+    pos = 0
+    for e in entries:
+        want = bytes(e["bytes"])
+        acc = b""
+        start = pos
+        while pos < len(truth) and (pos == start or len(acc) < len(want)):
+            acc += truth[pos][1]
+            pos += 1
+        if acc != want or truth[pos - 1][0] != e["id"]:
+            raise SystemExit(f"entry {e['id']} {list(want)} does not fit the truth at {start}")
+        sent.append(pos - 1)
+    return sorted(set(range(len(truth))) - set(sent))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--gguf", required=True, type=Path)
+    ap.add_argument("--server", type=Path, default=SERVER)
+    ap.add_argument("--out", type=Path, default=HERE)
+    ap.add_argument("--log", action="store_true", help="keep the server log in OUT/server.log")
+    args = ap.parse_args()
+    vocab = gguf_pieces(args.gguf)
+    port = free_port()
+    cmd = [str(args.server), "-m", str(args.gguf), "--host", "127.0.0.1", "--port", str(port)]
+    cmd += ["-c", "2048", "-np", "1", "-t", "2", "--no-webui"]
+    log = (args.out / "server.log").open("wb") if args.log else subprocess.DEVNULL
+    proc = subprocess.Popen(cmd, stdout=log, stderr=log)
+    manifest = []
+    try:
+        client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120)
+        for _ in range(600):
+            try:
+                if client.get("/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        for pname, text in PROMPTS.items():
+            messages = [{"role": "user", "content": text}]
+            prompt = client.post("/apply-template", json={"messages": messages}).json()["prompt"]
+            for tname, temp in TEMPS.items():
+                truth = client.post(
+                    "/completion",
+                    json={
+                        "prompt": prompt,
+                        "n_predict": N,
+                        "n_probs": 1,
+                        "return_tokens": True,
+                        "stream": False,
+                        **sampling(temp),
+                    },
+                ).json()
+                ids = truth["tokens"]
+                # Not from completion_probabilities: llama.cpp folds those even here.
+                pieces = [vocab[i] for i in ids]
+                pairs = list(zip(ids, pieces, strict=True))
+                runs = {
+                    "completion": sse(
+                        client,
+                        "/completion",
+                        {
+                            "prompt": prompt,
+                            "n_predict": N,
+                            "n_probs": TOP,
+                            "stream": True,
+                            **sampling(temp),
+                        },
+                    ),
+                    "v1_completions": sse(
+                        client,
+                        "/v1/completions",
+                        {
+                            "prompt": prompt,
+                            "max_tokens": N,
+                            "logprobs": TOP,
+                            "stream": True,
+                            "stream_options": {"include_usage": True},
+                            **sampling(temp),
+                        },
+                    ),
+                    "v1_chat": sse(
+                        client,
+                        "/v1/chat/completions",
+                        {
+                            "messages": messages,
+                            "max_tokens": N,
+                            "logprobs": True,
+                            "top_logprobs": TOP,
+                            "stream": True,
+                            "stream_options": {"include_usage": True},
+                            **sampling(temp),
+                        },
+                    ),
+                }
+                for kind, chunks in runs.items():
+                    if kind == "completion":
+                        content = "".join(c.get("content", "") for c in chunks)
+                        entries = []
+                        total = chunks[-1]["tokens_predicted"]
+                        dropped = dropped_native(chunks, len(ids))
+                    else:
+                        content = ""
+                        entries = []
+                        total = None
+                        for c in chunks:
+                            for ch in c.get("choices") or []:
+                                content += (
+                                    ch.get("text") or (ch.get("delta") or {}).get("content") or ""
+                                )
+                                entries += ((ch.get("logprobs") or {}).get("content")) or []
+                            if c.get("usage"):
+                                total = c["usage"]["completion_tokens"]
+                        dropped = dropped_openai(entries, pairs)
+                    name = f"llamacpp_{kind}_{pname}_{tname}"
+                    # The ids' own bytes; a length-limited stream never sends an incomplete
+                    # last character.
+                    expected = b"".join(pieces).decode("utf-8", "ignore")
+                    if content != expected or total != len(ids):
+                        print(
+                            f"skipped {name}: not the ground truth's generation:"
+                            f" {content[-12:]!r} vs {truth['content'][-12:]!r}, {total}"
+                        )
+                        continue
+                    (args.out / f"{name}.jsonl").write_text(
+                        "".join(json.dumps(c, ensure_ascii=False) + "\n" for c in chunks),
+                        encoding="utf-8",
+                    )
+                    manifest.append(
+                        {
+                            "name": name,
+                            "file": f"{name}.jsonl",
+                            "endpoint": kind,
+                            "prompt": text,
+                            "temperature": temp,
+                            "seed": SEED,
+                            "ids": ids,
+                            "bytes": [list(p) for p in pieces],
+                            "content": content,
+                            "completion_tokens": total,
+                            "stop_type": truth.get("stop_type"),
+                            "dropped": dropped,
+                        }
+                    )
+                    print(f"{name}: {len(ids)} tokens, {len(dropped)} dropped")
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    (args.out / "MANIFEST.json").write_text(
+        json.dumps(
+            {
+                "server": "llama-server 0.5.0-dev (llama-cpp-python 0.3.36 sdist)",
+                "model": args.gguf.name,
+                "recordings": manifest,
+            },
+            indent=1,
+            ensure_ascii=False,
+        )
+        + "\n",
+        encoding="utf-8",
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -306,7 +306,7 @@ class UpstreamEngine:
                 n += 1
                 last = tid
                 lp_value = math.nan if lp is None else float(lp)
-                yield UpstreamStep(tid, lp_value, list(top or ()), None, why)
+                yield UpstreamStep(tid, lp_value, list(top or ()), None, refused=why)
             r.outbox.clear()
 
         try:
@@ -350,8 +350,8 @@ class UpstreamEngine:
                 math.nan,
                 [],
                 None,
-                "the upstream ended the text (finish_reason 'stop') without sending its end "
-                "token; the tokenizer's EOS stands for it",
+                refused="the upstream ended the text (finish_reason 'stop') without sending "
+                "its end token; the tokenizer's EOS stands for it",
             )
             return
         raise UpstreamError(

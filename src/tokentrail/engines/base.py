@@ -35,6 +35,17 @@ class Step:
     from_draft: bool = False
 
 
+class EngineError(RuntimeError):
+    """An engine failed for a reason that has an HTTP meaning (a remote upstream that is
+    gone or too slow): `status` is what a server answers (502, 504, or an upstream's own
+    4xx) and `code` a short machine-readable name."""
+
+    def __init__(self, message: str, status: int = 502, code: str = "upstream_error") -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+
+
 @runtime_checkable
 class Engine(Protocol):
     """A model runtime that generates tokens.

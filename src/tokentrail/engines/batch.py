@@ -14,13 +14,19 @@ between, and `remove`s a sequence as soon as it is done with it.
 from __future__ import annotations
 
 import itertools
+import queue
+import threading
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from ..sampling import SamplingParams
 from .base import Engine, Step
 
-__all__ = ["Batch", "SerialBatch", "open_batch"]
+__all__ = ["Batch", "SerialBatch", "ThreadedBatch", "open_batch"]
+
+#: What `step` may hand out for a sequence: its next Step, or the exception that ended
+#: it (that sequence has then left the batch; the others go on).
+Outcome = Step | Exception
 
 
 @runtime_checkable
@@ -29,7 +35,9 @@ class Batch(Protocol):
 
     `add` queues a sequence and returns its uid; it joins at the next `step`. `step`
     runs one decoding step for every active sequence and returns `(uid, Step)` for each
-    sequence that produced a token (a sequence still reading its prompt produces none).
+    sequence that produced a token (a sequence still reading its prompt produces none),
+    or `(uid, exception)` for a sequence that failed, which has then left the batch
+    while the others go on.
     A sequence yields at most `max_tokens` steps and leaves the batch by itself after
     its last one; `remove(uid)` takes it out earlier (unknown uids are ignored).
     `cached_tokens(uid)` is how many prompt tokens were reused from a prompt cache.
@@ -43,7 +51,7 @@ class Batch(Protocol):
 
     def remove(self, uid: int) -> None: ...
 
-    def step(self) -> list[tuple[int, Step]]: ...
+    def step(self) -> list[tuple[int, Outcome]]: ...
 
     def cached_tokens(self, uid: int) -> int: ...
 
@@ -77,13 +85,16 @@ class SerialBatch:
         if gen is not None and hasattr(gen, "close"):
             gen.close()
 
-    def step(self) -> list[tuple[int, Step]]:
-        out: list[tuple[int, Step]] = []
+    def step(self) -> list[tuple[int, Outcome]]:
+        out: list[tuple[int, Outcome]] = []
         for uid, gen in list(self._gens.items()):
             try:
                 out.append((uid, next(gen)))
             except StopIteration:
                 self._gens.pop(uid, None)
+            except Exception as e:  # this sequence failed; the others go on
+                self._gens.pop(uid, None)
+                out.append((uid, e))
         return out
 
     def cached_tokens(self, uid: int) -> int:
@@ -94,6 +105,97 @@ class SerialBatch:
 
     def close(self) -> None:
         for uid in list(self._gens):
+            self.remove(uid)
+
+
+_END = object()
+
+
+class ThreadedBatch:
+    """A `Batch` over an engine whose `generate` waits on I/O (a remote upstream): each
+    sequence's generator runs on a thread of its own and hands its steps over a queue,
+    so `step` never waits on one sequence's socket. `step` returns what has arrived,
+    waiting at most `wait` seconds for the first of it."""
+
+    def __init__(self, engine: Engine, max_batch: int, wait: float = 0.02) -> None:
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        self.engine = engine
+        self.max_batch = max_batch
+        self.wait = wait
+        self._uids = itertools.count()
+        self._live: dict[int, threading.Event] = {}
+        self._out: queue.SimpleQueue[tuple[int, Any]] = queue.SimpleQueue()
+
+    def add(
+        self, prompt_ids: Sequence[int], params: SamplingParams, max_tokens: int | None
+    ) -> int:
+        if len(self._live) >= self.max_batch:
+            raise RuntimeError(f"the batch is full ({self.max_batch} sequences)")
+        uid = next(self._uids)
+        stop = threading.Event()
+        self._live[uid] = stop
+        args = (uid, list(prompt_ids), params, max_tokens, stop)
+        threading.Thread(target=self._run, args=args, daemon=True, name=f"seq-{uid}").start()
+        return uid
+
+    def _run(
+        self,
+        uid: int,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        max_tokens: int | None,
+        stop: threading.Event,
+    ) -> None:
+        gen = iter(self.engine.generate(prompt_ids, params, max_tokens))
+        try:
+            for step in gen:
+                if stop.is_set():
+                    break
+                self._out.put((uid, step))
+        except Exception as e:
+            self._out.put((uid, e))
+        finally:
+            close = getattr(gen, "close", None)
+            if close is not None:
+                close()  # a removed sequence's request ends here, on its own thread
+            self._out.put((uid, _END))
+
+    def remove(self, uid: int) -> None:
+        stop = self._live.pop(uid, None)
+        if stop is not None:
+            stop.set()
+
+    def step(self) -> list[tuple[int, Outcome]]:
+        try:
+            items = [self._out.get(timeout=self.wait)]
+        except queue.Empty:
+            return []
+        while True:
+            try:
+                items.append(self._out.get_nowait())
+            except queue.Empty:
+                break
+        out: list[tuple[int, Outcome]] = []
+        for uid, item in items:
+            if uid not in self._live:
+                continue  # removed: what it still sent is dropped
+            if item is _END:
+                del self._live[uid]
+                continue
+            out.append((uid, item))
+            if isinstance(item, Exception):
+                del self._live[uid]
+        return out
+
+    def cached_tokens(self, uid: int) -> int:
+        return 0
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    def close(self) -> None:
+        for uid in list(self._live):
             self.remove(uid)
 
 

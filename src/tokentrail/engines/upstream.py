@@ -42,21 +42,17 @@ from ..realign.placement import _GapRef
 from ..realign.result import RealignError
 from ..sampling import SamplingParams
 from ..vocab import Vocab
-from .base import Step
+from .base import EngineError, Step
+from .batch import ThreadedBatch
 
 log = logging.getLogger("tokentrail.upstream")
 
 DIALECTS = ("auto", "vllm", "llamacpp", "openai", "tokentrail", "mlx")
 
 
-class UpstreamError(RuntimeError):
+class UpstreamError(EngineError):
     """The upstream failed: `status` is what the proxy answers (502, 504, or the
     upstream's own 4xx), `code` a short machine-readable name."""
-
-    def __init__(self, message: str, status: int = 502, code: str = "upstream_error") -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
 
 
 @dataclass(slots=True)
@@ -195,6 +191,11 @@ class UpstreamEngine:
 
     def peak_memory(self) -> float:
         return 0.0
+
+    def open_batch(self, max_batch: int, **options: Any) -> ThreadedBatch:
+        """Concurrent requests go upstream at once, each read on its own thread (the
+        upstream batches them), so a slow stream holds up no other."""
+        return ThreadedBatch(self, max_batch)
 
     def _filler(self) -> int:
         """A token with no text (a special one, not EOS) to stand for a token the

@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..engines.base import EngineError
 from ..vocab import Vocab
 from .formatting import Formatter, _sse, merge_responses, usage
 from .metrics import Metrics
@@ -424,6 +425,9 @@ def _generation_error(exc: BaseException) -> APIError:
     """Map an engine exception to a client error (bad prompt/value) or a server error."""
     if isinstance(exc, APIError):
         return exc
+    if isinstance(exc, EngineError):  # e.g. an upstream that is gone (502) or slow (504)
+        kind = "invalid_request_error" if 400 <= exc.status < 500 else "upstream_error"
+        return APIError(exc.status, str(exc), type=kind, code=exc.code)
     if isinstance(exc, ValueError | TypeError):
         return APIError(400, f"the model rejected the request: {exc}", code="invalid_request")
     return APIError(

@@ -479,6 +479,11 @@ class Scheduler:
         if seq.cached is None:
             seq.cached = int(batch.cached_tokens(uid))
             self.metrics.prompt_cache(seq.cached)
+        if isinstance(engine_step, Exception):  # this sequence failed in the engine
+            logger.info("request %s failed in the engine: %s", job.id, engine_step)
+            job.post("error", seq.choice, engine_step)
+            self._leave(batch, seq, "failed")
+            return
         reason = getattr(engine_step, "refused", None)
         if reason is not None:
             seq.refused[seq.index] = reason

@@ -23,6 +23,8 @@ from ..result import RealignError
 from ..wire import _Frame, _type_name
 from . import llamacpp, openai, vllm
 
+__all__ = ["CHOICE_IDS", "CHUNK_DIALECTS", "parse_chunk"]
+
 #: Chunk-level dialects, tried in order.
 CHUNK_DIALECTS = (openai, llamacpp)
 #: Choice-level sources of exact ids, tried in order on an OpenAI-shaped choice.

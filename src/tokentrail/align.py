@@ -116,6 +116,9 @@ class Aligner:
     still-open tail (half a character, a held-back space) comes out with the first
     continuation segment that completes it, listing the prompt tokens that carry it with
     negative `index` (-1 is the prompt's last token); continuation tokens count from 0.
+
+    `reference` chooses whose decode the text equals (see `load_vocab`): "auto" (the
+    format's own library; llama.cpp for GGUF files), "llama.cpp" or "transformers".
     """
 
     def __init__(
@@ -123,10 +126,11 @@ class Aligner:
         tokenizer: Any,
         skip_special_tokens: bool = False,
         prompt_ids: Sequence[int] | None = None,
+        reference: str = "auto",
     ) -> None:
         from .loaders import load_vocab
 
-        self.vocab: Vocab = load_vocab(tokenizer)
+        self.vocab: Vocab = load_vocab(tokenizer, reference=reference)
         self.skip_special_tokens = bool(skip_special_tokens)
         self._prompt: tuple[int, ...] = self._check_prompt(prompt_ids)
         v = self.vocab

@@ -14,6 +14,7 @@ Each format is compiled through a real tokenizer library whose decode is the ref
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import logging
 import math
 import re
@@ -149,6 +150,8 @@ class _GGUFTokenizer:
     eos_id: int | None
     unk_id: int | None
     add_space_prefix: bool
+    pre: str = ""
+    meta: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def ids_of(self, kind: int) -> set[int]:
         return {i for i, t in enumerate(self.types) if t == kind}
@@ -224,6 +227,8 @@ def _read_gguf(path: Path) -> _GGUFTokenizer:
         eos_id=token_id("eos_token_id"),
         unk_id=token_id("unknown_token_id"),
         add_space_prefix=bool(meta.get("tokenizer.ggml.add_space_prefix", True)),
+        pre=str(meta.get("tokenizer.ggml.pre", "")),
+        meta=meta,
     )
 
 
@@ -233,11 +238,15 @@ def _gguf_transformers(path: Path) -> Any | None:
     The file is linked alone into a temporary folder so that no other tokenizer file
     beside it (a tokenizer_config.json, a tokenizer.json) changes what transformers builds.
     """
-    try:
-        from transformers import AutoTokenizer
-    except ImportError:
-        log.info("%s: transformers is not installed; rebuilding the tokenizer from the file", path)
-        return None
+    missing = [m for m in ("transformers", "torch") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise TokenizerLoadError(
+            f"{path}: reference='transformers' decodes GGUF files with transformers' GGUF "
+            f"tokenizer, which needs {' and '.join(missing)} (pip install 'tokentrail[gguf]'); "
+            "reference='llama.cpp' (the default) needs neither"
+        )
+    from transformers import AutoTokenizer
+
     with tempfile.TemporaryDirectory(prefix="tokentrail-gguf-") as tmp:
         folder, name = path.parent, path.name
         try:
@@ -355,22 +364,72 @@ def _restrict_to_file(v: Vocab, info: _GGUFTokenizer, origin: str) -> Vocab:
     )
 
 
-def vocab_from_gguf(path: Path, use_transformers: bool = True) -> Vocab:
+class GGUFEncoder:
+    """Encodes text for a GGUF vocabulary compiled with the llama.cpp reference.
+
+    Decoding never needs it; `encode` (the CLI's `--text`, `--prompt-text`) uses the
+    tokenizer rebuilt from the file (see `vocab_from_gguf`), built on first use. With
+    `add_special_tokens`, BOS/EOS are added as the file's `add_bos_token` /
+    `add_eos_token` say (llama.cpp's defaults: BOS for `llama` and `bert` vocabularies).
+    """
+
+    def __init__(self, info: _GGUFTokenizer) -> None:
+        self.info = info
+        self._vocab: Vocab | None = None
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        if self._vocab is None:
+            self._vocab = vocab_from_gguf(
+                self.info.path, use_transformers=False, reference="transformers"
+            )
+        ids = self._vocab.encode(text)
+        if add_special_tokens:
+            meta, model = self.info.meta, self.info.model
+            add_bos = meta.get("tokenizer.ggml.add_bos_token", model in ("llama", "bert"))
+            if add_bos and self.info.bos_id is not None:
+                ids = [self.info.bos_id, *ids]
+            if meta.get("tokenizer.ggml.add_eos_token", False) and self.info.eos_id is not None:
+                ids = [*ids, self.info.eos_id]
+        return ids
+
+
+def vocab_from_gguf(path: Path, use_transformers: bool = True, reference: str = "auto") -> Vocab:
     """Compile the vocabulary of a GGUF file (llama.cpp) into a Vocab.
 
-    The oracle is the tokenizer transformers builds from the file
-    (`AutoTokenizer.from_pretrained(folder, gguf_file=name)`) when transformers is
-    installed and supports the file (with transformers 5: Llama SPM, DeepSeek Coder and
-    Falcon byte-level BPE). Otherwise the tokenizer is rebuilt from the file's metadata:
-    `llama` (SPM) vocabularies as a sentencepiece BPE model with byte fallback and the
-    identity normalizer (Baichuan), `gpt2` ones as a tokenizers byte-level BPE, and
-    `bert` ones as a tokenizers WordPiece (BGE). `use_transformers=False` forces the
-    rebuild. Either way the GGUF's token count and control tokens are authoritative.
+    `reference` says whose decode the text equals:
+
+    - "auto" or "llama.cpp": llama.cpp's, the concatenation of every token's
+      `llama_token_to_piece`, computed from the file's metadata alone (see
+      `tokentrail.gguf_llamacpp`); needs only the gguf reader.
+    - "transformers": the tokenizer transformers builds from the file
+      (`AutoTokenizer.from_pretrained(folder, gguf_file=name)`), which needs transformers
+      and torch (`pip install 'tokentrail[gguf]'`; a missing one is an error, never a
+      silent change of decode). Where transformers cannot build this tokenizer (with
+      transformers 5: anything but Llama SPM, DeepSeek Coder and Falcon byte-level BPE),
+      the tokenizer is rebuilt from the file's metadata as transformers would convert it:
+      `llama` (SPM) vocabularies as a sentencepiece BPE model with byte fallback and the
+      identity normalizer (Baichuan), `gpt2` ones as a tokenizers byte-level BPE, `bert`
+      ones as a tokenizers WordPiece (BGE). `use_transformers=False` forces the rebuild.
+      Either way the GGUF's token count and control tokens are authoritative.
     """
     path = Path(path)
+    if reference not in ("auto", "llama.cpp", "transformers"):
+        raise ValueError(
+            f"reference must be 'auto', 'llama.cpp' or 'transformers' for a GGUF file, "
+            f"got {reference!r}"
+        )
     info = _read_gguf(path)
     if not info.tokens:
         raise TokenizerLoadError(f"{path}: the GGUF token list is empty")
+    if reference in ("auto", "llama.cpp"):
+        from .gguf_llamacpp import UnsupportedGGUF, llamacpp_vocab
+
+        try:
+            v = llamacpp_vocab(str(path), info.model, info.pre, info.tokens, info.types, info.meta)
+        except (UnsupportedGGUF, ValueError) as e:
+            raise TokenizerLoadError(f"{path}: {e}") from e
+        v.source = GGUFEncoder(info)
+        return v
     if info.model in ("llama", "gpt2") and use_transformers:
         tok = _gguf_transformers(path)
         if tok is not None:

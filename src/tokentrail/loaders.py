@@ -29,14 +29,51 @@ class TokenizerLoadError(ValueError):
     """The tokenizer could not be recognised or read."""
 
 
-def load_vocab(tokenizer: Any) -> Vocab:
+REFERENCES = ("auto", "llama.cpp", "transformers")
+
+
+def check_reference(reference: str, fmt: str, where: object, allowed: tuple[str, ...]) -> None:
+    """Raise a ValueError when `reference` does not apply to this tokenizer format.
+
+    `allowed` lists the references besides "auto" that the format has: "llama.cpp" only
+    for GGUF files, "transformers" for GGUF files and Hugging Face tokenizers (whose
+    "auto" reference is transformers' decode already).
+    """
+    if reference not in REFERENCES:
+        raise ValueError(
+            f"reference must be one of {', '.join(map(repr, REFERENCES))}, got {reference!r}"
+        )
+    if reference != "auto" and reference not in allowed:
+        choices = ", ".join(repr(r) for r in ("auto", *allowed))
+        raise ValueError(
+            f"reference={reference!r} does not apply to {where} ({fmt}); "
+            f"this format's references are {choices}"
+        )
+
+
+def load_vocab(tokenizer: Any, reference: str = "auto") -> Vocab:
     """Compile a tokenizer object, or a path to tokenizer files, into a `Vocab`.
+
+    `reference` chooses whose decode the text equals: "auto" is the format's own library
+    (tokenizers for tokenizer.json, sentencepiece, tiktoken, mistral-common, transformers
+    for transformers objects) and llama.cpp for GGUF files; "llama.cpp" and
+    "transformers" choose for GGUF files (see `vocab_from_gguf`). A reference that does
+    not apply to the format is a ValueError.
 
     An object with a `__tokentrail_vocab__()` method (an engine's own tokenizer, such
     as llama.cpp's) compiles itself: that method returns its `Vocab`.
     """
+    check_reference(reference, "", "", REFERENCES)  # the value itself
+    if isinstance(tokenizer, str | os.PathLike):
+        return _from_path(Path(tokenizer), reference)
     if isinstance(tokenizer, Vocab):
+        check_reference(reference, "an already compiled Vocab", tokenizer.name, ())
         return tokenizer
+    mod = type(tokenizer).__module__
+    name = type(tokenizer).__name__
+    is_transformers = hasattr(tokenizer, "convert_ids_to_tokens") and hasattr(tokenizer, "decode")
+    fmt = f"a {mod}.{name} object"
+    check_reference(reference, fmt, "the tokenizer", ("transformers",) if is_transformers else ())
     hook = getattr(type(tokenizer), "__tokentrail_vocab__", None)
     if hook is not None:
         vocab = hook(tokenizer)
@@ -46,10 +83,6 @@ def load_vocab(tokenizer: Any) -> Vocab:
                 f"{type(vocab).__name__}, not a tokentrail Vocab"
             )
         return vocab
-    if isinstance(tokenizer, str | os.PathLike):
-        return _from_path(Path(tokenizer))
-    mod = type(tokenizer).__module__
-    name = type(tokenizer).__name__
     if mod.startswith("tokenizers") and name == "Tokenizer":
         return vocab_from_hf_tokenizer(tokenizer)
     if hasattr(tokenizer, "_tokenizer") and mod.startswith("mlx_lm"):
@@ -74,11 +107,14 @@ def load_vocab(tokenizer: Any) -> Vocab:
 # -- paths -----------------------------------------------------------------------------
 
 
-def _from_path(path: Path) -> Vocab:
+_HF = ("transformers",)
+
+
+def _from_path(path: Path, reference: str = "auto") -> Vocab:
     if not path.exists():
         raise TokenizerLoadError(f"tokenizer path does not exist: {path}")
     if path.is_dir():
-        return _from_dir(path)
+        return _from_dir(path, reference)
     try:
         with path.open("rb") as f:
             head = f.read(256)
@@ -87,16 +123,17 @@ def _from_path(path: Path) -> Vocab:
     if head.startswith(b"GGUF"):
         from .formats import vocab_from_gguf
 
-        return vocab_from_gguf(path)
+        return vocab_from_gguf(path, reference=reference)
     stripped = head.lstrip()
     if stripped.startswith(b"{"):
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise TokenizerLoadError(f"{path} looks like JSON but does not parse: {e}") from e
-        return _from_json(path, data)
+        return _from_json(path, data, reference)
     first_line = head.split(b"\n", 1)[0].strip()
     if first_line and _TIKTOKEN_LINE.match(first_line):
+        check_reference(reference, "tiktoken ranks", path, ())
         return vocab_from_tiktoken_file(path)
     try:
         import sentencepiece as spm
@@ -108,18 +145,21 @@ def _from_path(path: Path) -> Vocab:
 
         v = try_llama2c(path)
         if v is not None:
+            check_reference(reference, "a llama2.c tokenizer", path, ())
             return v
         raise TokenizerLoadError(
             f"{path}: not a recognised tokenizer file (tried tokenizer.json, GGUF, "
             f"tiktoken ranks, SentencePiece model, llama2.c tokenizer): {e}"
         ) from e
+    check_reference(reference, "a SentencePiece model", path, ())
     return vocab_from_sentencepiece(sp, name=path.name)
 
 
-def _from_json(path: Path, data: Any) -> Vocab:
+def _from_json(path: Path, data: Any, reference: str = "auto") -> Vocab:
     if isinstance(data, dict) and "model" in data and ("decoder" in data or "added_tokens" in data):
         from tokenizers import Tokenizer
 
+        check_reference(reference, "a Hugging Face tokenizer.json", path, _HF)
         tok = Tokenizer.from_file(str(path))
         cfg = None
         if path.name == "tokenizer.json":
@@ -128,9 +168,10 @@ def _from_json(path: Path, data: Any) -> Vocab:
     if isinstance(data, dict) and "vocab" in data and "config" in data:
         from .formats import vocab_from_tekken
 
+        check_reference(reference, "a Mistral Tekken file", path, ())
         return vocab_from_tekken(path)
     if isinstance(data, dict) and data and all(isinstance(v, int) for v in data.values()):
-        return _from_dir(path.parent)  # vocab.json: needs merges.txt beside it
+        return _from_dir(path.parent, reference)  # vocab.json: needs merges.txt beside it
     raise TokenizerLoadError(f"{path}: JSON file is neither a tokenizer.json nor a Tekken file")
 
 
@@ -144,20 +185,22 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     return out if isinstance(out, dict) else None
 
 
-def _from_dir(path: Path) -> Vocab:
+def _from_dir(path: Path, reference: str = "auto") -> Vocab:
     cfg = _read_json(path / "tokenizer_config.json")
     if (path / "tokenizer.json").is_file():
         from tokenizers import Tokenizer
 
+        check_reference(reference, "a Hugging Face tokenizer folder", path, _HF)
         tok = Tokenizer.from_file(str(path / "tokenizer.json"))
         return vocab_from_hf_tokenizer(tok, name=str(path), config=cfg)
     if (path / "vocab.json").is_file() and (path / "merges.txt").is_file():
+        check_reference(reference, "a vocab.json + merges.txt folder", path, _HF)
         return vocab_from_hf_tokenizer(_bpe_from_files(path, cfg), name=str(path), config=cfg)
     for candidate in ("tokenizer.model", "spiece.model", "sentencepiece.bpe.model"):
         if (path / candidate).is_file():
-            return _from_path(path / candidate)
+            return _from_path(path / candidate, reference)
     for candidate in sorted(path.glob("*.tiktoken")) + sorted(path.glob("tekken*.json")):
-        return _from_path(candidate)
+        return _from_path(candidate, reference)
     raise TokenizerLoadError(
         f"{path}: no tokenizer.json, vocab.json+merges.txt, tokenizer.model, "
         "*.tiktoken or tekken.json found in this folder"

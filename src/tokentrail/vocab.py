@@ -143,14 +143,20 @@ class Vocab:
             return self.names.get(token_id, b.decode("utf-8", "replace"))
         return b.decode("utf-8", "replace")
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids for `text` through the source tokenizer, without added special tokens."""
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """Token ids for `text` through the source tokenizer.
+
+        Without `add_special_tokens` no special token is added; with it, the ones the
+        tokenizer adds by default (a tokenizer.json's post-processor, a transformers
+        tokenizer's BOS, a GGUF file's `add_bos_token`; a sentencepiece model, tiktoken
+        ranks and Tekken add none)."""
         src = self.source
         mod = type(src).__module__
+        add = bool(add_special_tokens)
         if src is None:
             raise RuntimeError(f"{self.name} has no tokenizer to encode with")
         if mod.startswith("tokenizers"):
-            return list(src.encode(text, add_special_tokens=False).ids)
+            return list(src.encode(text, add_special_tokens=add).ids)
         if mod.startswith("sentencepiece"):
             return list(src.encode(text))
         if mod.startswith("tiktoken"):
@@ -159,7 +165,7 @@ class Vocab:
             return list(src.encode(text, bos=False, eos=False))
         if hasattr(src, "encode"):
             try:
-                return list(src.encode(text, add_special_tokens=False))
+                return list(src.encode(text, add_special_tokens=add))
             except TypeError:
                 return list(src.encode(text))
         raise RuntimeError(f"{self.name}: cannot encode with {type(src).__name__}")

@@ -25,6 +25,7 @@ import pytest
 from conftest import CORPUS, corpus_path
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+from test_align import takes_first_piece
 
 from tokentrail import Aligner, Segment, TokenizerLoadError, Vocab
 from tokentrail.formats import try_llama2c, vocab_from_gguf, vocab_from_tekken
@@ -121,7 +122,7 @@ def _own_bytes(v: Vocab, ids: list[int], skip: bool, index: int) -> bytes:
     skipped = v.hidden | (v.special if skip else frozenset())
     if ids[index] in skipped:
         return b""
-    if ids[index] in v.first_pieces and all(i in skipped for i in ids[:index]):
+    if ids[index] in v.first_pieces and takes_first_piece(v, skipped, ids[:index]):
         return v.first_pieces[ids[index]]
     return v.pieces[ids[index]] or b""
 

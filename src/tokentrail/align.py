@@ -361,8 +361,10 @@ class Aligner:
         else:
             piece = self._pieces[token_id]
             if self._first:
-                self._first = False
                 piece = v.first_pieces.get(token_id, piece)
+                # sentencepiece strips the dummy prefix of every piece until some text
+                # has come out (a lone "▁" first leaves the next piece first too).
+                self._first = v.first_until_text and not piece
             assert piece is not None
             if mode == "stream":
                 parts.append(self._dec.decode(piece))
@@ -453,7 +455,11 @@ class Aligner:
         while pend:
             idx, tid, gs, ge, lp, top = pend[0]
             if gs < end or (gs == ge and gs <= end):
-                spans.append(TokenSpan(idx, tid, max(done, gs) - gs, min(end, ge) - gs, lp, top))
+                lo, hi = max(done, gs), min(end, ge)
+                # A token with bytes is listed only where it adds some to this segment
+                # (a still-open character adds none until it completes).
+                if lo < hi or gs == ge:
+                    spans.append(TokenSpan(idx, tid, lo - gs, hi - gs, lp, top))
                 if ge > end:
                     break
                 pend.popleft()

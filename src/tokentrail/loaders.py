@@ -547,6 +547,7 @@ def vocab_from_sentencepiece(sp: Any, name: str = "sentencepiece") -> Vocab:
         byte_ids=frozenset(byte_ids),
         byte_mode="spm_runs",
         first_pieces=first,
+        first_until_text=strip_all,
         skipped_breaks_runs=True,
         names=names,
         oracle=oracle,

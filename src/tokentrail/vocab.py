@@ -94,6 +94,10 @@ class Vocab:
     #: Whether a skipped token ends a byte-fallback run (true for sentencepiece, whose
     #: control pieces stay in the decode loop; false for tokenizers, which drops them).
     skipped_breaks_runs: bool = False
+    #: Whether `first_pieces` applies to every token until one adds bytes (sentencepiece
+    #: strips the dummy prefix while its output is still empty) rather than only to the
+    #: first token that is not skipped (tokenizers' Metaspace).
+    first_until_text: bool = False
     #: Display names (token strings) for tokens whose bytes are empty, such as `<s>`.
     names: dict[int, str] = field(default_factory=dict)
     #: The tokenizer library's own decode: (ids, skip_special_tokens) -> str.

@@ -193,6 +193,12 @@ def _from_dir(path: Path, reference: str = "auto") -> Vocab:
         check_reference(reference, "a Hugging Face tokenizer folder", path, _HF)
         tok = Tokenizer.from_file(str(path / "tokenizer.json"))
         return vocab_from_hf_tokenizer(tok, name=str(path), config=cfg)
+    family = tokenizer_family(path, cfg)
+    if family in THROUGH_TRANSFORMERS or (
+        (path / "vocab.txt").is_file() and not (path / "vocab.json").is_file()
+    ):
+        check_reference(reference, f"a {family or 'bert'} tokenizer folder", path, _HF)
+        return _via_transformers(path, family or "bert")
     if (path / "vocab.json").is_file() and (path / "merges.txt").is_file():
         check_reference(reference, "a vocab.json + merges.txt folder", path, _HF)
         return vocab_from_hf_tokenizer(_bpe_from_files(path, cfg), name=str(path), config=cfg)
@@ -207,8 +213,91 @@ def _from_dir(path: Path, reference: str = "auto") -> Vocab:
     )
 
 
+#: Special tokens that transformers' tokenizer classes for vocab.json + merges.txt
+#: folders have by default (their constructors' defaults), named by no file: RoBERTa's
+#: and BART's five (`RobertaTokenizer`, `BartTokenizer` and their kin) and GPT-2's one.
+ROBERTA_DEFAULTS = ("<s>", "</s>", "<unk>", "<pad>", "<mask>")
+GPT2_DEFAULTS = ("<|endoftext|>",)
+CLASS_DEFAULTS: dict[str, tuple[str, ...]] = {
+    **dict.fromkeys(
+        ("roberta", "bart", "longformer", "led", "mvp", "blenderbot"), ROBERTA_DEFAULTS
+    ),
+    **dict.fromkeys(("gpt2", "gptneo", "gptj", "codegen"), GPT2_DEFAULTS),
+}
+
+
+def tokenizer_family(path: Path, cfg: dict[str, Any] | None) -> str | None:
+    """The tokenizer class a folder's config names, as a lower-case family name.
+
+    `tokenizer_config.json`'s `tokenizer_class` ("XLMRobertaTokenizerFast" ->
+    "xlmroberta") wins over `config.json`'s `model_type` ("xlm-roberta" -> "xlmroberta").
+    """
+    name = (cfg or {}).get("tokenizer_class")
+    if isinstance(name, str) and name:
+        return re.sub(r"[^a-z0-9]", "", re.sub(r"(Tokenizer)?(Fast)?$", "", name).lower())
+    model = (_read_json(path / "config.json") or {}).get("model_type")
+    return re.sub(r"[^a-z0-9]", "", model.lower()) if isinstance(model, str) and model else None
+
+
+def default_specials(family: str | None, vocab: dict[str, int]) -> tuple[str, ...]:
+    """The class-default special tokens of a vocab.json + merges.txt folder.
+
+    With a class named in the folder's config, its defaults (`CLASS_DEFAULTS`). With
+    none (transformers cannot load such a folder at all) the rule here is: RoBERTa's
+    five when vocab.json holds `<s>` and `</s>`, else GPT-2's `<|endoftext|>`.
+    """
+    if family is not None:
+        return CLASS_DEFAULTS.get(family, ())
+    if "<s>" in vocab and "</s>" in vocab:
+        return ROBERTA_DEFAULTS
+    return GPT2_DEFAULTS
+
+
+#: Tokenizer classes whose ids or special tokens are not their files' own, compiled
+#: through transformers itself when no tokenizer.json states them: XLM-R, CamemBERT,
+#: mBART, NLLB, XGLM, BARThez and PLBart shift the sentencepiece ids by fairseq's offset
+#: and add `<s>`/`<pad>`/`</s>`/`<unk>`/`<mask>` (and language codes) around them;
+#: BERT-style `vocab.txt` folders get the class's `[CLS]`/`[SEP]`/`[PAD]`/`[UNK]`/`[MASK]`,
+#: lower-casing and WordPiece decode.
+THROUGH_TRANSFORMERS = frozenset(
+    {
+        "xlmroberta", "camembert", "mbart", "mbart50", "nllb", "xglm", "barthez", "plbart",
+        "bert", "distilbert", "electra", "squeezebert", "mobilebert", "funnel", "layoutlm",
+    }
+)  # fmt: skip
+
+
+def _via_transformers(path: Path, family: str) -> Vocab:
+    """A folder whose tokenizer class adds what no file states, through transformers."""
+    import importlib.util
+
+    if importlib.util.find_spec("transformers") is None:
+        raise TokenizerLoadError(
+            f"{path}: a {family} tokenizer folder without tokenizer.json is defined by its "
+            "transformers class (ids, special tokens); reading it needs transformers "
+            "(pip install 'tokentrail[hf]')"
+        )
+    from transformers import AutoTokenizer, BertTokenizer
+
+    try:
+        if (path / "config.json").is_file() or (path / "tokenizer_config.json").is_file():
+            tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        else:  # a bare vocab.txt: BERT's class, as transformers' own examples load it
+            tok = BertTokenizer(vocab_file=str(path / "vocab.txt"))
+    except Exception as e:  # transformers raises ValueError/OSError/KeyError
+        raise TokenizerLoadError(f"{path}: transformers cannot load this folder: {e}") from e
+    v = vocab_from_transformers(tok)
+    v.name = f"{path} ({type(tok).__name__})"
+    return v
+
+
 def _bpe_from_files(path: Path, cfg: dict[str, Any] | None) -> Any:
-    """A byte-level BPE tokenizers.Tokenizer from vocab.json + merges.txt + added tokens."""
+    """A byte-level BPE tokenizers.Tokenizer from vocab.json + merges.txt + added tokens.
+
+    The special tokens are the ones tokenizer_config.json names (its added tokens and
+    bos/eos/unk/pad/mask) and the class defaults (`default_specials`) that vocab.json
+    holds; they are marked special added tokens, so skip_special_tokens drops them.
+    """
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
     vocab = json.loads((path / "vocab.json").read_text(encoding="utf-8"))
@@ -227,13 +316,15 @@ def _bpe_from_files(path: Path, cfg: dict[str, Any] | None) -> Any:
         added[int(i)] = (content, False)
     for i, spec in ((cfg or {}).get("added_tokens_decoder") or {}).items():
         added[int(i)] = (spec["content"], bool(spec.get("special", False)))
-    specials = set()
-    for key in ("bos_token", "eos_token", "unk_token", "pad_token"):
+    specials = set(default_specials(tokenizer_family(path, cfg), vocab))
+    for key in ("bos_token", "eos_token", "unk_token", "pad_token", "mask_token"):
         value = (cfg or {}).get(key)
         if isinstance(value, dict):
             value = value.get("content")
         if isinstance(value, str):
             specials.add(value)
+    inside = [c for c in sorted(specials) if c in vocab]  # already have their ids
+    tok.add_special_tokens([AddedToken(c, special=True, normalized=False) for c in inside])
     for i in sorted(added):
         content, special = added[i]
         if content in vocab:
@@ -453,6 +544,15 @@ def vocab_from_hf_tokenizer(
     )
 
 
+def _skipped_by(tok: Any, token_id: int) -> bool:
+    """Whether a transformers tokenizer's decode drops this id with skip_special_tokens."""
+    try:
+        shown = tok.decode([token_id], skip_special_tokens=False)
+        return bool(shown) and tok.decode([token_id], skip_special_tokens=True) == ""
+    except Exception:  # an id the tokenizer cannot decode alone is not a special token
+        return False
+
+
 def vocab_from_transformers(tok: Any) -> Vocab:
     """A transformers tokenizer: its tokenizers backend plus its own clean-up rule."""
     backend = getattr(tok, "_tokenizer", None) or getattr(tok, "backend_tokenizer", None)
@@ -468,6 +568,11 @@ def vocab_from_transformers(tok: Any) -> Vocab:
 
     special_ids = set(getattr(tok, "all_special_ids", []) or [])
     if backend is not None and type(backend).__module__.startswith("tokenizers"):
+        # What skip_special_tokens drops is the backend's special added tokens, which
+        # need not be all of `all_special_ids` (a GGUF's user-defined `</s>` named as EOS
+        # is one, kept by transformers 5): ask the tokenizer about each candidate.
+        candidates = special_ids | {int(i) for i in backend.get_added_tokens_decoder()}
+        special_ids = {i for i in candidates if _skipped_by(tok, i)}
         return vocab_from_hf_tokenizer(
             backend,
             name=type(tok).__name__,

@@ -166,7 +166,7 @@ def _llama3(work: Path) -> Path:
     from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
-    from tokentrail.loaders import _LLAMA3_PAT, tiktoken_specials
+    from tokentrail.vocab.tiktoken_ranks import _LLAMA3_PAT, tiktoken_specials
 
     specials = list(tiktoken_specials(128000))
     conv = TikTokenConverter(

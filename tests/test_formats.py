@@ -1,6 +1,6 @@
 """GGUF vocabularies, Mistral Tekken and llama2.c tokenizer.bin, checked against their oracles.
 
-Oracles (see tokentrail.formats):
+Oracles (see tokentrail.vocab.gguf_file, .tekken, .llama2c):
 - GGUF with reference="transformers" (the default, llama.cpp, is tested against
   llama.cpp itself in test_gguf_llamacpp.py): the tokenizer transformers builds from the
   file (Llama SPM, DeepSeek Coder, Falcon); where transformers cannot build one, the
@@ -28,7 +28,9 @@ from hypothesis import strategies as st
 from test_align import takes_first_piece
 
 from tokentrail import Aligner, Segment, TokenizerLoadError, Vocab
-from tokentrail.formats import try_llama2c, vocab_from_gguf, vocab_from_tekken
+from tokentrail.vocab.gguf_file import vocab_from_gguf
+from tokentrail.vocab.llama2c import try_llama2c
+from tokentrail.vocab.tekken import vocab_from_tekken
 
 TEXTS = [
     "The quick brown fox jumps over the lazy dog. Don't stop, it's fine!",

@@ -3,7 +3,7 @@
 The oracle is llama-cpp-python: `Llama(model_path, vocab_only=True)` and the low-level
 `llama_cpp.llama_token_to_piece(vocab, id, buf, size, lstrip=0, special)`, every id's
 piece concatenated and decoded as UTF-8 with maximal-subpart replacement (what
-llama-server sends; see tokentrail.gguf_llamacpp). `skip_special_tokens=False` is
+llama-server sends; see tokentrail.vocab.gguf_llamacpp). `skip_special_tokens=False` is
 `special=True`.
 
 The GGUF files are every ggml-vocab-*.gguf of the corpus, SmolLM2-135M-Instruct (a real

@@ -5,9 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from .align import Aligner
-from .loaders import TokenizerLoadError, load_vocab
 from .segment import Alternative, Confidence, Segment, TokenSpan, confidence_of
-from .vocab import Vocab
+from .vocab import TokenizerLoadError, Vocab, load_vocab
 
 __version__ = "0.1.0"
 

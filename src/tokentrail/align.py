@@ -18,7 +18,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from .segment import Alternative, Segment, TokenSpan, _OneTokenSegment
-from .vocab import CLEANUP_RULES, Vocab
+from .vocab import Vocab, load_vocab
+from .vocab.core import cleanup
 
 log = logging.getLogger(__name__)
 
@@ -32,13 +33,6 @@ class _Keep:
 _KEEP = _Keep()
 
 _ERRORS = {"stream": "replace", "spm_runs": "tokentrail-per-byte", "hf_runs": "strict"}
-
-
-def _cleanup(text: str) -> str:
-    for old, new in CLEANUP_RULES:
-        if old in text:
-            text = text.replace(old, new)
-    return text
 
 
 class _CleanupStream:
@@ -60,7 +54,7 @@ class _CleanupStream:
         held = "".join(t for t, _ in self._chunks)
         if final:
             self._chunks.clear()
-            return _cleanup(held), None
+            return cleanup(held), None
         cut = len(held)
         while cut > 0:
             lo = max(0, cut - 3)
@@ -93,7 +87,7 @@ class _CleanupStream:
             return "", None
         keep.reverse()
         self._chunks = keep
-        return _cleanup(held[:cut]), byte_end
+        return cleanup(held[:cut]), byte_end
 
 
 class Aligner:
@@ -128,8 +122,6 @@ class Aligner:
         prompt_ids: Sequence[int] | None = None,
         reference: str = "auto",
     ) -> None:
-        from .loaders import load_vocab
-
         self.vocab: Vocab = load_vocab(tokenizer, reference=reference)
         self.skip_special_tokens = bool(skip_special_tokens)
         self._prompt: tuple[int, ...] = self._check_prompt(prompt_ids)

@@ -47,7 +47,7 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from .vocab import Vocab, byte_level_alphabet
+from .core import Vocab, byte_level_alphabet
 
 log = logging.getLogger(__name__)
 

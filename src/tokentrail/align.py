@@ -447,11 +447,7 @@ class Aligner:
         while pend:
             idx, tid, gs, ge, lp, top = pend[0]
             if gs < end or (gs == ge and gs <= end):
-                lo, hi = max(done, gs), min(end, ge)
-                # A token with bytes is listed only where it adds some to this segment
-                # (a still-open character adds none until it completes).
-                if lo < hi or gs == ge:
-                    spans.append(TokenSpan(idx, tid, lo - gs, hi - gs, lp, top))
+                spans.append(TokenSpan(idx, tid, max(done, gs) - gs, min(end, ge) - gs, lp, top))
                 if ge > end:
                     break
                 pend.popleft()

@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from .segment import Alternative, Segment, TokenSpan, _OneTokenSegment
+from .segment import Alternative, Segment, TokenSpan, _OneTokenSegment, new_span
 from .vocab import Vocab, load_vocab
 from .vocab.core import cleanup
 
@@ -259,7 +259,8 @@ class Aligner:
                 # equals `_pos` whenever nothing is pending; the slow path relies on it.)
                 n = len(piece)
                 self._pos += n
-                return [_OneTokenSegment(text, (idx, token_id, 0, n, logprob, top))]
+                span = new_span(TokenSpan, (idx, token_id, 0, n, logprob, top))
+                return [_OneTokenSegment(text, (span,))]
         if self._generic is not None:
             return self._push_generic(idx, token_id, logprob, top, final=False)
         return self._push_slow(idx, token_id, logprob, top)

@@ -56,7 +56,7 @@ def parse_ids(text: str, where: str) -> list[int]:
 
 def _run_align(args: argparse.Namespace) -> int:
     from .align import Aligner
-    from .loaders import TokenizerLoadError
+    from .vocab import TokenizerLoadError
 
     try:
         aligner = Aligner(

@@ -124,7 +124,6 @@ class Aligner:
     ) -> None:
         self.vocab: Vocab = load_vocab(tokenizer, reference=reference)
         self.skip_special_tokens = bool(skip_special_tokens)
-        self._prompt: tuple[int, ...] = self._check_prompt(prompt_ids)
         v = self.vocab
         self._skipped = v.hidden | (v.special if skip_special_tokens else frozenset())
         self._mode = v.byte_mode
@@ -140,6 +139,8 @@ class Aligner:
         self._fast_text = fast
         self._alt_cache: dict[int, tuple[bytes, str]] = {}
         self._generic = v.generic
+        self._holes = frozenset(i for i, p in enumerate(v.pieces) if p is None)
+        self._prompt: tuple[int, ...] = self._check_prompt(prompt_ids)
         self.reset()
 
     def fresh(self, prompt_ids: Sequence[int] | _Keep | None = _KEEP) -> Aligner:
@@ -175,6 +176,10 @@ class Aligner:
         if isinstance(prompt_ids, (str, bytes)):
             raise TypeError("prompt_ids must be a sequence of token ids, not a string")
         ids = tuple(prompt_ids)
+        if all(type(i) is int for i in ids):
+            in_range = not ids or (min(ids) >= 0 and max(ids) < len(self._pieces))
+            if in_range and self._holes.isdisjoint(ids):
+                return ids  # the common case, checked in fast passes (long prompts)
         for i in ids:
             try:
                 self.vocab.check_id(i)
@@ -214,7 +219,19 @@ class Aligner:
         its tokens take indices -len(prompt)..-1 so the continuation counts from 0."""
         self._n = -len(prompt)
         push = self.push
-        parts = [s.text for i in prompt for s in push(i)]
+        fast_text = self._fast_text
+        pieces = self._pieces
+        parts: list[str] = []
+        for i in prompt:
+            if self._fast:
+                text = fast_text[i]
+                if text is not None:
+                    # push()'s hot path without the segment nobody will read.
+                    parts.append(text)
+                    self._pos += len(pieces[i])  # type: ignore[arg-type]
+                    self._n += 1
+                    continue
+            parts.extend(s.text for s in push(i))
         self.prompt_text = "".join(parts)
 
     def _update_fast(self) -> None:

@@ -137,6 +137,7 @@ class Aligner:
             if 0 <= i < len(fast) and not (ascii_ok and (v.pieces[i] or b"\x80") < b"\x80"):
                 fast[i] = None
         self._fast_text = fast
+        self._lens = [0 if p is None else len(p) for p in v.pieces]
         self._alt_cache: dict[int, tuple[bytes, str]] = {}
         self._generic = v.generic
         self._holes = frozenset(i for i, p in enumerate(v.pieces) if p is None)
@@ -257,6 +258,24 @@ class Aligner:
         top_logprobs: TopLogprobs | None = None,
     ) -> list[Segment]:
         """Add one token; return the segments that became final with it (0 or 1)."""
+        if self._fast and type(token_id) is int and token_id >= 0 and top_logprobs is None:
+            # Nothing pending and a complete token: it is its own segment. (`_done`
+            # equals `_pos` whenever nothing is pending; the slow path relies on it.)
+            # `_fast_text` is None for ids outside the vocabulary, skipped ones and
+            # partial characters, which take the general path below.
+            try:
+                text = self._fast_text[token_id]
+            except IndexError:
+                text = None
+            if text is not None:
+                idx = self._n
+                self._n = idx + 1
+                n = self._lens[token_id]
+                self._pos += n
+                if logprob is not None:
+                    logprob = float(logprob)
+                span = new_span(TokenSpan, (idx, token_id, 0, n, logprob, None))
+                return [_OneTokenSegment(text, (span,))]
         pieces = self._pieces
         if type(token_id) is not int or not 0 <= token_id < len(pieces):
             self.vocab.check_id(token_id)

@@ -32,6 +32,8 @@ class _Keep:
 
 _KEEP = _Keep()
 
+_new_segment = object.__new__
+
 _ERRORS = {"stream": "replace", "spm_runs": "tokentrail-per-byte", "hf_runs": "strict"}
 
 
@@ -274,8 +276,11 @@ class Aligner:
                 self._pos += n
                 if logprob is not None:
                     logprob = float(logprob)
-                span = new_span(TokenSpan, (idx, token_id, 0, n, logprob, None))
-                return [_OneTokenSegment(text, (span,))]
+                # object.__new__ plus two slot stores: no constructor frame (hot path).
+                seg = _new_segment(_OneTokenSegment)
+                seg.text = text
+                seg.tokens = (new_span(TokenSpan, (idx, token_id, 0, n, logprob, None)),)
+                return [seg]
         pieces = self._pieces
         if type(token_id) is not int or not 0 <= token_id < len(pieces):
             self.vocab.check_id(token_id)

@@ -166,7 +166,7 @@ def _llama3(work: Path) -> Path:
     from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
-    from tokentrail.loaders import _LLAMA3_PAT, tiktoken_specials
+    from tokentrail.vocab.tiktoken_ranks import _LLAMA3_PAT, tiktoken_specials
 
     specials = list(tiktoken_specials(128000))
     conv = TikTokenConverter(
@@ -327,6 +327,60 @@ class TokentrailApproach(Approach):
 
     def reference(self, ids: list[int]) -> str:
         return self.aligner.vocab.decode(ids, False)
+
+
+class TokensReadApproach(TokentrailApproach):
+    """tokentrail with every segment's tokens read (index, id, byte range, logprob): the
+    product, since the attribution is what the peers do not give."""
+
+    def __init__(self, source_label: str, path: Path) -> None:
+        super().__init__(source_label, path)
+        self.name = f"tokentrail ({source_label}, tokens read)"
+
+    def run_block(self, items: Sequence[Any], out: list[str]) -> None:
+        push = self.aligner.push
+        app = out.append
+        sink = 0
+        for t in items:
+            for seg in push(t):
+                app(seg.text)
+                for span in seg.tokens:
+                    sink += span.index + span.id + span.end - span.start
+                    span.logprob  # noqa: B018
+        self.sink = sink
+
+
+def priming(aligner: Any, ids: list[int], reps: int) -> dict[str, Any]:
+    """A 4k-token prompt given as `prompt_ids` vs aligning the same tokens (tokens read).
+
+    Both build a fresh stream over the same compiled tables; medians of `reps` runs.
+    """
+    prompt = ids[:4000]
+
+    def prime() -> None:
+        aligner.fresh(prompt_ids=prompt)
+
+    def align() -> None:
+        a = aligner.fresh(prompt_ids=None)
+        push = a.push
+        for t in prompt:
+            for seg in push(t):
+                for span in seg.tokens:
+                    span.index  # noqa: B018
+        a.finish()
+
+    out: dict[str, Any] = {"prompt_tokens": len(prompt)}
+    for label, fn in (("prime_ms", prime), ("align_ms", align)):
+        runs = []
+        for _ in range(reps):
+            gc.collect()
+            t0 = time.perf_counter_ns()
+            fn()
+            runs.append((time.perf_counter_ns() - t0) / 1e6)
+        out[label] = statistics.median(runs)
+        out[label + "_runs"] = runs
+    out["ratio"] = out["prime_ms"] / out["align_ms"]
+    return out
 
 
 class MlxApproach(Approach):
@@ -731,6 +785,7 @@ def bench_case(case: Case, cfg: Config, docs: list[str]) -> dict[str, Any]:
         "line": build_stream(encode, " ".join(d.replace("\n", " ") for d in docs), cfg.line_tokens),
     }
     approaches: list[Approach] = [TokentrailApproach(lbl, p) for lbl, p in case.sources]
+    approaches += [TokensReadApproach(lbl, p) for lbl, p in case.sources]
     mlx = MlxApproach(case.folder)
     approaches += [mlx, DecodeStreamApproach(case.folder)]
     try:
@@ -758,6 +813,13 @@ def bench_case(case: Case, cfg: Config, docs: list[str]) -> dict[str, Any]:
         "kind": case.kind,
         "folder_decoder": json.loads((case.folder / "tokenizer.json").read_text())["decoder"],
         "approaches": {},
+    }
+    result["priming"] = {
+        ap.name.removeprefix("tokentrail (").removesuffix(")"): priming(
+            ap.aligner, streams["text"], max(cfg.reps, 3)
+        )
+        for ap in approaches
+        if type(ap) is TokentrailApproach
     }
     for ap in approaches:
         result["approaches"][ap.name] = {
@@ -1089,6 +1151,23 @@ def render(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
             lines.append(f"| {r['label']} | {name} | " + " | ".join(cells) + f" | {ratio} |")
     lines += ["", "## Targets", ""]
     lines += targets(results)
+    lines += [
+        "",
+        "## Priming with a 4k-token prompt",
+        "",
+        "`Aligner.fresh(prompt_ids=the first 4000 ids of the text stream)` against aligning "
+        "the same 4000 ids (push each, read every segment's tokens, finish), over the same "
+        "compiled tables; medians of at least 3 runs. Target: ratio at most 1.",
+        "",
+        "| Tokenizer | tokentrail source | prime ms | align ms | ratio |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for r in results:
+        for src, p in r.get("priming", {}).items():
+            lines.append(
+                f"| {r['label']} | {src} | {p['prime_ms']:.2f} | {p['align_ms']:.2f} | "
+                f"{p['ratio']:.2f} |"
+            )
     lines += ["", "## Mismatch details", ""]
     any_mm = False
     for r in results:

@@ -61,7 +61,7 @@ def build_llama3_vocab_model(out: Path, hidden: int = 128) -> Path:
     from mlx_lm.models import llama
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
-    from tokentrail.loaders import tiktoken_specials
+    from tokentrail.vocab.tiktoken_ranks import tiktoken_specials
 
     ranks = CORPUS / "tokenizers" / "llama3" / "tokenizer.model"
     if not ranks.is_file():

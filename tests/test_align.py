@@ -217,10 +217,22 @@ def _own_bytes(aligner: Aligner, ids: list[int], index: int) -> bytes:
     skipped = v.hidden | (v.special if aligner.skip_special_tokens else frozenset())
     if ids[index] in skipped:
         return b""
-    is_first = all(i in skipped for i in ids[:index])
+    is_first = takes_first_piece(v, skipped, ids[:index])
     if is_first and ids[index] in v.first_pieces:
         return v.first_pieces[ids[index]]
     return v.pieces[ids[index]] or b""
+
+
+def takes_first_piece(v: tokentrail.Vocab, skipped: frozenset[int], before: list[int]) -> bool:
+    """Whether the next token takes its first-token piece after the ids `before`:
+    no token added bytes yet (sentencepiece, `first_until_text`), or none was pushed
+    that is not skipped (tokenizers' Metaspace and Strip)."""
+    for i in before:
+        if i in skipped:
+            continue
+        if not (v.first_until_text and not v.first_pieces.get(i, v.pieces[i])):
+            return False
+    return True
 
 
 def _valid_ids(v: tokentrail.Vocab) -> list[int]:

@@ -1,10 +1,11 @@
 """GGUF vocabularies, Mistral Tekken and llama2.c tokenizer.bin, checked against their oracles.
 
-Oracles (see tokentrail.formats):
-- GGUF: the tokenizer transformers builds from the file (Llama SPM, DeepSeek Coder,
-  Falcon); where transformers cannot build one, the file rebuilt as a sentencepiece model
-  (Baichuan) or a tokenizers WordPiece (BGE). Two files are also checked through the
-  rebuild that is used when transformers is missing.
+Oracles (see tokentrail.vocab.gguf_file, .tekken, .llama2c):
+- GGUF with reference="transformers" (the default, llama.cpp, is tested against
+  llama.cpp itself in test_gguf_llamacpp.py): the tokenizer transformers builds from the
+  file (Llama SPM, DeepSeek Coder, Falcon); where transformers cannot build one, the
+  file rebuilt as a sentencepiece model (Baichuan) or a tokenizers WordPiece (BGE). Two
+  files are also checked through the rebuild alone (use_transformers=False).
 - Tekken: mistral-common's Tekkenizer.decode with SpecialTokenPolicy IGNORE / KEEP.
 - llama2.c: sentencepiece on the model rebuilt from the export, itself checked against
   sentencepiece on Llama 2's tokenizer.model and against the corpus's recorded llama2.c
@@ -24,9 +25,12 @@ import pytest
 from conftest import CORPUS, corpus_path, require
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+from test_align import takes_first_piece
 
 from tokentrail import Aligner, Segment, TokenizerLoadError, Vocab
-from tokentrail.formats import try_llama2c, vocab_from_gguf, vocab_from_tekken
+from tokentrail.vocab.gguf_file import vocab_from_gguf
+from tokentrail.vocab.llama2c import try_llama2c
+from tokentrail.vocab.tekken import vocab_from_tekken
 
 TEXTS = [
     "The quick brown fox jumps over the lazy dog. Don't stop, it's fine!",
@@ -77,10 +81,13 @@ def _spec(key: str) -> tuple[str, str]:
 @functools.cache
 def _load(key: str) -> Vocab:
     how, where = _spec(key)
+    if how == "path" and where.endswith(".gguf"):
+        # llama.cpp (the default reference) is checked in test_gguf_llamacpp.py
+        return Aligner(str(CORPUS / where), reference="transformers").vocab
     if how == "path":
         return Aligner(str(CORPUS / where)).vocab
     if how == "rebuilt":
-        return vocab_from_gguf(CORPUS / where, use_transformers=False)
+        return vocab_from_gguf(CORPUS / where, use_transformers=False, reference="transformers")
     if how == "tekken-path":
         return Aligner(str(_tekken_file(where))).vocab
     from mistral_common.tokens.tokenizers.mistral import MistralTokenizer
@@ -117,7 +124,7 @@ def _own_bytes(v: Vocab, ids: list[int], skip: bool, index: int) -> bytes:
     skipped = v.hidden | (v.special if skip else frozenset())
     if ids[index] in skipped:
         return b""
-    if ids[index] in v.first_pieces and all(i in skipped for i in ids[:index]):
+    if ids[index] in v.first_pieces and takes_first_piece(v, skipped, ids[:index]):
         return v.first_pieces[ids[index]]
     return v.pieces[ids[index]] or b""
 

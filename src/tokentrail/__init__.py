@@ -12,9 +12,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from .align import Aligner
-from .loaders import TokenizerLoadError, load_vocab
 from .segment import Alternative, Confidence, Segment, TokenSpan, confidence_of
-from .vocab import Vocab
+from .vocab import TokenizerLoadError, Vocab, load_vocab
 
 if TYPE_CHECKING:  # what the lazy names are, for type checkers and IDEs
     from .batch import batch_generate, stream_batch_generate

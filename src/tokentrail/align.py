@@ -17,8 +17,9 @@ from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from .segment import Alternative, Segment, TokenSpan, _OneTokenSegment
-from .vocab import CLEANUP_RULES, Vocab
+from .segment import Alternative, Segment, TokenSpan, _OneTokenSegment, new_span
+from .vocab import Vocab, load_vocab
+from .vocab.core import cleanup
 
 log = logging.getLogger(__name__)
 
@@ -31,14 +32,9 @@ class _Keep:
 
 _KEEP = _Keep()
 
+_new_segment = object.__new__
+
 _ERRORS = {"stream": "replace", "spm_runs": "tokentrail-per-byte", "hf_runs": "strict"}
-
-
-def _cleanup(text: str) -> str:
-    for old, new in CLEANUP_RULES:
-        if old in text:
-            text = text.replace(old, new)
-    return text
 
 
 class _CleanupStream:
@@ -60,7 +56,7 @@ class _CleanupStream:
         held = "".join(t for t, _ in self._chunks)
         if final:
             self._chunks.clear()
-            return _cleanup(held), None
+            return cleanup(held), None
         cut = len(held)
         while cut > 0:
             lo = max(0, cut - 3)
@@ -93,7 +89,7 @@ class _CleanupStream:
             return "", None
         keep.reverse()
         self._chunks = keep
-        return _cleanup(held[:cut]), byte_end
+        return cleanup(held[:cut]), byte_end
 
 
 class Aligner:
@@ -116,6 +112,9 @@ class Aligner:
     still-open tail (half a character, a held-back space) comes out with the first
     continuation segment that completes it, listing the prompt tokens that carry it with
     negative `index` (-1 is the prompt's last token); continuation tokens count from 0.
+
+    `reference` chooses whose decode the text equals (see `load_vocab`): "auto" (the
+    format's own library; llama.cpp for GGUF files), "llama.cpp" or "transformers".
     """
 
     def __init__(
@@ -123,12 +122,10 @@ class Aligner:
         tokenizer: Any,
         skip_special_tokens: bool = False,
         prompt_ids: Sequence[int] | None = None,
+        reference: str = "auto",
     ) -> None:
-        from .loaders import load_vocab
-
-        self.vocab: Vocab = load_vocab(tokenizer)
+        self.vocab: Vocab = load_vocab(tokenizer, reference=reference)
         self.skip_special_tokens = bool(skip_special_tokens)
-        self._prompt: tuple[int, ...] = self._check_prompt(prompt_ids)
         v = self.vocab
         self._skipped = v.hidden | (v.special if skip_special_tokens else frozenset())
         self._mode = v.byte_mode
@@ -142,8 +139,11 @@ class Aligner:
             if 0 <= i < len(fast) and not (ascii_ok and (v.pieces[i] or b"\x80") < b"\x80"):
                 fast[i] = None
         self._fast_text = fast
+        self._lens = [0 if p is None else len(p) for p in v.pieces]
         self._alt_cache: dict[int, tuple[bytes, str]] = {}
         self._generic = v.generic
+        self._holes = frozenset(i for i, p in enumerate(v.pieces) if p is None)
+        self._prompt: tuple[int, ...] = self._check_prompt(prompt_ids)
         self.reset()
 
     def fresh(self, prompt_ids: Sequence[int] | _Keep | None = _KEEP) -> Aligner:
@@ -179,6 +179,10 @@ class Aligner:
         if isinstance(prompt_ids, (str, bytes)):
             raise TypeError("prompt_ids must be a sequence of token ids, not a string")
         ids = tuple(prompt_ids)
+        if all(type(i) is int for i in ids):
+            in_range = not ids or (min(ids) >= 0 and max(ids) < len(self._pieces))
+            if in_range and self._holes.isdisjoint(ids):
+                return ids  # the common case, checked in fast passes (long prompts)
         for i in ids:
             try:
                 self.vocab.check_id(i)
@@ -218,7 +222,19 @@ class Aligner:
         its tokens take indices -len(prompt)..-1 so the continuation counts from 0."""
         self._n = -len(prompt)
         push = self.push
-        parts = [s.text for i in prompt for s in push(i)]
+        fast_text = self._fast_text
+        pieces = self._pieces
+        parts: list[str] = []
+        for i in prompt:
+            if self._fast:
+                text = fast_text[i]
+                if text is not None:
+                    # push()'s hot path without the segment nobody will read.
+                    parts.append(text)
+                    self._pos += len(pieces[i])  # type: ignore[arg-type]
+                    self._n += 1
+                    continue
+            parts.extend(s.text for s in push(i))
         self.prompt_text = "".join(parts)
 
     def _update_fast(self) -> None:
@@ -244,6 +260,27 @@ class Aligner:
         top_logprobs: TopLogprobs | None = None,
     ) -> list[Segment]:
         """Add one token; return the segments that became final with it (0 or 1)."""
+        if self._fast and type(token_id) is int and token_id >= 0 and top_logprobs is None:
+            # Nothing pending and a complete token: it is its own segment. (`_done`
+            # equals `_pos` whenever nothing is pending; the slow path relies on it.)
+            # `_fast_text` is None for ids outside the vocabulary, skipped ones and
+            # partial characters, which take the general path below.
+            try:
+                text = self._fast_text[token_id]
+            except IndexError:
+                text = None
+            if text is not None:
+                idx = self._n
+                self._n = idx + 1
+                n = self._lens[token_id]
+                self._pos += n
+                if logprob is not None:
+                    logprob = float(logprob)
+                # object.__new__ plus two slot stores: no constructor frame (hot path).
+                seg = _new_segment(_OneTokenSegment)
+                seg.text = text
+                seg.tokens = (new_span(TokenSpan, (idx, token_id, 0, n, logprob, None)),)
+                return [seg]
         pieces = self._pieces
         if type(token_id) is not int or not 0 <= token_id < len(pieces):
             self.vocab.check_id(token_id)
@@ -263,7 +300,8 @@ class Aligner:
                 # equals `_pos` whenever nothing is pending; the slow path relies on it.)
                 n = len(piece)
                 self._pos += n
-                return [_OneTokenSegment(text, (idx, token_id, 0, n, logprob, top))]
+                span = new_span(TokenSpan, (idx, token_id, 0, n, logprob, top))
+                return [_OneTokenSegment(text, (span,))]
         if self._generic is not None:
             return self._push_generic(idx, token_id, logprob, top, final=False)
         return self._push_slow(idx, token_id, logprob, top)
@@ -357,8 +395,10 @@ class Aligner:
         else:
             piece = self._pieces[token_id]
             if self._first:
-                self._first = False
                 piece = v.first_pieces.get(token_id, piece)
+                # sentencepiece strips the dummy prefix of every piece until some text
+                # has come out (a lone "▁" first leaves the next piece first too).
+                self._first = v.first_until_text and not piece
             assert piece is not None
             if mode == "stream":
                 parts.append(self._dec.decode(piece))

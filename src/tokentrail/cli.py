@@ -56,15 +56,32 @@ def parse_ids(text: str, where: str) -> list[int]:
 
 def _run_align(args: argparse.Namespace) -> int:
     from .align import Aligner
-    from .loaders import TokenizerLoadError
+    from .vocab import TokenizerLoadError
 
     try:
-        aligner = Aligner(args.tokenizer, skip_special_tokens=args.skip_special_tokens)
+        aligner = Aligner(
+            args.tokenizer,
+            skip_special_tokens=args.skip_special_tokens,
+            reference=args.reference,
+        )
     except (TokenizerLoadError, OSError, ValueError) as e:
         return fail(f"cannot load tokenizer {args.tokenizer}: {e}")
     except Exception as e:  # a tokenizer library rejecting a corrupt file
         return fail(f"cannot load tokenizer {args.tokenizer}: {type(e).__name__}: {e}")
     try:
+        prompt: list[int] | None = None
+        if args.prompt_ids is not None:
+            prompt = parse_ids(args.prompt_ids, "--prompt-ids")
+        elif args.prompt_text is not None:
+            try:
+                prompt = aligner.vocab.encode(args.prompt_text, add_special_tokens=True)
+            except RuntimeError as e:
+                return fail(f"--prompt-text: {e}")
+        if prompt is not None:
+            try:
+                aligner.reset(prompt_ids=prompt)
+            except (ValueError, TypeError) as e:
+                return fail(f"--prompt-{'ids' if args.prompt_ids is not None else 'text'}: {e}")
         if args.text is not None:
             sequences = [(None, aligner.vocab.encode(args.text))]
         elif args.ids is not None:
@@ -100,7 +117,10 @@ def _register_align(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "align",
         help="align token ids to text segments",
-        description="Print one JSON object per segment: its text and the tokens behind it.",
+        description="Print one JSON object per segment: its text and the tokens behind it. "
+        "With --prompt-ids or --prompt-text the ids continue that prompt and only the "
+        "continuation's segments are printed; prompt tokens that carry a still-open tail "
+        "of the prompt (half a character) appear in them with a negative index.",
     )
     p.add_argument("--tokenizer", required=True, help="tokenizer file or model folder")
     src = p.add_mutually_exclusive_group(required=True)
@@ -108,6 +128,24 @@ def _register_align(sub: argparse._SubParsersAction) -> None:
     src.add_argument("--ids-file", help="file with one id sequence per line")
     src.add_argument("--text", help="text to encode with the tokenizer, then align")
     p.add_argument("--skip-special-tokens", action="store_true")
+    ctx = p.add_mutually_exclusive_group()
+    ctx.add_argument(
+        "--prompt-ids",
+        help="prompt token ids (commas or spaces): the ids continue this prompt, and only "
+        "the continuation's segments are printed",
+    )
+    ctx.add_argument(
+        "--prompt-text",
+        help="prompt text, encoded with the special tokens the tokenizer adds by default "
+        "(a BOS, for many); only the continuation's segments are printed",
+    )
+    p.add_argument(
+        "--reference",
+        choices=("auto", "llama.cpp", "transformers"),
+        default="auto",
+        help="whose decode the text equals: auto (the format's own library; llama.cpp for "
+        "GGUF files), llama.cpp, or transformers (GGUF through transformers)",
+    )
     p.set_defaults(func=_run_align)
 
 
@@ -116,7 +154,7 @@ def _register_align(sub: argparse._SubParsersAction) -> None:
 
 def _run_bench(args: argparse.Namespace) -> int:
     from .align import Aligner
-    from .loaders import TokenizerLoadError
+    from .vocab import TokenizerLoadError
 
     # Settings are checked before the tokenizer is loaded, so mistakes fail fast.
     if args.tokens < 1:

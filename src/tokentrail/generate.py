@@ -21,12 +21,11 @@ from typing import Any
 from .align import Aligner
 from .engines import Engine, engine_for, load_model
 from .engines.base import Step
-from .loaders import load_vocab
 from .sampling import SamplingParams, check_max_tokens, make_params
 from .sequence import GenerationResponse
 from .sequence import Sequence as _Sequence
 from .stops import StopMatcher
-from .vocab import Vocab
+from .vocab import Vocab, load_vocab
 
 log = logging.getLogger(__name__)
 

@@ -103,9 +103,9 @@ def _read_prompt(args: argparse.Namespace) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Run `tokentrail generate`; return the exit status."""
-    from .loaders import TokenizerLoadError
     from .sampling import check_max_tokens, make_params
     from .stops import StopMatcher
+    from .vocab import TokenizerLoadError
 
     top = args.top_logprobs
     if top is None:

@@ -30,7 +30,7 @@ def load_tokenizer(path: str | Path) -> Any:
     if not p.exists():
         raise FileNotFoundError(f"--tokenizer {p}: no such file or folder")
     if p.suffix == ".gguf":
-        from .formats import _gguf_transformers
+        from .vocab.gguf_file import _gguf_transformers
 
         tok = _gguf_transformers(p)
         if tok is None:

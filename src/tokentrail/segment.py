@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 
 @dataclass(slots=True)
@@ -25,14 +25,16 @@ class Alternative:
         }
 
 
-@dataclass(slots=True)
-class TokenSpan:
+class TokenSpan(NamedTuple):
     """A token's share of one segment.
 
     `index` is the token's position in the stream, `id` its vocabulary id, and
     `start`/`end` the byte offsets, within that token's own bytes, that this segment
     consumed. A token whose bytes are split across segments appears in each with its
     own range; a token with no bytes (a skipped special token) has ``start == end``.
+
+    A named tuple (immutable), so that the aligner's hot path builds one with a single
+    C call: reading every segment's tokens must cost no more than the text alone did.
     """
 
     index: int
@@ -140,29 +142,19 @@ class Segment:
         return {"text": self.text, "tokens": [t.to_dict() for t in self.tokens]}
 
 
-_TOKENS_SLOT = Segment.__dict__["tokens"]
+#: Builds a TokenSpan from a 6-tuple without the Python-level __new__ (hot path).
+new_span = tuple.__new__
 
 
 class _OneTokenSegment(Segment):
-    """A segment made by exactly one whole token (the aligner's hot path).
+    """A segment made by exactly one whole token (the aligner's hot path): its two slots
+    set directly, without the dataclass constructor's default handling."""
 
-    Its `TokenSpan` is built on first access to `tokens`: most streaming consumers read
-    `text` for every token but look at the tokens far less often.
-    """
+    __slots__ = ()
 
-    __slots__ = ("_spec",)
-
-    def __init__(self, text: str, spec: tuple[Any, ...]) -> None:
+    def __init__(self, text: str, tokens: tuple[TokenSpan, ...]) -> None:
         self.text = text
-        self._spec = spec
+        self.tokens = tokens
 
     def __repr__(self) -> str:
         return f"Segment(text={self.text!r}, tokens={self.tokens!r})"
-
-    @property  # type: ignore[override]
-    def tokens(self) -> tuple[TokenSpan, ...]:
-        spec = self._spec
-        if spec is not None:
-            _TOKENS_SLOT.__set__(self, (TokenSpan(*spec),))
-            self._spec = None
-        return _TOKENS_SLOT.__get__(self)

@@ -114,7 +114,7 @@ class UpstreamEngine:
     ) -> None:
         import httpx
 
-        from ..loaders import load_vocab
+        from ..vocab import load_vocab
 
         if dialect not in DIALECTS:
             raise ValueError(f"unknown upstream dialect {dialect!r}; use one of {DIALECTS}")

@@ -83,7 +83,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """`tokentrail realign`: see `register`."""
     from ..cli import fail
-    from ..loaders import TokenizerLoadError
+    from ..vocab import TokenizerLoadError
 
     try:
         realigner = Realigner(args.tokenizer, args.skip_special_tokens, choice=args.choice)

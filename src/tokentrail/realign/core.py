@@ -50,7 +50,7 @@ class Realigner(_Feeding):
         choice: int = 0,
         prompt_ids: Sequence[int] | None = None,
     ) -> None:
-        from ..loaders import load_vocab
+        from ..vocab import load_vocab
 
         self.vocab: Vocab = load_vocab(tokenizer)
         self.choice = choice

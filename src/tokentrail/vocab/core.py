@@ -1,16 +1,19 @@
-"""A tokenizer compiled to what streaming needs: id -> bytes, plus the few decode rules
-that are not plain byte concatenation.
+"""The compiled form of a tokenizer, and the rules every format shares.
 
-The aligner never calls a tokenizer library while streaming; it only reads a `Vocab`.
-Adapters for each tokenizer format live in `tokentrail.loaders` and build one of these.
+A `Vocab` is what streaming needs: id -> bytes, plus the few decode rules that are not
+plain byte concatenation. The aligner never calls a tokenizer library while streaming;
+it only reads a `Vocab`. One module per source format (beside this one) builds it.
 """
 
 from __future__ import annotations
 
 import codecs
+import json
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
 
 #: How invalid UTF-8 turns into U+FFFD, which differs between tokenizer libraries.
 #: - "stream": the whole byte stream is decoded with maximal-subpart replacement
@@ -35,6 +38,14 @@ CLEANUP_RULES: tuple[tuple[str, str], ...] = (
     (" 've", "'ve"),
     (" 're", "'re"),
 )
+
+
+def cleanup(text: str) -> str:
+    """transformers' `clean_up_tokenization_spaces`: `CLEANUP_RULES` in order."""
+    for old, new in CLEANUP_RULES:
+        if old in text:
+            text = text.replace(old, new)
+    return text
 
 
 def wordpiece_cleanup(text: str) -> str:
@@ -69,6 +80,52 @@ def byte_level_alphabet() -> dict[str, int]:
     return out
 
 
+class TokenizerLoadError(ValueError):
+    """The tokenizer could not be recognised or read."""
+
+
+REFERENCES = ("auto", "llama.cpp", "transformers")
+
+
+def check_reference(reference: str, fmt: str, where: object, allowed: tuple[str, ...]) -> None:
+    """Raise a ValueError when `reference` does not apply to this tokenizer format.
+
+    `allowed` lists the references besides "auto" that the format has: "llama.cpp" only
+    for GGUF files, "transformers" for GGUF files and Hugging Face tokenizers (whose
+    "auto" reference is transformers' decode already).
+    """
+    if reference not in REFERENCES:
+        raise ValueError(
+            f"reference must be one of {', '.join(map(repr, REFERENCES))}, got {reference!r}"
+        )
+    if reference != "auto" and reference not in allowed:
+        choices = ", ".join(repr(r) for r in ("auto", *allowed))
+        raise ValueError(
+            f"reference={reference!r} does not apply to {where} ({fmt}); "
+            f"this format's references are {choices}"
+        )
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    if not path.is_file():
+        return None
+    try:
+        out = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise TokenizerLoadError(f"cannot read {path}: {e}") from e
+    return out if isinstance(out, dict) else None
+
+
+BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+
+
+BYTE_PIECE = re.compile(r"^<0x[0-9A-Fa-f]{2}>$")
+
+
+#: GGUF / sentencepiece token types (ModelProto.SentencePiece.Type numbering).
+TYPE_NORMAL, TYPE_UNKNOWN, TYPE_CONTROL, TYPE_USER_DEFINED, TYPE_UNUSED, TYPE_BYTE = range(1, 7)
+
+
 @dataclass(eq=False)
 class Vocab:
     """Everything the aligner needs to know about a tokenizer's decode.
@@ -94,6 +151,10 @@ class Vocab:
     #: Whether a skipped token ends a byte-fallback run (true for sentencepiece, whose
     #: control pieces stay in the decode loop; false for tokenizers, which drops them).
     skipped_breaks_runs: bool = False
+    #: Whether `first_pieces` applies to every token until one adds bytes (sentencepiece
+    #: strips the dummy prefix while its output is still empty) rather than only to the
+    #: first token that is not skipped (tokenizers' Metaspace).
+    first_until_text: bool = False
     #: Display names (token strings) for tokens whose bytes are empty, such as `<s>`.
     names: dict[int, str] = field(default_factory=dict)
     #: The tokenizer library's own decode: (ids, skip_special_tokens) -> str.
@@ -143,14 +204,20 @@ class Vocab:
             return self.names.get(token_id, b.decode("utf-8", "replace"))
         return b.decode("utf-8", "replace")
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids for `text` through the source tokenizer, without added special tokens."""
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """Token ids for `text` through the source tokenizer.
+
+        Without `add_special_tokens` no special token is added; with it, the ones the
+        tokenizer adds by default (a tokenizer.json's post-processor, a transformers
+        tokenizer's BOS, a GGUF file's `add_bos_token`; a sentencepiece model, tiktoken
+        ranks and Tekken add none)."""
         src = self.source
         mod = type(src).__module__
+        add = bool(add_special_tokens)
         if src is None:
             raise RuntimeError(f"{self.name} has no tokenizer to encode with")
         if mod.startswith("tokenizers"):
-            return list(src.encode(text, add_special_tokens=False).ids)
+            return list(src.encode(text, add_special_tokens=add).ids)
         if mod.startswith("sentencepiece"):
             return list(src.encode(text))
         if mod.startswith("tiktoken"):
@@ -159,7 +226,7 @@ class Vocab:
             return list(src.encode(text, bos=False, eos=False))
         if hasattr(src, "encode"):
             try:
-                return list(src.encode(text, add_special_tokens=False))
+                return list(src.encode(text, add_special_tokens=add))
             except TypeError:
                 return list(src.encode(text))
         raise RuntimeError(f"{self.name}: cannot encode with {type(src).__name__}")

@@ -1,0 +1,221 @@
+"""Hugging Face `tokenizers` (tokenizer.json): the decoder pipeline compiled per token.
+
+The decoder steps (ByteLevel, ByteFallback, Metaspace, Replace, Strip, Fuse, WordPiece,
+none) are simulated on every token's string, so the aligner knows each token's bytes, the
+first-token variants (Metaspace, Strip) and the byte-fallback runs. A pipeline that is not
+per-token plus these rules takes the generic path. The oracle is `Tokenizer.decode`, plus
+transformers' clean-up of spaces when the folder's tokenizer_config.json asks for it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from .core import BYTE_TOKEN, Vocab, byte_level_alphabet, wordpiece_cleanup
+
+log = logging.getLogger(__name__)
+
+
+def _flatten(decoder: Any) -> list[dict[str, Any]]:
+    if decoder is None:
+        return []
+    if decoder.get("type") == "Sequence":
+        out: list[dict[str, Any]] = []
+        for d in decoder.get("decoders", []):
+            out.extend(_flatten(d))
+        return out
+    return [decoder]
+
+
+class _Unsupported(Exception):
+    pass
+
+
+def _compile_decoder(
+    steps: list[dict[str, Any]], tokens: list[str | None]
+) -> tuple[list[bytes | None], dict[int, bytes], frozenset[int], str, int]:
+    """Simulate a tokenizers decoder pipeline per token.
+
+    Returns (pieces, first_pieces, byte_ids, byte_mode, strip_leading). Raises
+    `_Unsupported` for a pipeline whose effect is not per-token plus the known
+    whole-text rules, so that the caller can fall back to the generic path.
+    """
+    cur: list[str | bytes | None] = list(tokens)
+    first: dict[int, str | bytes] = {}
+    byte_ids: set[int] = set()
+    mode = "stream"
+    fused = False
+    strip_leading = 0
+    if not steps:  # no decoder: tokens joined with single spaces
+        steps = [{"type": "_join"}]
+
+    def each(fn: Any) -> None:
+        for i, s in enumerate(cur):
+            if s is not None and i not in byte_ids:
+                cur[i] = fn(s)
+        for i, s in list(first.items()):
+            first[i] = fn(s)
+
+    for step in steps:
+        kind = step.get("type")
+        if fused:
+            if kind == "Strip" and step.get("content") == " " and step.get("stop", 0) == 0:
+                strip_leading += int(step.get("start", 0))
+                continue
+            raise _Unsupported(f"{kind} after the text is fused")
+        if kind == "Replace":
+            pattern = step.get("pattern", {})
+            if "String" not in pattern:
+                raise _Unsupported("Replace with a regex pattern")
+            old, new = pattern["String"], step.get("content", "")
+            each(lambda s, old=old, new=new: s.replace(old, new) if isinstance(s, str) else s)
+        elif kind == "ByteFallback":
+            for i, s in enumerate(cur):
+                if isinstance(s, str):
+                    m = BYTE_TOKEN.match(s)
+                    if m:
+                        cur[i] = bytes([int(m.group(1), 16)])
+                        byte_ids.add(i)
+                        first.pop(i, None)
+            mode = "hf_runs"
+        elif kind == "Fuse":
+            fused = True
+        elif kind == "Strip":
+            content = step.get("content", " ")
+            start, stop = int(step.get("start", 0)), int(step.get("stop", 0))
+
+            def strip(s: Any, c: str = content, a: int = start, b: int = stop) -> Any:
+                if not isinstance(s, str):
+                    return s
+                i = 0
+                while i < a and i < len(s) and s[i] == c:
+                    i += 1
+                j = len(s)
+                while len(s) - j < b and j > i and s[j - 1] == c:
+                    j -= 1
+                return s[i:j]
+
+            each(strip)
+        elif kind == "ByteLevel":
+            alphabet = byte_level_alphabet()
+            # A token made only of alphabet characters maps to their bytes; any other
+            # character makes tokenizers keep the token's own UTF-8 (added tokens).
+            table = str.maketrans({c: chr(b) for c, b in alphabet.items()})
+            outside = re.compile("[^" + re.escape("".join(alphabet)) + "]")
+
+            def to_bytes(s: Any, table: dict[int, str] = table, outside: Any = outside) -> Any:
+                if not isinstance(s, str):
+                    return s
+                if outside.search(s):
+                    return s.encode("utf-8")
+                return s.translate(table).encode("latin-1")
+
+            each(to_bytes)
+            if mode == "hf_runs":
+                raise _Unsupported("ByteLevel after ByteFallback")
+            fused = True
+        elif kind == "Metaspace":
+            repl = step.get("replacement", "▁")
+            scheme = step.get("prepend_scheme")
+            if scheme is None:
+                scheme = "always" if step.get("add_prefix_space", True) else "never"
+            for i, s in enumerate(cur):
+                if isinstance(s, str) and i not in byte_ids:
+                    f = first.get(i, s)
+                    if scheme != "never" and isinstance(f, str):
+                        first[i] = f.replace(repl, "")
+                    cur[i] = s.replace(repl, " ")
+        elif kind in ("WordPiece", "_join"):
+            prefix = step.get("prefix", "##") if kind == "WordPiece" else None
+            do_clean = bool(step.get("cleanup", False)) if kind == "WordPiece" else False
+            clean = wordpiece_cleanup
+
+            for i, s in enumerate(cur):
+                if not isinstance(s, str):
+                    continue
+                f = first.get(i, s)
+                has_prefix = prefix is not None and s.startswith(prefix)
+                s = s[len(prefix or "") :] if has_prefix else " " + s
+                cur[i] = clean(s) if do_clean else s
+                if isinstance(f, str):
+                    first[i] = clean(f) if do_clean else f
+            fused = kind == "_join"
+        else:
+            raise _Unsupported(f"decoder step {kind}")
+    pieces: list[bytes | None] = [
+        None if s is None else (s if isinstance(s, bytes) else s.encode("utf-8")) for s in cur
+    ]
+    first_b = {
+        i: (s if isinstance(s, bytes) else s.encode("utf-8"))
+        for i, s in first.items()
+        if (s if isinstance(s, bytes) else s.encode("utf-8")) != pieces[i]
+    }
+    return pieces, first_b, frozenset(byte_ids), mode, strip_leading
+
+
+def vocab_from_hf_tokenizer(
+    tok: Any,
+    name: str = "tokenizers.Tokenizer",
+    config: dict[str, Any] | None = None,
+    cleanup: bool | None = None,
+    oracle: Any = None,
+    special_ids: set[int] | None = None,
+    spec: dict[str, Any] | None = None,
+) -> Vocab:
+    """Compile a `tokenizers.Tokenizer` (and its decoder pipeline) into a Vocab.
+
+    `spec` is the tokenizer's JSON when the caller has already parsed it.
+    """
+    if spec is None:
+        spec = json.loads(tok.to_str())
+    size = tok.get_vocab_size(with_added_tokens=True)
+    table = tok.get_vocab(with_added_tokens=True)
+    size = max(size, max(table.values(), default=-1) + 1)
+    tokens: list[str | None] = [None] * size
+    for s, i in table.items():
+        tokens[i] = s
+    special = set(special_ids or ())
+    for added in spec.get("added_tokens", []):
+        if added.get("special"):
+            special.add(int(added["id"]))
+    if cleanup is None:
+        cleanup = bool((config or {}).get("clean_up_tokenization_spaces", False))
+
+    def reference(ids: Sequence[int], skip: bool) -> str:
+        return tok.decode(list(ids), skip_special_tokens=skip)
+
+    try:
+        pieces, first, byte_ids, mode, strip = _compile_decoder(
+            _flatten(spec.get("decoder")), tokens
+        )
+    except _Unsupported as why:
+        from .generic import generic_vocab
+
+        log.info("%s: %s; using the generic decode path", name, why)
+        return generic_vocab(
+            tokens, special, oracle or reference, name=name, cleanup=bool(cleanup), source=tok
+        )
+    if oracle is None:
+        if cleanup:
+
+            def oracle(ids: Sequence[int], skip: bool) -> str:
+                return cleanup(reference(ids, skip))
+        else:
+            oracle = reference
+    return Vocab(
+        pieces=pieces,
+        name=name,
+        special=frozenset(special),
+        byte_ids=byte_ids,
+        byte_mode=mode,  # type: ignore[arg-type]
+        first_pieces=first,
+        strip_leading=strip,
+        cleanup=bool(cleanup),
+        names={i: t for i, t in enumerate(tokens) if t is not None and i in special},
+        oracle=oracle,
+        source=tok,
+    )

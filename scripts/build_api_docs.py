@@ -12,6 +12,7 @@ pdoc cannot link to: a broken reference.
 from __future__ import annotations
 
 import argparse
+import os
 import pkgutil
 import re
 import sys
@@ -47,6 +48,9 @@ def unlinked_references(output: Path, package: str = "tokentrail") -> list[str]:
 
 def build(output: Path, package: str = "tokentrail") -> list[str]:
     """Render `package`'s reference into `output`; return the problems (none: clean)."""
+    # Defaults are shown as they are: pdoc hides (and warns about) one that happens to
+    # equal an environment variable's value, e.g. an engine's name and TOKENTRAIL_EXTRAS.
+    os.environ.setdefault("PDOC_DISPLAY_ENV_VARS", "1")
     import pdoc
 
     names = modules(package)

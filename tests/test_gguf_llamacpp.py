@@ -390,7 +390,7 @@ def test_reference_transformers_without_torch_names_the_extra(monkeypatch) -> No
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a)
     )
-    with pytest.raises(TokenizerLoadError, match=r"pip install 'tokentrail\[gguf\]'"):
+    with pytest.raises(TokenizerLoadError, match=r"pip install 'tokentrail\[gguf,torch\]'"):
         Aligner(path, reference="transformers")
     # the llama.cpp reference needs neither transformers nor torch
     assert Aligner(path, reference="llama.cpp").vocab.decode([1, 15043]) == "<s> Hello"

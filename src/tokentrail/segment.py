@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, get_type_hints
 
 
 @dataclass(slots=True)
@@ -56,6 +56,12 @@ class TokenSpan(NamedTuple):
         if self.top_logprobs is not None:
             out["top_logprobs"] = [alt.to_dict() for alt in self.top_logprobs]
         return out
+
+
+# The constructor NamedTuple generates carries the annotations as strings, to be read in
+# another module's namespace; give it the resolved types so documentation tools and
+# `typing.get_type_hints` can read them.
+TokenSpan.__new__.__annotations__ = get_type_hints(TokenSpan)
 
 
 @dataclass(slots=True)

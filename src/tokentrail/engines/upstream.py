@@ -126,8 +126,14 @@ class UpstreamEngine:
         self.eos_ids = tuple(eos_ids)
         self._decode = decode
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        # One connection per request, never kept alive: streams run on threads of their
+        # own, and a stream cut short must not leave its connection to the next request
+        # (llama-server was seen to misbehave on a connection reused after a stream).
         self.client = httpx.Client(
-            base_url=self.url, headers=headers, timeout=httpx.Timeout(timeout, connect=10.0)
+            base_url=self.url,
+            headers=headers,
+            timeout=httpx.Timeout(timeout, connect=10.0),
+            limits=httpx.Limits(max_keepalive_connections=0),
         )
         self.timeout = timeout
         self.model = model

@@ -329,21 +329,30 @@ def test_client_hanging_up_stops_the_upstream(proxy: Any, llama: LlamaServer) ->
         "seed": 3,
         "stream": True,
     }
-    with httpx.stream("POST", proxy.url + "/v1/chat/completions", json=body, timeout=120) as r:
-        got = []
-        seen = []
-        for line in r.iter_lines():
-            seen.append(line)
-            if line.startswith("data:"):
-                got.append(line)
-            if len(got) == 3:
-                break
-        assert len(got) == 3, (r.status_code, seen)
-        # (llama-server's /slots can report a slot idle for a moment while it works.)
-        deadline = time.monotonic() + 5
-        while not busy():
-            assert time.monotonic() < deadline, "llama-server is not generating the request"
-            time.sleep(0.1)
+    # (llama-server's /slots sometimes reports the slot idle although tokens flow; then the
+    # precondition is tried again on a new request, at most three times.)
+    for _attempt in range(3):
+        with httpx.stream(
+            "POST", proxy.url + "/v1/chat/completions", json=body, timeout=120
+        ) as r:
+            got = []
+            seen = []
+            for line in r.iter_lines():
+                seen.append(line)
+                if line.startswith("data:"):
+                    got.append(line)
+                if len(got) == 3:
+                    break
+            assert len(got) == 3, (r.status_code, seen)
+            deadline = time.monotonic() + 5
+            while not busy() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            was_busy = busy()
+        if was_busy:
+            break
+        time.sleep(1)
+    else:
+        pytest.fail("llama-server never reported the proxied request as being generated")
     # 1500 tokens take llama-server over 10 s here; a cancelled one stops within a few
     # token times (the proxy reads each stream on its own thread and closes it there).
     deadline = time.monotonic() + 5

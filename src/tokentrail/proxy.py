@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .engines.upstream import UpstreamEngine
+from .generate import _eos_ids
 
 log = logging.getLogger("tokentrail.proxy")
 
@@ -41,16 +42,6 @@ def load_tokenizer(path: str | Path) -> Any:
     if (p.parent / "tokenizer_config.json").is_file():
         return AutoTokenizer.from_pretrained(str(p.parent), local_files_only=True)
     return PreTrainedTokenizerFast(tokenizer_file=str(p))
-
-
-def _eos_ids(tokenizer: Any) -> list[int]:
-    ids = getattr(tokenizer, "eos_token_ids", None)
-    if isinstance(ids, int):
-        return [ids]
-    if ids:
-        return sorted(int(i) for i in ids)
-    eos = getattr(tokenizer, "eos_token_id", None)
-    return [] if eos is None else [int(eos)]
 
 
 def create_upstream_app(
@@ -79,7 +70,7 @@ def create_upstream_app(
         model=upstream_model,
         dialect=dialect,
         timeout=timeout,
-        eos_ids=_eos_ids(tok),
+        eos_ids=sorted(_eos_ids(tok)),
         decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
     )
     name = model_name or engine.model or "upstream"

@@ -14,21 +14,10 @@ import socket
 import subprocess
 import time
 from pathlib import Path
-from typing import NoReturn
 
-import pytest
+from llamacpp_support import missing  # skip locally, fail in CI
 
 LLAMA_SERVER = Path.home() / ".cache/tokentrail/llama.cpp-0.3.36/build/bin/llama-server"
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-
-
-def _missing(reason: str) -> NoReturn:
-    """Skip (locally) or fail (in CI, where everything must run) the calling test."""
-    if IN_CI:
-        pytest.fail(f"CI=true but {reason}", pytrace=False)
-    pytest.skip(reason)
-
-
 def smollm2_gguf(tmp: Path | None = None) -> Path:
     """The SmolLM2 GGUF, found as `tokentrail.models.resolve("smollm2")` finds it
     (``TOKENTRAIL_SMOLLM2``, the cache that ``python -m tokentrail.models fetch
@@ -38,14 +27,14 @@ def smollm2_gguf(tmp: Path | None = None) -> Path:
     try:
         return resolve("smollm2")
     except ModelNotAvailable as e:
-        _missing(str(e))
+        missing(str(e))
 
 
 def llama_server_binary() -> Path:
     """llama.cpp's llama-server, or skip saying how to build it."""
     path = Path(os.environ.get("TOKENTRAIL_LLAMA_SERVER", LLAMA_SERVER))
     if not path.is_file():
-        _missing(
+        missing(
             f"llama-server not found at {path}: build it with scripts/build_llama_server.sh "
             "or set TOKENTRAIL_LLAMA_SERVER"
         )

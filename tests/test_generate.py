@@ -25,7 +25,8 @@ require("mlx_lm")
 import tokentrail  # noqa: E402
 from tokentrail import GenerationResponse, confidence_of, load, stream_generate  # noqa: E402
 from tokentrail.engines import Step, engine_for  # noqa: E402
-from tokentrail.generate import DEMO_MODEL, _vocab  # noqa: E402
+from tokentrail.generate import DEMO_MODEL  # noqa: E402
+from tokentrail.prompting import vocab_for as _vocab  # noqa: E402
 from tokentrail.sampling import SamplingParams  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]

@@ -27,7 +27,8 @@ from mlx_lm.sample_utils import make_logits_processors, make_sampler  # noqa: E4
 
 import tokentrail  # noqa: E402
 from tokentrail import Aligner, GenerationResponse, stream_generate  # noqa: E402
-from tokentrail.generate import DEMO_MODEL, _vocab  # noqa: E402
+from tokentrail.generate import DEMO_MODEL  # noqa: E402
+from tokentrail.prompting import vocab_for as _vocab  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     not (DEMO_MODEL / "config.json").is_file(), reason="the built-in demo model is missing"

@@ -25,7 +25,8 @@ from tokentrail import stream_generate  # noqa: E402
 from tokentrail.engines import ENGINES, Engine  # noqa: E402
 from tokentrail.engines import torch_engine as te  # noqa: E402
 from tokentrail.engines.torch_engine import TorchEngine  # noqa: E402
-from tokentrail.generate import DEMO_MODEL, GenerationResponse, _vocab  # noqa: E402
+from tokentrail.generate import DEMO_MODEL, GenerationResponse  # noqa: E402
+from tokentrail.prompting import vocab_for as _vocab  # noqa: E402
 from tokentrail.sampling import SamplingParams, make_params  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]

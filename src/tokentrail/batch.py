@@ -5,7 +5,7 @@ Both run on the engine's `Batch` (`tokentrail.engines.batch.open_batch`): on MLX
 mlx-lm's `BatchGenerator` with per-sequence samplers, processors and on-device logprobs
 (`tokentrail.engines.mlx_batch`); other engines get a `SerialBatch`. Sequences join the
 batch as others finish, so `n` completions per prompt and more prompts than `max_batch`
-stream through together. Each sequence has its own `tokentrail.sequence.Sequence`
+stream through together. Each sequence has its own `tokentrail.sequence.SequenceState`
 (aligner in its prompt's context, stop strings, EOS, token limit).
 """
 
@@ -19,17 +19,10 @@ from typing import Any
 
 from .engines import engine_for
 from .engines.batch import open_batch
-from .generate import (
-    _eos_ids,
-    _prompt_ids,
-    _room,
-    _stops,
-    aligner_for,
-)
+from .prompting import aligner_for, eos_ids, prompt_ids, room, stop_matcher
 from .sampling import check_max_tokens, make_params
 from .segment import Segment
-from .sequence import GenerationResponse
-from .sequence import Sequence as _Sequence
+from .sequence import GenerationResponse, SequenceState
 
 log = logging.getLogger(__name__)
 
@@ -154,9 +147,9 @@ def stream_batch_generate(
     stops = _per_prompt("stop", stop, count, nested=True)
     jobs: deque[_Job] = deque()
     for i, prompt in enumerate(prompts):
-        ids = _prompt_ids(tokenizer, prompt, engine.vocab_size)
-        limit = _room(engine, len(ids), limits[i], 0)
-        _stops(stops[i])  # checked now
+        ids = prompt_ids(tokenizer, prompt, engine.vocab_size)
+        limit = room(engine.context_length, len(ids), limits[i])
+        stop_matcher(stops[i])  # checked now
         for j in range(n):
             kw = {k: per[k][i] for k in _PER_SEQUENCE}
             if kw["seed"] is not None:
@@ -182,16 +175,16 @@ def _run(
     options: dict[str, Any],
 ) -> Iterator[tuple[int, GenerationResponse]]:
     batch = open_batch(engine, max_batch, **options)
-    eos = _eos_ids(tokenizer)
-    live: dict[int, tuple[_Job, _Sequence]] = {}
+    eos = eos_ids(tokenizer)
+    live: dict[int, tuple[_Job, SequenceState]] = {}
     try:
         while jobs or live:
             while jobs and len(batch) < max_batch:
                 job = jobs.popleft()
                 uid = batch.add(job.ids, job.params, job.limit)
                 aligner = aligner_for(tokenizer, job.ids, skip_special_tokens)
-                seq = _Sequence(
-                    aligner, _stops(job.stop), eos, len(job.ids), job.limit,
+                seq = SequenceState(
+                    aligner, stop_matcher(job.stop), eos, len(job.ids), job.limit,
                     engine.vocab_size, engine.peak_memory,
                 )
                 live[uid] = (job, seq)
@@ -231,7 +224,7 @@ def batch_generate(
     n = kwargs.get("n", 1)
     out = [Completion(i // n, "") for i in range(len(prompts) * n)]
     texts: list[list[str]] = [[] for _ in out]
-    eos = _eos_ids(tokenizer)
+    eos = eos_ids(tokenizer)
     for index, r in stream:
         c = out[index]
         if r.text or r.last_segment_tokens:

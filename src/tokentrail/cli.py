@@ -16,11 +16,9 @@ import time
 from collections.abc import Sequence
 from typing import NoReturn
 
+from .errors import UsageError
+
 log = logging.getLogger(__name__)
-
-
-class UsageError(Exception):
-    """Bad input from the command line: exit 2 with this message."""
 
 
 class _Parser(argparse.ArgumentParser):

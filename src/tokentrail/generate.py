@@ -13,26 +13,22 @@ from __future__ import annotations
 
 import logging
 import os
-import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .align import Aligner
 from .engines import Engine, engine_for, load_model
 from .engines.base import Step
+from .prompting import aligner_for, eos_ids, prompt_ids, room, stop_matcher, vocab_for
 from .sampling import SamplingParams, check_max_tokens, make_params
-from .sequence import GenerationResponse
-from .sequence import Sequence as _Sequence
-from .stops import StopMatcher
-from .vocab import Vocab, load_vocab
+from .sequence import GenerationResponse, SequenceState
 
 log = logging.getLogger(__name__)
 
 #: The built-in demo model shipped as package data.
 DEMO_MODEL = Path(__file__).resolve().parent / "demo_model"
 
-__all__ = ["DEMO_MODEL", "GenerationResponse", "load", "stream_generate"]
+__all__ = ["DEMO_MODEL", "GenerationResponse", "aligner_for", "load", "stream_generate"]
 
 
 def load(
@@ -51,162 +47,12 @@ def load(
             )
         path = DEMO_MODEL
     model, tokenizer = load_model(path, engine=engine, **options)
-    _vocab(tokenizer)  # compile the tokenizer now, not on the first generation
+    vocab_for(tokenizer)  # compile the tokenizer now, not on the first generation
     return model, tokenizer
-
-
-# -- tokenizer helpers (work with mlx-lm's TokenizerWrapper and transformers tokenizers) --
-
-_VOCABS: weakref.WeakKeyDictionary[Any, Vocab] = weakref.WeakKeyDictionary()
-
-
-def _vocab(tokenizer: Any) -> Vocab:
-    """The tokenizer compiled for the aligner, cached per tokenizer object."""
-    try:
-        hit = _VOCABS.get(tokenizer)
-    except TypeError:  # not weak-referenceable or not hashable
-        return load_vocab(tokenizer)
-    if hit is None:
-        hit = load_vocab(tokenizer)
-        _VOCABS[tokenizer] = hit
-    return hit
-
-
-def _eos_ids(tokenizer: Any) -> frozenset[int]:
-    """End-of-sequence ids: mlx-lm's `eos_token_ids` (which merges the model config's),
-    else a transformers tokenizer's own `eos_token_id`."""
-    for name in ("eos_token_ids", "eos_token_id"):
-        ids = getattr(tokenizer, name, None)
-        if ids is None:
-            continue
-        if isinstance(ids, int):
-            return frozenset((ids,))
-        return frozenset(int(i) for i in ids)
-    return frozenset()
-
-
-def _check_ids(ids: Sequence[Any], vocab_size: int | None, what: str) -> list[int]:
-    out = []
-    for i in ids:
-        if isinstance(i, bool) or not isinstance(i, int):
-            try:
-                j = int(i)
-            except (TypeError, ValueError):
-                raise TypeError(f"{what} must be token ids (ints), got {i!r}") from None
-            if j != i:
-                raise TypeError(f"{what} must be token ids (ints), got {i!r}")
-            i = j
-        if i < 0 or (vocab_size is not None and i >= vocab_size):
-            limit = "" if vocab_size is None else f" (valid ids are 0..{vocab_size - 1})"
-            raise ValueError(f"{what} contains token id {i}, outside the vocabulary{limit}")
-        out.append(i)
-    return out
-
-
-def _prompt_ids(tokenizer: Any, prompt: Any, vocab_size: int | None) -> list[int]:
-    """Token ids for a str, a list of ids, an array of ids or a list of chat messages."""
-    if isinstance(prompt, str):
-        if not prompt:
-            raise ValueError("prompt is empty")
-        bos = getattr(tokenizer, "bos_token", None)
-        add_special = bos is None or not prompt.startswith(bos)
-        ids = tokenizer.encode(prompt, add_special_tokens=add_special)
-        return _check_ids(list(ids), vocab_size, "encoded prompt")
-    if hasattr(prompt, "tolist") and not isinstance(prompt, list):
-        prompt = prompt.tolist()  # mx.array / numpy array of ids
-    if not isinstance(prompt, Sequence) or isinstance(prompt, bytes | bytearray):
-        raise TypeError(
-            "prompt must be a str, a list of token ids or a list of chat messages, "
-            f"got {type(prompt).__name__}"
-        )
-    if len(prompt) == 0:
-        raise ValueError("prompt is empty")
-    if all(isinstance(m, Mapping) for m in prompt):
-        return _chat_ids(tokenizer, prompt, vocab_size)
-    return _check_ids(prompt, vocab_size, "prompt")
-
-
-def _chat_ids(
-    tokenizer: Any, messages: Sequence[Mapping[str, Any]], vocab_size: int | None
-) -> list[int]:
-    for i, m in enumerate(messages):
-        if not isinstance(m.get("role"), str) or "content" not in m:
-            raise ValueError(
-                f"prompt message {i} must have a 'role' (str) and 'content', got {dict(m)!r}"
-            )
-    has_template = getattr(tokenizer, "has_chat_template", None)
-    if has_template is None:
-        has_template = getattr(tokenizer, "chat_template", None) is not None
-    if not has_template:
-        raise ValueError(
-            "prompt is a list of chat messages but the tokenizer has no chat template; "
-            "pass the prompt as a str or token ids"
-        )
-    kwargs: dict[str, Any] = {"add_generation_prompt": True, "tokenize": True}
-    if not type(tokenizer).__module__.startswith("mlx_lm"):
-        kwargs["return_dict"] = False  # transformers 5 returns a BatchEncoding otherwise
-    ids = tokenizer.apply_chat_template([dict(m) for m in messages], **kwargs)
-    if isinstance(ids, Mapping):  # some tokenizers return a BatchEncoding regardless
-        ids = ids["input_ids"]
-    return _check_ids(list(ids), vocab_size, "chat template output")
-
-
-def _stops(stop: Any) -> StopMatcher | None:
-    if stop is None:
-        return None
-    if isinstance(stop, str):
-        stop = [stop]
-    if not isinstance(stop, Sequence):
-        raise TypeError(f"stop must be a str or a list of str, got {type(stop).__name__}")
-    if not stop:
-        return None
-    return StopMatcher(stop)
-
-
-_ALIGNERS: weakref.WeakKeyDictionary[Any, dict[bool, Aligner]] = weakref.WeakKeyDictionary()
-
-
-def aligner_for(
-    tokenizer: Any, prompt_ids: Sequence[int] | None, skip_special_tokens: bool
-) -> Aligner:
-    """An aligner continuing `prompt_ids`, built from a per-tokenizer template (cheap).
-
-    A prompt the tokenizer cannot decode (ids past its vocabulary, which padded models
-    accept) is left out as context rather than refused."""
-    try:
-        templates = _ALIGNERS.setdefault(tokenizer, {})
-    except TypeError:  # not weak-referenceable or not hashable
-        templates = {}
-    template = templates.get(skip_special_tokens)
-    if template is None:
-        template = templates[skip_special_tokens] = Aligner(
-            _vocab(tokenizer), skip_special_tokens=skip_special_tokens
-        )
-    if prompt_ids:
-        try:
-            return template.fresh(prompt_ids=prompt_ids)
-        except (TypeError, ValueError) as e:
-            log.debug("prompt not usable as alignment context: %s", e)
-    return template.fresh(prompt_ids=None)
 
 
 def _is_mlx(engine: Engine) -> bool:
     return type(engine).__module__ == "tokentrail.engines.mlx_engine"
-
-
-def _room(engine: Engine, n_prompt: int, limit: int | None, cached: int) -> int | None:
-    """`limit`, capped at what is left of the model's context after the prompt."""
-    ctx = engine.context_length
-    if ctx is None:
-        return limit
-    room = ctx - cached - n_prompt
-    if room < 1:
-        raise ValueError(
-            f"prompt is {n_prompt} tokens{f' after {cached} cached ones' if cached else ''}, "
-            f"which leaves no room in the model's context of {ctx} tokens "
-            "(max_position_embeddings)"
-        )
-    return room if limit is None or limit > room else limit
 
 
 def _cache_offset(prompt_cache: Any) -> int | None:
@@ -306,15 +152,15 @@ def stream_generate(
         ids: list[int] = []
         n_prompt = len(embeddings)
     else:
-        ids = _prompt_ids(tokenizer, prompt, engine.vocab_size)
+        ids = prompt_ids(tokenizer, prompt, engine.vocab_size)
         n_prompt = len(ids)
     cached = _cache_offset(mlx_options.get("prompt_cache"))
     if mlx_options.get("max_kv_size") is None and cached is not None:
-        limit = _room(engine, n_prompt, limit, cached)
-    matcher = _stops(stop)
+        limit = room(engine.context_length, n_prompt, limit, cached)
+    matcher = stop_matcher(stop)
     aligner = aligner_for(tokenizer, ids, skip_special_tokens)
-    seq = _Sequence(
-        aligner, matcher, _eos_ids(tokenizer), n_prompt, limit, engine.vocab_size,
+    seq = SequenceState(
+        aligner, matcher, eos_ids(tokenizer), n_prompt, limit, engine.vocab_size,
         engine.peak_memory,
     )
     if mlx:
@@ -361,7 +207,7 @@ def _mlx_steps(
     )
 
 
-def _run(seq: _Sequence, steps: Iterator[Step], name: str) -> Iterator[GenerationResponse]:
+def _run(seq: SequenceState, steps: Iterator[Step], name: str) -> Iterator[GenerationResponse]:
     try:
         for step in steps:
             response = seq.feed(step)

@@ -29,13 +29,13 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from .errors import ModelNotAvailable
+
 log = logging.getLogger(__name__)
 
 __all__ = ["MODELS", "ModelNotAvailable", "NamedModel", "cache_dir", "fetch", "resolve"]
 
 
-class ModelNotAvailable(FileNotFoundError):
-    """A named model is not on this machine; the message says how to fetch it."""
 
 
 @dataclass(frozen=True)

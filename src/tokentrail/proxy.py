@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .engines.upstream import UpstreamEngine
-from .generate import _eos_ids
+from .prompting import eos_ids
 
 log = logging.getLogger("tokentrail.proxy")
 
@@ -70,7 +70,7 @@ def create_upstream_app(
         model=upstream_model,
         dialect=dialect,
         timeout=timeout,
-        eos_ids=sorted(_eos_ids(tok)),
+        eos_ids=sorted(eos_ids(tok)),
         decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
     )
     name = model_name or engine.model or "upstream"

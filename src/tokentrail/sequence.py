@@ -18,7 +18,7 @@ from .engines.base import Step
 from .segment import Alternative, Confidence, Segment, TokenSpan, confidence_of
 from .stops import StopMatcher, merge_spans
 
-__all__ = ["GenerationResponse", "Sequence"]
+__all__ = ["GenerationResponse", "Sequence", "SequenceState"]
 
 
 @dataclass(slots=True)
@@ -78,7 +78,7 @@ def _confidence(spans: list[TokenSpan]) -> Confidence | None:
     return confidence_of(spans) if spans else None
 
 
-class Sequence:
+class SequenceState:
     """The state of one sequence above the engine: aligner, stop strings, EOS, limit.
 
     `feed(step)` turns the next engine step into its `GenerationResponse`; `done` is
@@ -210,3 +210,7 @@ class Sequence:
             stop_string=stop_string,
             stop_tokens=stop_tokens,
         )
+
+
+#: The old name, kept importable (it shadowed `collections.abc.Sequence`).
+Sequence = SequenceState

@@ -13,7 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from ..errors import EngineError
 from ..sampling import SamplingParams
+
+__all__ = ["Engine", "EngineError", "Step", "check_generate_args", "read_model_config"]
 
 
 @dataclass(slots=True)
@@ -33,17 +36,6 @@ class Step:
     top_logprobs: list[tuple[int, float]]
     logprobs: Any
     from_draft: bool = False
-
-
-class EngineError(RuntimeError):
-    """An engine failed for a reason that has an HTTP meaning (a remote upstream that is
-    gone or too slow): `status` is what a server answers (502, 504, or an upstream's own
-    4xx) and `code` a short machine-readable name."""
-
-    def __init__(self, message: str, status: int = 502, code: str = "upstream_error") -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
 
 
 @runtime_checkable

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..errors import GGUFError
+
 log = logging.getLogger(__name__)
 
 __all__ = [
@@ -39,8 +41,6 @@ __all__ = [
 GGUF_MAGIC = b"GGUF"
 
 
-class GGUFError(ValueError):
-    """A GGUF file that the chosen engine cannot run; the message names file and remedy."""
 
 
 @dataclass

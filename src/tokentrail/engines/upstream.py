@@ -37,22 +37,18 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import EngineError, UpstreamError  # noqa: F401  (EngineError: old home)
 from ..realign.core import Realigner
 from ..realign.placement import _GapRef
 from ..realign.result import RealignError
 from ..sampling import SamplingParams
 from ..vocab import Vocab
-from .base import EngineError, Step
+from .base import Step
 from .batch import ThreadedBatch
 
 log = logging.getLogger("tokentrail.upstream")
 
 DIALECTS = ("auto", "vllm", "llamacpp", "openai", "tokentrail", "mlx")
-
-
-class UpstreamError(EngineError):
-    """The upstream failed: `status` is what the proxy answers (502, 504, or the
-    upstream's own 4xx), `code` a short machine-readable name."""
 
 
 @dataclass(slots=True)

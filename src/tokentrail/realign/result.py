@@ -5,11 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import RealignError  # noqa: F401  (its old home)
 from ..segment import Segment, TokenSpan
-
-
-class RealignError(ValueError):
-    """A chunk could not be understood: it names the chunk and the field."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -60,10 +60,11 @@ The package, in the order data flows: `protocol` (request validation and errors)
 
 from __future__ import annotations
 
+from ..errors import APIError, QueueFull
 from .app import STATIC_DIR, Guard, create_app
 from .cli import main, register, run
 from .formatting import Formatter, Step
-from .protocol import APIError, GenRequest, QueueFull, parse_chat, parse_completion
+from .protocol import GenRequest, parse_chat, parse_completion
 from .scheduler import Engine, Job, Scheduler
 
 __all__ = [

@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..engines.base import EngineError
+from ..errors import EngineError
 from ..vocab import Vocab
 from .formatting import Formatter, _sse, merge_responses, usage
 from .metrics import Metrics

@@ -15,6 +15,7 @@ import socket
 import sys
 from typing import Any
 
+from ..errors import UsageError
 from .protocol import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_QUEUE
 from .scheduler import DEFAULT_CLIENT_TIMEOUT, DEFAULT_MAX_BATCH, Loader
 
@@ -43,10 +44,6 @@ ENGINE_OPTIONS: dict[str, tuple[str, ...]] = {
     "llamacpp": ("n_ctx", "n_threads", "n_gpu_layers"),
 }
 _ALL_OPTIONS = tuple(dict.fromkeys(k for keys in ENGINE_OPTIONS.values() for k in keys))
-
-
-class UsageError(Exception):
-    """A flag that cannot work: exit 2 with this one line."""
 
 
 def _port(text: str) -> int:
@@ -291,7 +288,7 @@ def run(args: argparse.Namespace) -> int:
         "allowed_hosts": [args.host, *args.allowed_host],
     }
     if args.upstream:
-        from ..engines.upstream import UpstreamError
+        from ..errors import UpstreamError
         from ..proxy import create_upstream_app
 
         try:

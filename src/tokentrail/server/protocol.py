@@ -14,9 +14,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from ..errors import APIError, ClientGone, QueueFull  # noqa: F401  (QueueFull: old home)
+
 if TYPE_CHECKING:
     from starlette.requests import Request
-    from starlette.responses import Response
 
 DEFAULT_MAX_QUEUE = 16
 DEFAULT_MAX_BODY_BYTES = 1 << 20
@@ -34,57 +35,6 @@ Kind = Literal["chat", "completion"]
 
 
 # -- errors -----------------------------------------------------------------------------
-
-
-class APIError(Exception):
-    """An error answered to the client in OpenAI's shape."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        type: str = "invalid_request_error",
-        param: str | None = None,
-        code: str | None = None,
-        headers: Mapping[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.type = type
-        self.param = param
-        self.code = code
-        self.headers = dict(headers or {})
-
-    def body(self) -> dict[str, Any]:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.type,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
-
-    def response(self) -> Response:
-        from starlette.responses import JSONResponse
-
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
-
-
-class QueueFull(APIError):
-    """Raised by `Engine.submit` when `max_queue` requests are already waiting."""
-
-    def __init__(self, waiting: int, retry_after: int) -> None:
-        super().__init__(
-            429,
-            f"the server is busy: {waiting} requests are already waiting; retry after "
-            f"{retry_after} s",
-            type="rate_limit_error",
-            code="queue_full",
-            headers={"Retry-After": str(retry_after)},
-        )
 
 
 def _bad(param: str, message: str, code: str = "invalid_value") -> APIError:
@@ -506,10 +456,6 @@ async def read_json(request: Request, limit: int) -> dict[str, Any]:
             code="invalid_value",
         )
     return body
-
-
-class ClientGone(Exception):
-    """The client hung up before its request was read: nobody to answer."""
 
 
 @dataclass(frozen=True)

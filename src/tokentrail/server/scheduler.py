@@ -28,11 +28,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from ..sequence import Sequence as TokenSequence
+from ..errors import APIError, QueueFull
+from ..prompting import eos_ids, prompt_ids, stop_matcher, vocab_for
+from ..sequence import SequenceState
 from ..vocab import Vocab
 from .formatting import step_of
 from .metrics import Metrics
-from .protocol import DEFAULT_MAX_QUEUE, APIError, GenRequest, QueueFull
+from .protocol import DEFAULT_MAX_QUEUE, GenRequest
 
 logger = logging.getLogger("tokentrail.server")
 
@@ -106,11 +108,11 @@ class Job:
 @dataclass(eq=False)
 class _Seq:
     """One sequence of the batch: a choice of a job, and its per-token state (the same
-    `tokentrail.sequence.Sequence` that `stream_generate` and `batch_generate` use)."""
+    `tokentrail.sequence.SequenceState` that `stream_generate` and `batch_generate` use)."""
 
     job: Job
     choice: int
-    state: TokenSequence
+    state: SequenceState
     index: int = 0
     last_step: float = 0.0
     cached: int | None = None
@@ -127,13 +129,11 @@ def served_name(model_path: str | os.PathLike[str] | None) -> str:
 
 def _vocab_of(tokenizer: Any) -> Vocab:
     """The tokenizer's `Vocab` (for each token's raw bytes and text)."""
-    from ..generate import _vocab
-
     for owner in (tokenizer, getattr(tokenizer, "_tokenizer", None)):
         found = getattr(owner, "__dict__", {}).get("vocab") if owner is not None else None
         if isinstance(found, Vocab):
             return found
-    return _vocab(tokenizer)
+    return vocab_for(tokenizer)
 
 
 class Scheduler:
@@ -340,7 +340,7 @@ class Scheduler:
         self.vocab = _vocab_of(self.tokenizer)
         self.context_length = self._engine.context_length
         self._aligner = Aligner(self.vocab, skip_special_tokens=True)
-        self._eos = generate._eos_ids(self.tokenizer)
+        self._eos = eos_ids(self.tokenizer)
 
     def _loop(self, batch: Any) -> None:
         while True:
@@ -383,7 +383,6 @@ class Scheduler:
 
     def _join(self, batch: Any, job: Job) -> None:
         """Turn a request into `n` sequences of the batch, or answer it with an error."""
-        from .. import generate
         from ..sampling import check_max_tokens
 
         if job.cancelled.is_set():
@@ -391,10 +390,10 @@ class Scheduler:
             return
         req = job.request
         try:
-            ids = generate._prompt_ids(self.tokenizer, req.prompt, self._engine.vocab_size)
+            ids = prompt_ids(self.tokenizer, req.prompt, self._engine.vocab_size)
             limit = self._limit(req, len(ids))
             check_max_tokens(limit)
-            generate._stops(req.stop)
+            stop_matcher(req.stop)
         except (APIError, ValueError, TypeError) as e:
             logger.info("request %s refused: %s", job.id, e)
             job.post("error", 0, e)
@@ -417,7 +416,6 @@ class Scheduler:
 
     def _add(self, batch: Any, job: Job, choice: int, ids: list[int], limit: int) -> None:
         """Add choice `choice` of `job` to the batch, with its own per-token loop."""
-        from .. import generate
         from ..sampling import make_params
 
         req = job.request
@@ -433,9 +431,9 @@ class Scheduler:
             vocab_size=self._engine.vocab_size,
         )
         engine = self._engine
-        state = TokenSequence(
+        state = SequenceState(
             self._aligner.fresh(prompt_ids=ids),
-            generate._stops(req.stop),
+            stop_matcher(req.stop),
             self._eos,
             len(ids),
             limit,

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from ..errors import TokenizerLoadError
+
 #: How invalid UTF-8 turns into U+FFFD, which differs between tokenizer libraries.
 #: - "stream": the whole byte stream is decoded with maximal-subpart replacement
 #:   (Python's and Rust's lossy UTF-8 decode); used by byte-level BPE and tiktoken.
@@ -80,8 +82,6 @@ def byte_level_alphabet() -> dict[str, int]:
     return out
 
 
-class TokenizerLoadError(ValueError):
-    """The tokenizer could not be recognised or read."""
 
 
 REFERENCES = ("auto", "llama.cpp", "transformers")

@@ -47,6 +47,7 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from ..errors import UnsupportedGGUF
 from .core import Vocab, byte_level_alphabet
 
 log = logging.getLogger(__name__)
@@ -106,8 +107,6 @@ _HEX = re.compile(r"[0-9A-Fa-f]{1,2}")
 SUPPORTED_MODELS = tuple(sorted(_ESCAPED | _BPE))
 
 
-class UnsupportedGGUF(ValueError):
-    """The GGUF tokenizer model has no llama.cpp rule here."""
 
 
 def _meta_id(meta: dict[str, Any], key: str, n: int) -> int | None:

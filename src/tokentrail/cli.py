@@ -14,24 +14,11 @@ import re
 import sys
 import time
 from collections.abc import Sequence
-from typing import NoReturn
 
 from .errors import UsageError
+from .usage import Parser, fail
 
 log = logging.getLogger(__name__)
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        sys.stderr.write(f"{self.prog}: error: {message}\n")
-        raise SystemExit(2)
-
-
-def fail(message: str) -> int:
-    """Print one line on stderr and return the usage-error status."""
-    first = " ".join(str(message).split())
-    sys.stderr.write(f"tokentrail: error: {first}\n")
-    return 2
 
 
 # -- align -----------------------------------------------------------------------------
@@ -259,7 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The `tokentrail` parser with every sub-command whose module imports."""
     from . import __version__
 
-    parser = _Parser(
+    parser = Parser(
         prog="tokentrail",
         description="Text from language models where every piece carries the exact tokens, "
         "logprobs and alternatives that produced it.",
@@ -268,7 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="store_true", help=_VERBOSE_HELP)
     parser.add_argument("--version", action="version", version=f"tokentrail {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     _register_align(sub)
     for name in _PLUGINS:
         try:

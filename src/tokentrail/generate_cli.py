@@ -19,6 +19,7 @@ import time
 from typing import Any, NoReturn
 
 from .engines import ENGINES
+from .usage import abort
 
 log = logging.getLogger(__name__)
 
@@ -83,14 +84,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="system message placed before PROMPT in the chat template (needs one)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object per token")
-    # One line on stderr and status 2 for bad arguments, like every other input error.
-    p.error = _fail  # type: ignore[method-assign]
     p.set_defaults(func=run, chat="auto")
 
 
 def _fail(message: str) -> NoReturn:
-    sys.stderr.write(f"{_PROG}: error: {' '.join(str(message).split())}\n")
-    raise SystemExit(2)
+    abort(message, _PROG)
 
 
 def _read_prompt(args: argparse.Namespace) -> str:

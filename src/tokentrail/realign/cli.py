@@ -82,7 +82,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """`tokentrail realign`: see `register`."""
-    from ..cli import fail
+    from ..usage import fail
     from ..vocab import TokenizerLoadError
 
     try:
@@ -170,7 +170,9 @@ def _chunks_of(stream: TextIO, where: str) -> Iterator[Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """`python -m tokentrail.realign ...`: the same as `tokentrail realign`."""
-    parser = argparse.ArgumentParser(prog="python -m tokentrail.realign")
+    from ..usage import Parser
+
+    parser = Parser(prog="python -m tokentrail.realign")
     sub = parser.add_subparsers(dest="command", required=True)
     register(sub)
     return int(run(parser.parse_args(["realign", *(argv or sys.argv[1:])])))

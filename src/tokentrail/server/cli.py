@@ -351,8 +351,8 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m tokentrail.server ...`: the same options as `tokentrail serve`."""
-    from ..cli import _Parser
+    from ..usage import Parser
 
-    parser = _Parser(prog="python -m tokentrail.server")
+    parser = Parser(prog="python -m tokentrail.server")
     _add_arguments(parser)
     return run(parser.parse_args(argv))

@@ -51,8 +51,56 @@ def load(
     return model, tokenizer
 
 
-def _is_mlx(engine: Engine) -> bool:
-    return type(engine).__module__ == "tokentrail.engines.mlx_engine"
+def _takes_mlx_options(engine: Engine) -> bool:
+    """Whether the engine runs mlx-lm's step functions and so takes their options (an
+    engine says so with a true `mlx_options` attribute)."""
+    return bool(getattr(engine, "mlx_options", False))
+
+
+def _check_engine_options(
+    engine: Engine,
+    mlx: bool,
+    mlx_options: Mapping[str, Any],
+    sampler: Any,
+    logits_processors: Any,
+    draft_model: Any,
+    stream: Any,
+    filters: tuple[float, float, int, float],
+) -> list[Callable[[Any, Any], Any]] | None:
+    """Check the mlx-lm keywords against the engine; return `logits_processors` as a list.
+
+    mlx-lm options on another engine, an unknown step option, a sampler given together
+    with temp/top_p/top_k/min_p, or something not callable are errors naming the keyword.
+    """
+    if not mlx:
+        extra = dict(mlx_options, sampler=sampler, logits_processors=logits_processors)
+        extra.update(draft_model=draft_model, stream=stream)
+        given = sorted(k for k, v in extra.items() if v is not None)
+        if given:
+            raise TypeError(
+                f"{', '.join(given)}: mlx-lm options, which the {engine.name} engine does "
+                "not take (they work with MLX models)"
+            )
+    else:
+        from .engines.mlx_steps import STEP_OPTIONS
+
+        unknown = sorted(set(mlx_options) - STEP_OPTIONS)
+        if unknown:
+            raise TypeError(
+                f"stream_generate() got unexpected keyword argument(s) {', '.join(unknown)}; "
+                f"mlx-lm's step options are {', '.join(sorted(STEP_OPTIONS))}"
+            )
+    if sampler is not None:
+        if not callable(sampler):
+            raise TypeError(f"sampler must be callable, got {type(sampler).__name__}")
+        if filters != (0.0, 1.0, 0, 0.0):
+            raise ValueError("give either sampler or temp/top_p/top_k/min_p, not both")
+    if logits_processors is None:
+        return None
+    processors = list(logits_processors)
+    if not all(callable(p) for p in processors):
+        raise TypeError("logits_processors must be a list of callables")
+    return processors
 
 
 def _cache_offset(prompt_cache: Any) -> int | None:
@@ -114,34 +162,11 @@ def stream_generate(
     """
     engine = engine_for(model)
     limit = check_max_tokens(max_tokens)
-    mlx = _is_mlx(engine)
-    if not mlx:
-        extra = dict(mlx_options, sampler=sampler, logits_processors=logits_processors)
-        extra.update(draft_model=draft_model, stream=stream)
-        given = sorted(k for k, v in extra.items() if v is not None)
-        if given:
-            raise TypeError(
-                f"{', '.join(given)}: mlx-lm options, which the {engine.name} engine does "
-                "not take (they work with MLX models)"
-            )
-    else:
-        from .engines.mlx_steps import STEP_OPTIONS
-
-        unknown = sorted(set(mlx_options) - STEP_OPTIONS)
-        if unknown:
-            raise TypeError(
-                f"stream_generate() got unexpected keyword argument(s) {', '.join(unknown)}; "
-                f"mlx-lm's step options are {', '.join(sorted(STEP_OPTIONS))}"
-            )
-    if sampler is not None:
-        if not callable(sampler):
-            raise TypeError(f"sampler must be callable, got {type(sampler).__name__}")
-        if (temp, top_p, top_k, min_p) != (0.0, 1.0, 0, 0.0):
-            raise ValueError("give either sampler or temp/top_p/top_k/min_p, not both")
-    if logits_processors is not None:
-        logits_processors = list(logits_processors)
-        if not all(callable(p) for p in logits_processors):
-            raise TypeError("logits_processors must be a list of callables")
+    mlx = _takes_mlx_options(engine)
+    logits_processors = _check_engine_options(
+        engine, mlx, mlx_options, sampler, logits_processors, draft_model, stream,
+        (temp, top_p, top_k, min_p),
+    )
     params = make_params(
         temp=temp, top_p=top_p, top_k=top_k, min_p=min_p,
         repetition_penalty=repetition_penalty, logit_bias=logit_bias, seed=seed,

@@ -1,11 +1,13 @@
 """`tokentrail generate`: stream text coloured by the model's confidence, or JSON lines.
 
-In a terminal each segment is coloured by its probability (green: sure, yellow:
-hesitant, red: unsure) and a summary lists the least confident segments with the
-alternatives the model weighed. With `--json`, every response is one JSON object per
-line, for scripts. Like `mlx_lm.generate`, the prompt goes through the model's chat
-template when it has one (`--no-chat` sends it as plain text). Bad input exits with
-status 2 and one line on stderr.
+In a terminal each segment is coloured by its confidence level
+(`tokentrail.segment.confidence_level`, the same levels the page shades: bright green
+and green for sure, yellow for hesitant, orange and red for unsure) and a summary
+lists the least confident segments with the alternatives the model weighed. With
+`--json`, every response is one JSON object per line, for scripts. Like
+`mlx_lm.generate`, the prompt goes through the model's chat template when it has one
+(`--no-chat` sends it as plain text). Bad input exits with status 2 and one line on
+stderr.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ log = logging.getLogger(__name__)
 #: Alternatives per token in terminal mode when --top-logprobs is not given.
 DEFAULT_TERMINAL_TOP_LOGPROBS = 5
 #: Segment probability thresholds for green and yellow; below the second is red.
-SURE, HESITANT = 0.75, 0.35
+#: Rich styles for confidence levels 0..4 (`tokentrail.segment.CONFIDENCE_LEVELS`).
+LEVEL_STYLES = ("red", "dark_orange", "yellow", "green", "bright_green")
 _PROG = "tokentrail generate"
 
 
@@ -178,12 +181,9 @@ def _pct(p: float) -> str:
     return f"{p:.2f}" if p >= 0.01 else f"{p:.0e}"
 
 
-def _style(probability: float | None) -> str:
-    if probability is None:
-        return ""
-    if probability >= SURE:
-        return "green"
-    return "yellow" if probability >= HESITANT else "red"
+def _style(confidence: Any) -> str:
+    level = None if confidence is None else confidence.level
+    return "" if level is None else LEVEL_STYLES[level]
 
 
 def _show(responses: Any) -> int:
@@ -201,9 +201,8 @@ def _show(responses: Any) -> int:
     for r in responses:
         last = r
         if r.text:
-            prob = r.confidence.probability if r.confidence else None
             # Text objects are never parsed as markup, so model output prints verbatim.
-            out.print(Text(r.text, style=_style(prob)), end="")
+            out.print(Text(r.text, style=_style(r.confidence)), end="")
             segments.append((r.text, r.confidence, r.last_segment_tokens))
     out.print()
     if last is None:
@@ -242,7 +241,7 @@ def _show(responses: Any) -> int:
                 f"{a.text!r} {_pct(math.exp(a.logprob))}" for a in weakest.top_logprobs
             )
         table.add_row(
-            Text(repr(text), style=_style(conf.probability)),
+            Text(repr(text), style=_style(conf)),
             _pct(conf.probability),
             Text(alts),
         )

@@ -6,6 +6,49 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, get_type_hints
 
+__all__ = [
+    "CONFIDENCE_LEVELS",
+    "LEVEL_NAMES",
+    "WIRE_NEG_INF",
+    "Alternative",
+    "Confidence",
+    "Segment",
+    "TokenSpan",
+    "confidence_level",
+    "confidence_of",
+    "json_number",
+]
+
+#: What OpenAI's API sends for a logprob of -inf (JSON has no infinities).
+WIRE_NEG_INF = -9999.0
+
+
+def json_number(x: float | None, neg_inf: float | None = None) -> float | None:
+    """`x` as JSON can carry it: the one rule for non-finite figures everywhere tokentrail
+    writes JSON (extension, CLI, realign). NaN and +inf become null; -inf becomes
+    `neg_inf` (null by default; logprobs pass `WIRE_NEG_INF`, as OpenAI does)."""
+    if x is None or math.isfinite(x):
+        return x
+    return neg_inf if x < 0 else None
+
+
+#: The one definition of "how sure", shared by the CLI's colours and the page's shading:
+#: a segment's level is how many of these its tokens' geometric-mean probability
+#: (exp of the mean logprob) reaches. The geometric mean does not fall with a
+#: segment's length, as the product of its tokens' probabilities would.
+CONFIDENCE_LEVELS: tuple[float, ...] = (0.2, 0.45, 0.7, 0.9)
+#: A name for each level, 0 (least sure) to len(CONFIDENCE_LEVELS).
+LEVEL_NAMES: tuple[str, ...] = ("unsure", "doubtful", "hesitant", "sure", "certain")
+
+
+def confidence_level(mean_logprob: float | None) -> int | None:
+    """The level (0..4) of a segment whose tokens' mean logprob is `mean_logprob`;
+    None when there is no logprob to judge by."""
+    if mean_logprob is None or math.isnan(mean_logprob):
+        return None
+    p = math.exp(mean_logprob) if mean_logprob < 709.0 else math.inf
+    return sum(1 for limit in CONFIDENCE_LEVELS if p >= limit)
+
 
 @dataclass(slots=True)
 class Alternative:
@@ -79,18 +122,21 @@ class Confidence:
     entropy: float | None = None
     n_tokens: int = 0
 
+    @property
+    def level(self) -> int | None:
+        """How sure, 0 (least) to 4 (see `CONFIDENCE_LEVELS`); None without logprobs."""
+        return confidence_level(self.mean_logprob)
+
     def to_dict(self) -> dict[str, Any]:
         # JSON has no infinities: a saturated figure is reported as null.
-        def finite(x: float | None) -> float | None:
-            return x if x is not None and math.isfinite(x) else None
-
         return {
-            "mean_logprob": finite(self.mean_logprob),
-            "min_logprob": finite(self.min_logprob),
-            "perplexity": finite(self.perplexity),
-            "probability": finite(self.probability),
-            "entropy": finite(self.entropy),
+            "mean_logprob": json_number(self.mean_logprob),
+            "min_logprob": json_number(self.min_logprob),
+            "perplexity": json_number(self.perplexity),
+            "probability": json_number(self.probability),
+            "entropy": json_number(self.entropy),
             "n_tokens": self.n_tokens,
+            "level": self.level,
         }
 
 

@@ -145,6 +145,8 @@ class MLXEngine:
     """Runs an mlx-lm model; see `tokentrail.engines.Engine`."""
 
     name = "mlx"
+    #: Runs mlx-lm's step functions, so `stream_generate` passes their options through.
+    mlx_options = True
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model

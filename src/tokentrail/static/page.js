@@ -14,15 +14,11 @@
   let controller = null;  // AbortController of the running request
   let pinned = null;      // span whose tooltip stays open after a tap
 
-  // Confidence bucket of a segment: its tokens' geometric-mean probability.
+  // Confidence bucket of a segment: the level the server computed (0..4, from
+  // tokentrail.segment.CONFIDENCE_LEVELS), so the page and the CLI share one rule.
   function bucket(conf) {
-    if (!conf || conf.mean_logprob === null || conf.mean_logprob === undefined) return "none";
-    const p = Math.exp(conf.mean_logprob);
-    if (p >= 0.9) return "4";
-    if (p >= 0.7) return "3";
-    if (p >= 0.45) return "2";
-    if (p >= 0.2) return "1";
-    return "0";
+    if (!conf || conf.level === null || conf.level === undefined) return "none";
+    return String(conf.level);
   }
 
   function tokenCount() {

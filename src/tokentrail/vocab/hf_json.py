@@ -35,6 +35,152 @@ class _Unsupported(Exception):
     pass
 
 
+class _Pipeline:
+    """A tokenizers decoder pipeline simulated per token, one method per decoder kind
+    (in the spirit of tokenizers' one class per decoder).
+
+    `cur[i]` is token i's piece so far (str until a step turns it into bytes; None for
+    a token with no text); `first[i]` what the piece becomes when the token starts
+    the text (Metaspace's prefix space, WordPiece's lack of a joining space); byte ids
+    are `<0xNN>` tokens already turned into their byte. Once the text is fused, only
+    a leading-space Strip can still follow.
+    """
+
+    def __init__(self, tokens: list[str | None]) -> None:
+        self.cur: list[str | bytes | None] = list(tokens)
+        self.first: dict[int, str | bytes] = {}
+        self.byte_ids: set[int] = set()
+        self.mode = "stream"
+        self.fused = False
+        self.strip_leading = 0
+
+    def each(self, fn: Any) -> None:
+        """Apply `fn` to every text piece (not to byte tokens), first forms included."""
+        cur, byte_ids = self.cur, self.byte_ids
+        for i, s in enumerate(cur):
+            if s is not None and i not in byte_ids:
+                cur[i] = fn(s)
+        for i, s in list(self.first.items()):
+            self.first[i] = fn(s)
+
+    def apply(self, step: dict[str, Any]) -> None:
+        kind = step.get("type")
+        if self.fused:
+            if kind == "Strip" and step.get("content") == " " and step.get("stop", 0) == 0:
+                self.strip_leading += int(step.get("start", 0))
+                return
+            raise _Unsupported(f"{kind} after the text is fused")
+        method = _STEPS.get(kind)  # type: ignore[arg-type]
+        if method is None:
+            raise _Unsupported(f"decoder step {kind}")
+        method(self, step)
+
+    def replace(self, step: dict[str, Any]) -> None:
+        pattern = step.get("pattern", {})
+        if "String" not in pattern:
+            raise _Unsupported("Replace with a regex pattern")
+        old, new = pattern["String"], step.get("content", "")
+        self.each(lambda s: s.replace(old, new) if isinstance(s, str) else s)
+
+    def byte_fallback(self, step: dict[str, Any]) -> None:
+        for i, s in enumerate(self.cur):
+            if isinstance(s, str):
+                m = BYTE_TOKEN.match(s)
+                if m:
+                    self.cur[i] = bytes([int(m.group(1), 16)])
+                    self.byte_ids.add(i)
+                    self.first.pop(i, None)
+        self.mode = "hf_runs"
+
+    def fuse(self, step: dict[str, Any]) -> None:
+        self.fused = True
+
+    def strip(self, step: dict[str, Any]) -> None:
+        c = step.get("content", " ")
+        a, b = int(step.get("start", 0)), int(step.get("stop", 0))
+
+        def strip(s: Any) -> Any:
+            if not isinstance(s, str):
+                return s
+            i = 0
+            while i < a and i < len(s) and s[i] == c:
+                i += 1
+            j = len(s)
+            while len(s) - j < b and j > i and s[j - 1] == c:
+                j -= 1
+            return s[i:j]
+
+        self.each(strip)
+
+    def byte_level(self, step: dict[str, Any]) -> None:
+        alphabet = byte_level_alphabet()
+        # A token made only of alphabet characters maps to their bytes; any other
+        # character makes tokenizers keep the token's own UTF-8 (added tokens).
+        table = str.maketrans({c: chr(b) for c, b in alphabet.items()})
+        outside = re.compile("[^" + re.escape("".join(alphabet)) + "]")
+
+        def to_bytes(s: Any) -> Any:
+            if not isinstance(s, str):
+                return s
+            if outside.search(s):
+                return s.encode("utf-8")
+            return s.translate(table).encode("latin-1")
+
+        self.each(to_bytes)
+        if self.mode == "hf_runs":
+            raise _Unsupported("ByteLevel after ByteFallback")
+        self.fused = True
+
+    def metaspace(self, step: dict[str, Any]) -> None:
+        repl = step.get("replacement", "▁")
+        scheme = step.get("prepend_scheme")
+        if scheme is None:
+            scheme = "always" if step.get("add_prefix_space", True) else "never"
+        for i, s in enumerate(self.cur):
+            if isinstance(s, str) and i not in self.byte_ids:
+                f = self.first.get(i, s)
+                if scheme != "never" and isinstance(f, str):
+                    self.first[i] = f.replace(repl, "")
+                self.cur[i] = s.replace(repl, " ")
+
+    def join(self, step: dict[str, Any]) -> None:
+        """WordPiece (and the no-decoder default): tokens joined with single spaces,
+        except that a WordPiece continuation (`##x`) joins without one."""
+        wordpiece = step.get("type") == "WordPiece"
+        prefix = step.get("prefix", "##") if wordpiece else None
+        do_clean = bool(step.get("cleanup", False)) if wordpiece else False
+        for i, s in enumerate(self.cur):
+            if not isinstance(s, str):
+                continue
+            f = self.first.get(i, s)
+            has_prefix = prefix is not None and s.startswith(prefix)
+            s = s[len(prefix or "") :] if has_prefix else " " + s
+            self.cur[i] = wordpiece_cleanup(s) if do_clean else s
+            if isinstance(f, str):
+                self.first[i] = wordpiece_cleanup(f) if do_clean else f
+        self.fused = not wordpiece
+
+    def result(self) -> tuple[list[bytes | None], dict[int, bytes], frozenset[int], str, int]:
+        def as_bytes(s: str | bytes) -> bytes:
+            return s if isinstance(s, bytes) else s.encode("utf-8")
+
+        pieces = [None if s is None else as_bytes(s) for s in self.cur]
+        first_b = {i: as_bytes(s) for i, s in self.first.items() if as_bytes(s) != pieces[i]}
+        return pieces, first_b, frozenset(self.byte_ids), self.mode, self.strip_leading
+
+
+_STEPS: dict[str, Any] = {
+    "Replace": _Pipeline.replace,
+    "ByteFallback": _Pipeline.byte_fallback,
+    "Fuse": _Pipeline.fuse,
+    "Strip": _Pipeline.strip,
+    "ByteLevel": _Pipeline.byte_level,
+    "Metaspace": _Pipeline.metaspace,
+    "WordPiece": _Pipeline.join,
+    "_join": _Pipeline.join,
+}
+
+
 def _compile_decoder(
     steps: list[dict[str, Any]], tokens: list[str | None]
 ) -> tuple[list[bytes | None], dict[int, bytes], frozenset[int], str, int]:
@@ -44,117 +190,10 @@ def _compile_decoder(
     `_Unsupported` for a pipeline whose effect is not per-token plus the known
     whole-text rules, so that the caller can fall back to the generic path.
     """
-    cur: list[str | bytes | None] = list(tokens)
-    first: dict[int, str | bytes] = {}
-    byte_ids: set[int] = set()
-    mode = "stream"
-    fused = False
-    strip_leading = 0
-    if not steps:  # no decoder: tokens joined with single spaces
-        steps = [{"type": "_join"}]
-
-    def each(fn: Any) -> None:
-        for i, s in enumerate(cur):
-            if s is not None and i not in byte_ids:
-                cur[i] = fn(s)
-        for i, s in list(first.items()):
-            first[i] = fn(s)
-
-    for step in steps:
-        kind = step.get("type")
-        if fused:
-            if kind == "Strip" and step.get("content") == " " and step.get("stop", 0) == 0:
-                strip_leading += int(step.get("start", 0))
-                continue
-            raise _Unsupported(f"{kind} after the text is fused")
-        if kind == "Replace":
-            pattern = step.get("pattern", {})
-            if "String" not in pattern:
-                raise _Unsupported("Replace with a regex pattern")
-            old, new = pattern["String"], step.get("content", "")
-            each(lambda s, old=old, new=new: s.replace(old, new) if isinstance(s, str) else s)
-        elif kind == "ByteFallback":
-            for i, s in enumerate(cur):
-                if isinstance(s, str):
-                    m = BYTE_TOKEN.match(s)
-                    if m:
-                        cur[i] = bytes([int(m.group(1), 16)])
-                        byte_ids.add(i)
-                        first.pop(i, None)
-            mode = "hf_runs"
-        elif kind == "Fuse":
-            fused = True
-        elif kind == "Strip":
-            content = step.get("content", " ")
-            start, stop = int(step.get("start", 0)), int(step.get("stop", 0))
-
-            def strip(s: Any, c: str = content, a: int = start, b: int = stop) -> Any:
-                if not isinstance(s, str):
-                    return s
-                i = 0
-                while i < a and i < len(s) and s[i] == c:
-                    i += 1
-                j = len(s)
-                while len(s) - j < b and j > i and s[j - 1] == c:
-                    j -= 1
-                return s[i:j]
-
-            each(strip)
-        elif kind == "ByteLevel":
-            alphabet = byte_level_alphabet()
-            # A token made only of alphabet characters maps to their bytes; any other
-            # character makes tokenizers keep the token's own UTF-8 (added tokens).
-            table = str.maketrans({c: chr(b) for c, b in alphabet.items()})
-            outside = re.compile("[^" + re.escape("".join(alphabet)) + "]")
-
-            def to_bytes(s: Any, table: dict[int, str] = table, outside: Any = outside) -> Any:
-                if not isinstance(s, str):
-                    return s
-                if outside.search(s):
-                    return s.encode("utf-8")
-                return s.translate(table).encode("latin-1")
-
-            each(to_bytes)
-            if mode == "hf_runs":
-                raise _Unsupported("ByteLevel after ByteFallback")
-            fused = True
-        elif kind == "Metaspace":
-            repl = step.get("replacement", "▁")
-            scheme = step.get("prepend_scheme")
-            if scheme is None:
-                scheme = "always" if step.get("add_prefix_space", True) else "never"
-            for i, s in enumerate(cur):
-                if isinstance(s, str) and i not in byte_ids:
-                    f = first.get(i, s)
-                    if scheme != "never" and isinstance(f, str):
-                        first[i] = f.replace(repl, "")
-                    cur[i] = s.replace(repl, " ")
-        elif kind in ("WordPiece", "_join"):
-            prefix = step.get("prefix", "##") if kind == "WordPiece" else None
-            do_clean = bool(step.get("cleanup", False)) if kind == "WordPiece" else False
-            clean = wordpiece_cleanup
-
-            for i, s in enumerate(cur):
-                if not isinstance(s, str):
-                    continue
-                f = first.get(i, s)
-                has_prefix = prefix is not None and s.startswith(prefix)
-                s = s[len(prefix or "") :] if has_prefix else " " + s
-                cur[i] = clean(s) if do_clean else s
-                if isinstance(f, str):
-                    first[i] = clean(f) if do_clean else f
-            fused = kind == "_join"
-        else:
-            raise _Unsupported(f"decoder step {kind}")
-    pieces: list[bytes | None] = [
-        None if s is None else (s if isinstance(s, bytes) else s.encode("utf-8")) for s in cur
-    ]
-    first_b = {
-        i: (s if isinstance(s, bytes) else s.encode("utf-8"))
-        for i, s in first.items()
-        if (s if isinstance(s, bytes) else s.encode("utf-8")) != pieces[i]
-    }
-    return pieces, first_b, frozenset(byte_ids), mode, strip_leading
+    pipeline = _Pipeline(tokens)
+    for step in steps or [{"type": "_join"}]:  # no decoder: tokens joined with spaces
+        pipeline.apply(step)
+    return pipeline.result()
 
 
 def vocab_from_hf_tokenizer(

@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 
 from .errors import UsageError
-from .usage import Parser, fail
+from .usage import Parser, add_command, fail
 
 log = logging.getLogger(__name__)
 
@@ -197,15 +197,10 @@ def _run_bench(args: argparse.Namespace) -> int:
 
 
 def _register_bench(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "bench",
-        help="measure the aligner's cost per token on a tokenizer",
-        description=(
-            "Push a fixed token sequence through the aligner and print one JSON object "
-            "with the median microseconds per token, once reading only each segment's "
-            "text and once also its tokens. For side-by-side comparisons with other "
-            "detokenizers use benchmarks/bench_align.py."
-        ),
+    p = add_command(
+        sub, "bench", "measure the aligner's cost per token on a tokenizer",
+        "Print the aligner's median microseconds per token on a fixed token sequence, reading",
+        "each segment's text, then also its tokens (benchmarks/ compares detokenizers).",
     )
     p.add_argument("--tokenizer", required=True, metavar="PATH",
                    help="tokenizer file or model folder to measure")

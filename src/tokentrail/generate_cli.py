@@ -21,7 +21,7 @@ import time
 from typing import Any, NoReturn
 
 from .engines import ENGINES
-from .usage import abort
+from .usage import abort, add_command
 
 log = logging.getLogger(__name__)
 
@@ -35,16 +35,11 @@ _PROG = "tokentrail generate"
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `generate` command to the tokentrail CLI."""
-    p = subparsers.add_parser(
-        "generate",
-        help="generate text with per-segment tokens, logprobs and confidence",
-        description=(
-            "Generate text from PROMPT (or from stdin when PROMPT is omitted). Like "
-            "mlx_lm.generate, PROMPT goes through the model's chat template when it has one "
-            "(--no-chat sends it as plain text). In a terminal the text is coloured by "
-            "confidence, followed by a summary; --json prints one JSON object per generated "
-            "token."
-        ),
+    p = add_command(
+        subparsers, "generate", "generate text with per-segment tokens, logprobs and confidence",
+        "Generate from PROMPT (default: stdin), through the model's chat template when it has",
+        "one (--no-chat: plain text); the text is coloured by confidence, then summarised.",
+        "--json prints one JSON object per generated token.",
     )
     p.add_argument("prompt", nargs="?", metavar="PROMPT", help="the prompt (default: stdin)")
     p.add_argument(

@@ -127,8 +127,8 @@ class SequenceState:
         self.tic = time.perf_counter()
         self.prompt_tps = 0.0
 
-    # long: the per-token hot path of every engine; one frame instead of several helper
-    # calls is measurably cheaper (benchmarks/bench_generate.py), so it stays in one piece.
+    # The per-token hot path of every engine: one frame instead of several helper calls
+    # long: is measurably cheaper (benchmarks/bench_generate.py), so it stays one piece.
     def feed(self, step: Step) -> GenerationResponse:
         """The response for the next token; raises RuntimeError after the last one."""
         if self.done:

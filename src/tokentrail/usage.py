@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from .errors import UsageError
 
-__all__ = ["EXIT_USAGE", "Parser", "UsageError", "abort", "fail", "one_line"]
+__all__ = ["EXIT_USAGE", "Parser", "UsageError", "abort", "add_command", "fail", "one_line"]
 
 #: The exit status for input the command cannot use.
 EXIT_USAGE = 2
@@ -43,3 +43,12 @@ def fail(message: object, prog: str = "tokentrail") -> int:
 def abort(message: object, prog: str = "tokentrail") -> NoReturn:
     """`fail`, then exit: for code deep inside a command that cannot return a status."""
     raise SystemExit(fail(message, prog))
+
+
+def add_command(subparsers: Any, name: str, summary: str, *description: str) -> Parser:
+    """Add subcommand `name` to a `tokentrail` parser: `summary` is its line in
+    `tokentrail --help`, `description` (joined with spaces) the text atop its own help."""
+    parser: Parser = subparsers.add_parser(
+        name, help=summary, description=" ".join(description) or None
+    )
+    return parser

@@ -8,9 +8,10 @@ it only reads a `Vocab`. One module per source format (beside this one) builds i
 from __future__ import annotations
 
 import codecs
+import enum
 import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -123,7 +124,25 @@ BYTE_PIECE = re.compile(r"^<0x[0-9A-Fa-f]{2}>$")
 
 
 #: GGUF / sentencepiece token types (ModelProto.SentencePiece.Type numbering).
-TYPE_NORMAL, TYPE_UNKNOWN, TYPE_CONTROL, TYPE_USER_DEFINED, TYPE_UNUSED, TYPE_BYTE = range(1, 7)
+class PieceType(enum.IntEnum):
+    """SentencePiece's piece types (ModelProto.SentencePiece.Type), also GGUF's
+    `tokenizer.ggml.token_type` values."""
+
+    NORMAL = 1
+    UNKNOWN = 2
+    CONTROL = 3
+    USER_DEFINED = 4
+    UNUSED = 5
+    BYTE = 6
+
+
+TYPE_NORMAL, TYPE_UNKNOWN, TYPE_CONTROL, TYPE_USER_DEFINED, TYPE_UNUSED, TYPE_BYTE = PieceType
+
+
+def special_names(tokens: list[str | None], special: Iterable[int]) -> dict[int, str]:
+    """The written names of the special ids among `tokens` (ids with no string skipped)."""
+    special = frozenset(special)
+    return {i: t for i, t in enumerate(tokens) if t is not None and i in special}
 
 
 @dataclass(eq=False)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .core import Vocab
+from .core import Vocab, special_names
 
 
 def generic_vocab(
@@ -30,12 +30,7 @@ def generic_vocab(
             pieces.append(decode([i], False).encode("utf-8"))
         except Exception:  # a decoder may refuse a lone token; fall back to its string
             pieces.append(t.encode("utf-8"))
-    return Vocab(
-        pieces=pieces,
-        name=name,
-        special=frozenset(special),
-        names={i: t for i, t in enumerate(tokens) if t is not None and i in special},
-        oracle=decode,
-        source=source,
-        generic=decode,
-    )
+    names = special_names(tokens, special)
+    # The decode is both the oracle and the text path: nothing here is per-token.
+    return Vocab(pieces=pieces, name=name, special=frozenset(special), names=names,
+                 oracle=decode, source=source, generic=decode)

@@ -15,7 +15,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from .core import BYTE_TOKEN, Vocab, byte_level_alphabet, wordpiece_cleanup
+from .core import BYTE_TOKEN, Vocab, byte_level_alphabet, special_names, wordpiece_cleanup
 
 log = logging.getLogger(__name__)
 
@@ -254,7 +254,7 @@ def vocab_from_hf_tokenizer(
         first_pieces=first,
         strip_leading=strip,
         cleanup=bool(cleanup),
-        names={i: t for i, t in enumerate(tokens) if t is not None and i in special},
+        names=special_names(tokens, special),
         oracle=oracle,
         source=tok,
     )

@@ -6,15 +6,7 @@ import math
 import struct
 from pathlib import Path
 
-from .core import (
-    BYTE_PIECE,
-    TYPE_BYTE,
-    TYPE_CONTROL,
-    TYPE_NORMAL,
-    TYPE_UNKNOWN,
-    TokenizerLoadError,
-    Vocab,
-)
+from .core import BYTE_PIECE, PieceType, TokenizerLoadError, Vocab
 from .spm import sentencepiece_from_pieces, vocab_from_sentencepiece
 
 #: How llama2.c's export writes the BOS and EOS pieces (sentencepiece's <s> and </s>).
@@ -85,20 +77,20 @@ def try_llama2c(path: Path) -> Vocab | None:
     for i, p in enumerate(raw):
         if p in _LLAMA2C_CONTROL:
             pieces.append(_LLAMA2C_CONTROL[p])
-            types.append(TYPE_CONTROL)
+            types.append(PieceType.CONTROL)
             if p == "\n<s>\n":
                 bos_id = i
             else:
                 eos_id = i
         elif p == "<unk>":
             pieces.append(p)
-            types.append(TYPE_UNKNOWN)
+            types.append(PieceType.UNKNOWN)
         elif BYTE_PIECE.match(p):
             pieces.append(p.upper().replace("0X", "0x"))
-            types.append(TYPE_BYTE)
+            types.append(PieceType.BYTE)
         else:
             pieces.append(p.replace(" ", "\u2581"))
-            types.append(TYPE_NORMAL)
+            types.append(PieceType.NORMAL)
     sp = sentencepiece_from_pieces(
         pieces,
         scores,
@@ -109,5 +101,5 @@ def try_llama2c(path: Path) -> Vocab | None:
         where=f"{path} (llama2.c tokenizer)",
     )
     v = vocab_from_sentencepiece(sp, name=str(path))
-    v.special = frozenset(i for i, t in enumerate(types) if t == TYPE_CONTROL)
+    v.special = frozenset(i for i, t in enumerate(types) if t == PieceType.CONTROL)
     return v

@@ -244,7 +244,7 @@ def _pools(key: str) -> tuple[list[int], list[int], list[int]]:
     """(all ids, byte-ish ids, special ids) of a tokenizer."""
     v = _aligner(key, False).vocab
     ids = _valid_ids(v)
-    bytey = sorted(v.byte_ids) or [i for i in ids if v._text[i] is None] or ids
+    bytey = sorted(v.byte_ids) or [i for i in ids if v.texts[i] is None] or ids
     special = sorted(v.special | v.hidden) or ids[:1]
     return ids, bytey, special
 

@@ -95,7 +95,7 @@ def pools(key: str) -> tuple[list[int], list[int], list[int]]:
     """(every id, byte-ish ids, special ids)."""
     v = _aligner(key, False).vocab
     every = [i for i, p in enumerate(v.pieces) if p is not None]
-    bytey = sorted(v.byte_ids) or [i for i in every if v._text[i] is None] or every
+    bytey = sorted(v.byte_ids) or [i for i in every if v.texts[i] is None] or every
     special = sorted(v.special | v.hidden) or every[:1]
     return every, bytey, special
 

@@ -114,7 +114,7 @@ def _pools(key: str) -> tuple[list[int], list[int], list[int]]:
     """(every id, ids of byte tokens or of pieces that are not valid UTF-8, special ids)."""
     v = _load(key)
     every = [i for i, p in enumerate(v.pieces) if p is not None]
-    partial = sorted(v.byte_ids) or [i for i in every if v._text[i] is None] or every
+    partial = sorted(v.byte_ids) or [i for i in every if v.texts[i] is None] or every
     special = sorted(v.special | v.hidden) or every[:1]
     return every, partial, special
 

@@ -670,7 +670,7 @@ def test_own_server_completion_token_strings_are_lossless(served: Any) -> None:
     assert plain.lossy == bool(stand_ins)
     assert not stand_ins and plain.exact, plain.summary()
     assert any(name.startswith("bytes:") for name in names) or all(
-        vocab.pieces[i] is not None and vocab._text[i] is not None for i in ids.values()
+        vocab.pieces[i] is not None and vocab.texts[i] is not None for i in ids.values()
     )
     assert all(ids[i] == t for i, t in attributed(plain).items())
 

@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from .segment import Alternative, Segment, TokenSpan, _OneTokenSegment, new_span
+from .segment import Alternative, OneTokenSegment, Segment, TokenSpan, new_span
 from .vocab import Vocab, load_vocab
 from .vocab.core import cleanup
 
@@ -33,6 +33,15 @@ class _Keep:
 _KEEP = _Keep()
 
 _new_segment = object.__new__
+
+def _replace_one_byte(err: UnicodeDecodeError) -> tuple[str, int]:
+    """Error handler: each invalid byte becomes one U+FFFD (sentencepiece's rule)."""
+    return "\ufffd", err.start + 1
+
+
+# Registered here, beside its only user; codecs' registry is process-wide, and the name
+# is tokentrail's own so no other code can mean something else by it.
+codecs.register_error("tokentrail-per-byte", _replace_one_byte)
 
 _ERRORS = {"stream": "replace", "spm_runs": "tokentrail-per-byte", "hf_runs": "strict"}
 
@@ -131,7 +140,7 @@ class Aligner:
         self._mode = v.byte_mode
         self._pieces = v.pieces
         # Text for ids that take the fast path: not skipped, not byte fallback, valid UTF-8.
-        fast = list(v._text)
+        fast = list(v.texts)
         for i in self._skipped | v.byte_ids:
             # sentencepiece decodes byte runs char by char, so an ASCII byte is final at
             # once; tokenizers' all-or-nothing runs must wait for the run to end.
@@ -277,7 +286,7 @@ class Aligner:
                 if logprob is not None:
                     logprob = float(logprob)
                 # object.__new__ plus two slot stores: no constructor frame (hot path).
-                seg = _new_segment(_OneTokenSegment)
+                seg = _new_segment(OneTokenSegment)
                 seg.text = text
                 seg.tokens = (new_span(TokenSpan, (idx, token_id, 0, n, logprob, None)),)
                 return [seg]
@@ -301,7 +310,7 @@ class Aligner:
                 n = len(piece)
                 self._pos += n
                 span = new_span(TokenSpan, (idx, token_id, 0, n, logprob, top))
-                return [_OneTokenSegment(text, (span,))]
+                return [OneTokenSegment(text, (span,))]
         if self._generic is not None:
             return self._push_generic(idx, token_id, logprob, top, final=False)
         return self._push_slow(idx, token_id, logprob, top)

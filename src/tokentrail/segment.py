@@ -12,6 +12,7 @@ __all__ = [
     "WIRE_NEG_INF",
     "Alternative",
     "Confidence",
+    "OneTokenSegment",
     "Segment",
     "TokenSpan",
     "confidence_level",
@@ -198,7 +199,7 @@ class Segment:
 new_span = tuple.__new__
 
 
-class _OneTokenSegment(Segment):
+class OneTokenSegment(Segment):
     """A segment made by exactly one whole token (the aligner's hot path): its two slots
     set directly, without the dataclass constructor's default handling."""
 

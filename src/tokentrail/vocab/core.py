@@ -7,7 +7,6 @@ it only reads a `Vocab`. One module per source format (beside this one) builds i
 
 from __future__ import annotations
 
-import codecs
 import enum
 import json
 import re
@@ -56,14 +55,6 @@ def wordpiece_cleanup(text: str) -> str:
     for old, new in (*CLEANUP_RULES[:7], (" do not", " don't"), *CLEANUP_RULES[7:]):
         text = text.replace(old, new)
     return text
-
-
-def _replace_one_byte(err: UnicodeDecodeError) -> tuple[str, int]:
-    """Error handler: each invalid byte becomes one U+FFFD (sentencepiece's rule)."""
-    return "\ufffd", err.start + 1
-
-
-codecs.register_error("tokentrail-per-byte", _replace_one_byte)
 
 
 def byte_level_alphabet() -> dict[str, int]:
@@ -186,15 +177,17 @@ class Vocab:
 
     def __post_init__(self) -> None:
         self.size = len(self.pieces)
-        self._text: list[str | None] = []
+        #: Each token's text when its bytes are complete UTF-8 on their own, else None
+        #: (the aligner's fast path; byte tokens and partial characters take the slow one).
+        self.texts: list[str | None] = []
         for b in self.pieces:
             if b is None:
-                self._text.append(None)
+                self.texts.append(None)
                 continue
             try:
-                self._text.append(b.decode("utf-8"))
+                self.texts.append(b.decode("utf-8"))
             except UnicodeDecodeError:
-                self._text.append(None)
+                self.texts.append(None)
 
     def check_id(self, token_id: int) -> None:
         """Raise a ValueError naming the problem when `token_id` is not in the vocabulary."""

@@ -62,6 +62,8 @@ class _TracedGenerationBatch(GenerationBatch):
         super().__init__(*args, **kwargs)
 
     def _step(self) -> Any:
+        # mlx-lm's private per-step hook: the only place that sees a step's samples
+        # before `next` reports them (mlx-lm has no public one).
         current = self._tt_next
         out = super()._step()
         self._tt_current = current

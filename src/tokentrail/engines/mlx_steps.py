@@ -27,13 +27,9 @@ from .mlx_sampling import Recorder, Row, read_rows
 
 log = logging.getLogger(__name__)
 
-# `Recorder` and `read_rows` live in `mlx_sampling`; importable from here as before.
-__all__ = [
-    "STEP_OPTIONS",  # noqa: F822 (made on first use by the module's __getattr__)
-    "mlx_steps",
-    "speculative_options",
-    "step_options",
-]
+# `Recorder` and `read_rows` live in `mlx_sampling`; importable from here as before, and
+# so is STEP_OPTIONS (the value of `step_options()`, made on first use by `__getattr__`).
+__all__ = ["mlx_steps", "speculative_options", "step_options"]
 
 _OWN = {"prompt", "model", "draft_model", "stream", "max_tokens"}
 

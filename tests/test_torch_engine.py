@@ -238,15 +238,15 @@ def test_filters_keep_the_same_tokens_as_mlx_lm(
     mlx_row = mx.array(row.numpy())[None]
     cases: list[tuple[dict[str, Any], Any, Any]] = [
         *(
-            ({"top_p": p}, te._apply_top_p(row, p), sample_utils.apply_top_p(mlx_row, p))
+            ({"top_p": p}, te.apply_top_p(row, p), sample_utils.apply_top_p(mlx_row, p))
             for p in (0.3, 0.9, 0.99)
         ),
         *(
-            ({"min_p": p}, te._apply_min_p(row, p), sample_utils.apply_min_p(mlx_row, p))
+            ({"min_p": p}, te.apply_min_p(row, p), sample_utils.apply_min_p(mlx_row, p))
             for p in (0.05, 0.5)
         ),
         *(
-            ({"top_k": k}, te._apply_top_k(row, k), sample_utils.apply_top_k(mlx_row, k))
+            ({"top_k": k}, te.apply_top_k(row, k), sample_utils.apply_top_k(mlx_row, k))
             for k in (1, 7)
         ),
     ]

@@ -62,7 +62,7 @@ def test_step_from_a_position_with_the_sampled_token_outside_the_top_k() -> None
     lp = logprob_class()
     # vLLM returns the top 2 plus the sampled token (rank 5), in no particular order.
     position = {7: lp(-0.5, 1), 3: lp(-3.25, 5), 9: lp(-1.5, 2)}
-    step = ve._step(3, position, 2)
+    step = ve.step_from_logprobs(3, position, 2)
     assert (step.token, step.logprob) == (3, -3.25)
     assert step.top_logprobs == [(7, -0.5), (9, -1.5)]
     assert step.logprobs is None
@@ -70,11 +70,11 @@ def test_step_from_a_position_with_the_sampled_token_outside_the_top_k() -> None
 
 def test_step_with_no_alternatives_and_with_ties() -> None:
     lp = logprob_class()
-    assert ve._step(4, {4: lp(-0.25, 1)}, 0).top_logprobs == []
+    assert ve.step_from_logprobs(4, {4: lp(-0.25, 1)}, 0).top_logprobs == []
     tied = {1: lp(-1.0, 1), 2: lp(-1.0, 1), 3: lp(-2.0, 3)}
-    assert len(ve._step(1, tied, 1).top_logprobs) == 1
+    assert len(ve.step_from_logprobs(1, tied, 1).top_logprobs) == 1
     with pytest.raises(RuntimeError, match="no logprob"):
-        ve._step(5, {4: lp(-0.25, 1)}, 0)
+        ve.step_from_logprobs(5, {4: lp(-0.25, 1)}, 0)
 
 
 # -- on a GPU with vLLM ------------------------------------------------------------------

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from ..errors import EngineError
+from ..prompting import check_ids
 from ..sampling import SamplingParams
 
 __all__ = ["Engine", "EngineError", "Step", "check_generate_args", "read_model_config"]
@@ -44,6 +45,10 @@ class Engine(Protocol):
 
     `vocab_size` is the number of ids the model can read and emit (None if unknown);
     `context_length` is the longest sequence it supports (None if unknown).
+
+    An engine whose `generate` also takes mlx-lm's step keywords (`**options`, as
+    `MLXEngine` does) says so with a class attribute ``mlx_options = True``; test it
+    with ``getattr(engine, "mlx_options", False)`` (it is not a required member).
     """
 
     name: str
@@ -91,15 +96,9 @@ def check_generate_args(
 ) -> list[int]:
     """Validate `Engine.generate`'s arguments (for engines called directly, without
     `stream_generate`); return the prompt ids as a list. Errors name the argument."""
-    ids = list(prompt_ids)
+    ids = check_ids(prompt_ids, vocab_size, "prompt_ids")
     if not ids:
         raise ValueError("prompt_ids is empty; the model needs at least one token")
-    for i in ids:
-        if isinstance(i, bool) or not isinstance(i, int):
-            raise TypeError(f"prompt_ids must be ints, got {i!r}")
-        if i < 0 or (vocab_size is not None and i >= vocab_size):
-            limit = "" if vocab_size is None else f" (valid ids are 0..{vocab_size - 1})"
-            raise ValueError(f"prompt_ids contains token id {i}, outside the vocabulary{limit}")
     if max_tokens is not None and (
         isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1
     ):

@@ -22,7 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 from ..sampling import SamplingParams
 from .base import Engine, Step
 
-__all__ = ["Batch", "SerialBatch", "ThreadedBatch", "open_batch"]
+__all__ = ["BaseBatch", "Batch", "SerialBatch", "ThreadedBatch", "open_batch"]
 
 #: What `step` may hand out for a sequence: its next Step, or the exception that ended
 #: it (that sequence has then left the batch; the others go on).
@@ -60,78 +60,91 @@ class Batch(Protocol):
     def close(self) -> None: ...
 
 
-class SerialBatch:
-    """A `Batch` over any `Engine`: one generator per sequence, one token each per step."""
+class BaseBatch:
+    """What the batches here share: a checked `max_batch`, the live sequences by uid in
+    `_live` (new uids from `_uids`), no prompt cache (`cached_tokens` is 0), and a
+    `close` that removes every live sequence. A subclass implements `add`, `remove` and
+    `step`."""
 
-    def __init__(self, engine: Engine, max_batch: int) -> None:
-        if max_batch < 1:
-            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
-        self.engine = engine
+    def __init__(self, max_batch: int) -> None:
+        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
+            raise ValueError(f"max_batch must be an int >= 1, got {max_batch!r}")
         self.max_batch = max_batch
+        self._live: dict[int, Any] = {}
         self._uids = itertools.count()
-        self._gens: dict[int, Iterator[Step]] = {}
 
-    def add(
-        self, prompt_ids: Sequence[int], params: SamplingParams, max_tokens: int | None
-    ) -> int:
-        if len(self._gens) >= self.max_batch:
+    def _check_room(self) -> None:
+        if len(self._live) >= self.max_batch:
             raise RuntimeError(f"the batch is full ({self.max_batch} sequences)")
-        uid = next(self._uids)
-        self._gens[uid] = iter(self.engine.generate(list(prompt_ids), params, max_tokens))
-        return uid
 
     def remove(self, uid: int) -> None:
-        gen = self._gens.pop(uid, None)
-        if gen is not None and hasattr(gen, "close"):
-            gen.close()
-
-    def step(self) -> list[tuple[int, Outcome]]:
-        out: list[tuple[int, Outcome]] = []
-        for uid, gen in list(self._gens.items()):
-            try:
-                out.append((uid, next(gen)))
-            except StopIteration:
-                self._gens.pop(uid, None)
-            except Exception as e:  # this sequence failed; the others go on
-                self._gens.pop(uid, None)
-                out.append((uid, e))
-        return out
+        raise NotImplementedError
 
     def cached_tokens(self, uid: int) -> int:
         return 0
 
     def __len__(self) -> int:
-        return len(self._gens)
+        return len(self._live)
 
     def close(self) -> None:
-        for uid in list(self._gens):
+        for uid in list(self._live):
             self.remove(uid)
+
+
+class SerialBatch(BaseBatch):
+    """A `Batch` over any `Engine`: one generator per sequence, one token each per step."""
+
+    def __init__(self, engine: Engine, max_batch: int) -> None:
+        super().__init__(max_batch)
+        self.engine = engine
+        self._live: dict[int, Iterator[Step]] = {}
+
+    def add(
+        self, prompt_ids: Sequence[int], params: SamplingParams, max_tokens: int | None
+    ) -> int:
+        self._check_room()
+        uid = next(self._uids)
+        self._live[uid] = iter(self.engine.generate(list(prompt_ids), params, max_tokens))
+        return uid
+
+    def remove(self, uid: int) -> None:
+        gen = self._live.pop(uid, None)
+        if gen is not None and hasattr(gen, "close"):
+            gen.close()
+
+    def step(self) -> list[tuple[int, Outcome]]:
+        out: list[tuple[int, Outcome]] = []
+        for uid, gen in list(self._live.items()):
+            try:
+                out.append((uid, next(gen)))
+            except StopIteration:
+                self._live.pop(uid, None)
+            except Exception as e:  # this sequence failed; the others go on
+                self._live.pop(uid, None)
+                out.append((uid, e))
+        return out
 
 
 _END = object()
 
 
-class ThreadedBatch:
+class ThreadedBatch(BaseBatch):
     """A `Batch` over an engine whose `generate` waits on I/O (a remote upstream): each
     sequence's generator runs on a thread of its own and hands its steps over a queue,
     so `step` never waits on one sequence's socket. `step` returns what has arrived,
     waiting at most `wait` seconds for the first of it."""
 
     def __init__(self, engine: Engine, max_batch: int, wait: float = 0.02) -> None:
-        if max_batch < 1:
-            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        super().__init__(max_batch)
         self.engine = engine
-        self.max_batch = max_batch
         self.wait = wait
-        self._uids = itertools.count()
         self._live: dict[int, threading.Event] = {}
         self._out: queue.SimpleQueue[tuple[int, Any]] = queue.SimpleQueue()
 
     def add(
         self, prompt_ids: Sequence[int], params: SamplingParams, max_tokens: int | None
     ) -> int:
-        if len(self._live) >= self.max_batch:
-            raise RuntimeError(f"the batch is full ({self.max_batch} sequences)")
+        self._check_room()
         uid = next(self._uids)
         stop = threading.Event()
         self._live[uid] = stop
@@ -187,16 +200,6 @@ class ThreadedBatch:
             if isinstance(item, Exception):
                 del self._live[uid]
         return out
-
-    def cached_tokens(self, uid: int) -> int:
-        return 0
-
-    def __len__(self) -> int:
-        return len(self._live)
-
-    def close(self) -> None:
-        for uid in list(self._live):
-            self.remove(uid)
 
 
 def open_batch(engine: Engine, max_batch: int, **options: Any) -> Batch:

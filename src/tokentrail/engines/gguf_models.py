@@ -15,6 +15,7 @@ engines other than llama.cpp.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import GGUFError
+from .config import attach_eos_ids, model_eos_ids
 
 log = logging.getLogger(__name__)
 
@@ -34,13 +36,11 @@ __all__ = [
     "check_gguf",
     "gguf_source",
     "mlx_folder_from_gguf",
-    "read_gguf",
+    "read_gguf_header",
     "transformers_from_gguf",
 ]
 
 GGUF_MAGIC = b"GGUF"
-
-
 
 
 @dataclass
@@ -92,8 +92,10 @@ def check_magic(p: Path) -> None:
         )
 
 
-def read_gguf(p: Path) -> GGUFInfo:
-    """Read a GGUF header with the `gguf` package; GGUFError for a broken file."""
+def read_gguf_header(p: Path) -> GGUFInfo:
+    """Read a GGUF header with the `gguf` package; GGUFError for a broken file.
+
+    (Not `tokentrail.vocab.gguf_file.read_gguf`, which reads a GGUF's tokenizer.)"""
     check_magic(p)
     try:
         import gguf
@@ -136,6 +138,10 @@ def read_gguf(p: Path) -> GGUFInfo:
     return GGUFInfo(p, arch if isinstance(arch, str) else None, len(reader.tensors), types, meta)
 
 
+#: The old name of `read_gguf_header`, kept importable.
+read_gguf = read_gguf_header
+
+
 def _type_name(value: int) -> str:
     try:
         import gguf
@@ -147,7 +153,7 @@ def _type_name(value: int) -> str:
 
 def check_gguf(p: Path, engine: str, info: GGUFInfo | None = None) -> GGUFInfo:
     """Raise GGUFError unless `engine` ("llamacpp", "torch", "mlx") can run the file."""
-    info = info if info is not None else read_gguf(p)
+    info = info if info is not None else read_gguf_header(p)
     if info.n_tensors == 0:
         raise GGUFError(
             f"{p} is a vocabulary-only GGUF (it has no weight tensors): it cannot generate "
@@ -170,12 +176,12 @@ def check_gguf(p: Path, engine: str, info: GGUFInfo | None = None) -> GGUFInfo:
                 f"(it loads {', '.join(sorted(GGUF_SUPPORTED_ARCHITECTURES))}); "
                 "use --engine llamacpp"
             )
-        import gguf
         from gguf.quants import GGMLQuantizationType as Q
 
         runnable = {Q.F32, Q.F16, Q.BF16}
-        runnable |= {q for q in Q if _dequantizable(gguf, q)}
-        bad = sorted({v for v in info.tensor_types.values() if v not in runnable})
+        bad = sorted(
+            {v for v in info.tensor_types.values() if v not in runnable and not _dequantizable(v)}
+        )
         if bad:
             names = ", ".join(_type_name(v) for v in bad)
             raise GGUFError(
@@ -185,10 +191,23 @@ def check_gguf(p: Path, engine: str, info: GGUFInfo | None = None) -> GGUFInfo:
     return info
 
 
-def _dequantizable(gguf: Any, q: Any) -> bool:
-    traits = getattr(gguf.quants, "_type_traits", {})
-    cls = traits.get(q)
-    return cls is not None and "dequantize_blocks" in vars(cls)
+@functools.cache
+def _dequantizable(value: int) -> bool:
+    """Whether the `gguf` package can dequantize tensor type `value`: asked through its
+    public `gguf.quants.dequantize` on one all-zero block (it raises NotImplementedError
+    for a type it has no dequantizer for)."""
+    import numpy as np
+    from gguf.constants import GGML_QUANT_SIZES
+    from gguf.quants import GGMLQuantizationType, dequantize
+
+    try:
+        q = GGMLQuantizationType(value)
+        _, type_size = GGML_QUANT_SIZES[q]
+        with np.errstate(all="ignore"):
+            dequantize(np.zeros(type_size, dtype=np.uint8), q)
+    except (ValueError, KeyError, NotImplementedError):
+        return False
+    return True
 
 
 def explain_llamacpp_failure(p: Path, error: Exception) -> GGUFError:
@@ -221,9 +240,10 @@ def transformers_from_gguf(
 ) -> tuple[Any, Any]:
     """(model, tokenizer) from transformers' GGUF loader; the model dequantizes to float32.
 
-    The tokenizer gets `eos_token_ids` from the generation config (as torch_engine's
-    tokenizers do), so chat models stop at their end-of-turn token. `engine` only names
-    the engine in error messages.
+    The tokenizer gets `eos_token_ids` from the generation config, else the model config
+    (`tokentrail.engines.config.model_eos_ids`, as torch_engine's tokenizers), so chat
+    models stop at their end-of-turn token. `engine` only names the engine in error
+    messages.
     """
     check_gguf(p, engine)
     try:
@@ -240,17 +260,7 @@ def transformers_from_gguf(
         ) from e
     except (ValueError, NotImplementedError, KeyError, OSError) as e:
         raise GGUFError(f"transformers cannot load {p}: {e}; try --engine llamacpp") from e
-    eos = set()
-    for source in (getattr(model, "generation_config", None), model.config):
-        value = getattr(source, "eos_token_id", None)
-        if isinstance(value, int):
-            eos.add(value)
-        elif isinstance(value, list | tuple):
-            eos.update(int(v) for v in value)
-    if tokenizer.eos_token_id is not None:
-        eos.add(int(tokenizer.eos_token_id))
-    object.__setattr__(tokenizer, "eos_token_ids", frozenset(eos))
-    return model, tokenizer
+    return model, attach_eos_ids(tokenizer, model_eos_ids(model))
 
 
 def _cache_root() -> Path:

@@ -11,7 +11,6 @@ A finished or removed sequence's KV cells are freed (`llama_memory_seq_rm`).
 
 from __future__ import annotations
 
-import itertools
 import logging
 from collections import deque
 from collections.abc import Sequence
@@ -23,15 +22,19 @@ import numpy as np
 
 from ..sampling import SamplingParams
 from .base import Step, check_generate_args
-from .llamacpp_sampling import REPETITION_CONTEXT_SIZE, LazyLogprobs, make_sampler, step_logprobs
+from .batch import BaseBatch
+from .llamacpp_sampling import REPEAT_LAST_N, LazyLogprobs, make_sampler, step_logprobs
 
 log = logging.getLogger(__name__)
 
-__all__ = ["LlamaCppBatch"]
+__all__ = ["LlamaCppBatch", "LlamaSlot"]
 
 
 @dataclass
-class _Seq:
+class LlamaSlot:
+    """One sequence of a `LlamaCppBatch`: its llama.cpp sequence id and sampler chain,
+    what it still has to evaluate and where it is."""
+
     seq_id: int
     params: SamplingParams
     max_tokens: int | None
@@ -43,7 +46,7 @@ class _Seq:
     row: int = -1  # this step's logits row in the batch, -1 when none
 
 
-class LlamaCppBatch:
+class LlamaCppBatch(BaseBatch):
     """Sequences decoded together by one llama.cpp context; see `Batch`.
 
     `n_ctx` is the KV cache shared by all sequences (default: the engine's context
@@ -52,14 +55,15 @@ class LlamaCppBatch:
 
     def __init__(self, engine: Any, max_batch: int, *, n_ctx: int | None = None,
                  **options: Any) -> None:
-        if max_batch < 1:
-            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        super().__init__(max_batch)
         if options:
             log.debug("llama.cpp batch ignores options %s", sorted(options))
+        # llama-cpp-python's wrappers of a second context on the same loaded weights and
+        # of a llama_batch: its public `Llama` cannot open one, so they come from
+        # `llama_cpp._internals` (and the weights from `Llama._model`).
         from llama_cpp._internals import LlamaBatch, LlamaContext
 
         self.engine = engine
-        self.max_batch = max_batch
         base = engine.llama.context_params
         params = type(base).from_buffer_copy(base)
         params.n_ctx = n_ctx or engine.context_length or 4096
@@ -70,10 +74,9 @@ class LlamaCppBatch:
         self._ctx = LlamaContext(model=engine.llama._model, params=params, verbose=False)
         self._batch = LlamaBatch(n_tokens=self.n_batch, embd=0, n_seq_max=1, verbose=False)
         self._mem = llama_cpp.llama_get_memory(self._ctx.ctx)
-        self._uids = itertools.count()
         self._free = list(range(max_batch))
-        self._seqs: dict[int, _Seq] = {}
-        self._serial = 0
+        self._live: dict[int, LlamaSlot] = {}
+        self.decodes = 0  # bumped at every decode: which logits the buffer holds
         self._scratch = np.empty(engine.vocab_size or 0, dtype=np.float32)
 
     def add(
@@ -89,35 +92,28 @@ class LlamaCppBatch:
             )
         uid = next(self._uids)
         chain = make_sampler(params, ids, self.engine.vocab_size or 0)
-        window = deque(ids[-REPETITION_CONTEXT_SIZE:], maxlen=REPETITION_CONTEXT_SIZE)
-        self._seqs[uid] = _Seq(self._free.pop(0), params, max_tokens, chain, list(ids), window)
+        window = deque(ids[-REPEAT_LAST_N:], maxlen=REPEAT_LAST_N)
+        self._live[uid] = LlamaSlot(self._free.pop(0), params, max_tokens, chain, list(ids), window)
         return uid
 
     def remove(self, uid: int) -> None:
-        seq = self._seqs.pop(uid, None)
+        seq = self._live.pop(uid, None)
         if seq is None:
             return
         llama_cpp.llama_memory_seq_rm(self._mem, seq.seq_id, -1, -1)
         seq.chain.close()
         self._free.append(seq.seq_id)
 
-    def cached_tokens(self, uid: int) -> int:
-        return 0
-
-    def __len__(self) -> int:
-        return len(self._seqs)
-
     def close(self) -> None:
-        for uid in list(self._seqs):
-            self.remove(uid)
+        super().close()
         self._ctx.close()
 
-    def _fill(self) -> list[tuple[int, _Seq]]:
+    def _fill(self) -> list[tuple[int, LlamaSlot]]:
         """Put this step's tokens into the llama_batch; return the sequences in it."""
         b = self._batch.batch
         n = 0
-        used: list[tuple[int, _Seq]] = []
-        order = sorted(self._seqs.items(), key=lambda kv: len(kv[1].pending) > 1)
+        used: list[tuple[int, LlamaSlot]] = []
+        order = sorted(self._live.items(), key=lambda kv: len(kv[1].pending) > 1)
         for uid, seq in order:  # generating sequences (1 pending token) first
             seq.row = -1
             room = self.n_batch - n
@@ -141,9 +137,9 @@ class LlamaCppBatch:
         return used
 
     def step(self) -> list[tuple[int, Step]]:
-        if not self._seqs:
+        if not self._live:
             return []
-        for uid, seq in list(self._seqs.items()):
+        for uid, seq in list(self._live.items()):
             if seq.n_past + len(seq.pending) > self.n_ctx:
                 raise RuntimeError(f"sequence {uid} no longer fits the context of {self.n_ctx}")
         used = self._fill()
@@ -155,7 +151,7 @@ class LlamaCppBatch:
                 f"llama_decode returned {rc} (the shared KV cache of {self.n_ctx} tokens is "
                 "full; open the batch with a larger n_ctx or fewer sequences)"
             )
-        self._serial += 1
+        self.decodes += 1
         out: list[tuple[int, Step]] = []
         vocab = self.engine.vocab_size or 0
         for uid, seq in used:

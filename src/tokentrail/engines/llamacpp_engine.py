@@ -35,7 +35,7 @@ from ..vocab import Vocab
 from .base import Step, check_generate_args
 from .gguf_models import GGUFError, check_magic, explain_llamacpp_failure, gguf_source
 from .llamacpp_batch import LlamaCppBatch
-from .llamacpp_sampling import REPETITION_CONTEXT_SIZE, LazyLogprobs, make_sampler, step_logprobs
+from .llamacpp_sampling import REPEAT_LAST_N, LazyLogprobs, make_sampler, step_logprobs
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +118,7 @@ class LlamaCppTokenizer:
 
     def __init__(self, llama: Any) -> None:
         self.llama = llama
-        self._vocab_p = llama._model.vocab
+        self._vocab_p = llama_cpp.llama_model_get_vocab(llama.model)
         self.vocab_size = int(llama_cpp.llama_vocab_n_tokens(self._vocab_p))
         meta = dict(llama.metadata)
         self.chat_template: str | None = meta.get("tokenizer.chat_template") or None
@@ -241,7 +241,7 @@ class LlamaCppEngine:
         self.tokenizer = LlamaCppTokenizer(llama)
         self.vocab_size: int | None = self.tokenizer.vocab_size
         self.context_length: int | None = int(llama.n_ctx())
-        self._serial = 0  # bumped at every decode: which logits the buffer holds
+        self.decodes = 0  # bumped at every decode: which logits the buffer holds
         self._owner: object = None  # the generator whose sequence is in the KV cache
         self._scratch = np.empty(self.vocab_size or 0, dtype=np.float32)
 
@@ -294,14 +294,14 @@ class LlamaCppEngine:
             new = target[keep:]
         self._owner = owner
         llama.eval(new)
-        self._serial += 1
+        self.decodes += 1
 
     def _logprobs(
         self, token: int, k: int, bias: Mapping[int, float] | None, window: deque[int],
         penalty: float | None,
     ) -> tuple[float, list[tuple[int, float]], LazyLogprobs]:
         """logprob of `token` and the top-k, from llama.cpp's logits (a numpy view)."""
-        ptr = llama_cpp.llama_get_logits_ith(self.llama._ctx.ctx, -1)
+        ptr = llama_cpp.llama_get_logits_ith(self.llama.ctx, -1)
         x = np.ctypeslib.as_array(ptr, shape=(self.vocab_size or 0,))
         lp, top, lse, affected = step_logprobs(x, token, k, bias, window, penalty, self._scratch)
         return lp, top, LazyLogprobs(self, x, lse, affected)
@@ -312,7 +312,7 @@ class LlamaCppEngine:
         owner = object()
         chain = self._sampler(params, ids)
         penalty = params.repetition_penalty
-        window: deque[int] = deque(ids[-REPETITION_CONTEXT_SIZE:], maxlen=REPETITION_CONTEXT_SIZE)
+        window: deque[int] = deque(ids[-REPEAT_LAST_N:], maxlen=REPEAT_LAST_N)
         sequence: list[int] = []
         pending = ids
         n = 0
@@ -325,7 +325,8 @@ class LlamaCppEngine:
                     )
                 self._eval(owner, sequence, pending)
                 sequence.extend(pending)
-                token = int(chain.sample(self.llama._ctx, -1))  # also accepts it
+                # llama_sampler_sample also accepts the token into the chain.
+                token = int(llama_cpp.llama_sampler_sample(chain.sampler, self.llama.ctx, -1))
                 lp, top, full = self._logprobs(
                     token, params.top_logprobs, params.logit_bias, window, penalty
                 )

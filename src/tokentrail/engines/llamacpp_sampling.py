@@ -15,18 +15,23 @@ import numpy as np
 
 from ..sampling import SamplingParams
 
-#: How many recent tokens the repeat penalty looks at (llama.cpp's `penalty_last_n`).
-REPETITION_CONTEXT_SIZE = 64
+#: How many recent tokens the repeat penalty looks at (llama.cpp's `repeat_last_n`,
+#: `penalty_last_n` in its sampler API).
+REPEAT_LAST_N = 64
+#: The old name of `REPEAT_LAST_N`, kept importable.
+REPETITION_CONTEXT_SIZE = REPEAT_LAST_N
 #: Block size of the blockwise top-k search over the logits.
 _TOPK_BLOCK = 256
 _DEFAULT_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: a random seed
 
-__all__ = ["REPETITION_CONTEXT_SIZE", "LazyLogprobs", "make_sampler", "step_logprobs"]
+__all__ = ["REPEAT_LAST_N", "LazyLogprobs", "make_sampler", "step_logprobs"]
 
 
 def make_sampler(params: SamplingParams, prompt: Sequence[int], n_vocab: int) -> Any:
     """llama.cpp's sampler chain for `params`, in llama-cpp-python's order; the prompt's
     last tokens are accepted into it when a repeat penalty is on (as llama-server)."""
+    # llama-cpp-python's own wrapper of a `llama_sampler_chain` (it keeps the custom
+    # samplers' callbacks alive); it has no public home, only `llama_cpp._internals`.
     from llama_cpp._internals import LlamaSampler
 
     chain = LlamaSampler()
@@ -34,7 +39,7 @@ def make_sampler(params: SamplingParams, prompt: Sequence[int], n_vocab: int) ->
         chain.add_logit_bias(n_vocab, dict(params.logit_bias))
     penalty = params.repetition_penalty
     if penalty is not None and penalty != 1.0:
-        chain.add_penalties(n_vocab, REPETITION_CONTEXT_SIZE, penalty, 0.0, 0.0)
+        chain.add_penalties(n_vocab, REPEAT_LAST_N, penalty, 0.0, 0.0)
     if params.temp == 0:
         chain.add_greedy()
     else:
@@ -47,7 +52,7 @@ def make_sampler(params: SamplingParams, prompt: Sequence[int], n_vocab: int) ->
         chain.add_temp(params.temp)
         chain.add_dist(_DEFAULT_SEED if params.seed is None else params.seed & 0xFFFFFFFF)
     if penalty is not None and penalty != 1.0:
-        for t in prompt[-REPETITION_CONTEXT_SIZE:]:
+        for t in prompt[-REPEAT_LAST_N:]:
             chain.accept(t)  # the prompt counts towards the penalty (llama-server)
     return chain
 
@@ -119,13 +124,13 @@ class LazyLogprobs:
     (``np.asarray(step.logprobs)``) until the generator advances; after that it raises.
     """
 
-    __slots__ = ("_affected", "_engine", "_logits", "_lse", "_serial")
+    __slots__ = ("_affected", "_decodes", "_logits", "_lse", "_owner")
 
     def __init__(
         self, owner: Any, logits: np.ndarray, lse: float, affected: dict[int, float]
     ) -> None:
-        self._engine = owner  # the engine or batch; its `_serial` counts decodes
-        self._serial = owner._serial
+        self._owner = owner  # the engine or batch; its `decodes` counts decodes
+        self._decodes = owner.decodes
         self._logits = logits
         self._lse = lse
         self._affected = affected
@@ -138,7 +143,7 @@ class LazyLogprobs:
         return self._logits.shape[0]
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        if self._engine._serial != self._serial:
+        if self._owner.decodes != self._decodes:
             raise RuntimeError(
                 "this step's logprobs are gone: llama.cpp reuses its logits buffer at the "
                 "next step; read np.asarray(response.logprobs) before advancing the stream"

@@ -5,15 +5,17 @@ Generation is mlx-lm's `generate_step` with a wrapped sampler (`mlx_steps`): eac
 computes, in one lazy graph, the next token, its logprob and (when asked) the top-k
 alternatives, evaluated together with `mx.async_eval` while the host handles the
 previous step. The host reads a few scalars per step, never the whole vocabulary.
-Batches run on mlx-lm's `BatchGenerator` (`mlx_batch`).
+Batches run on mlx-lm's `BatchGenerator` (`mlx_batch`). The samplers and the top-k
+live in `mlx_sampling`, which all three modules import; this module imports `mlx_steps`
+and `mlx_batch` (when first used), never the reverse.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import re
-from collections.abc import Callable, Iterator, Sequence
+import weakref
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,59 +26,27 @@ import mlx.nn as nn
 from ..sampling import SamplingParams
 from .base import Step, read_model_config
 
+# PREFILL_STEP_SIZE, top_k_ids (and sampling_for) stay importable from here, where they
+# used to live; their homes are `engines.config` and `engines.mlx_sampling`.
+from .config import (
+    CONTEXT_KEYS,
+    PREFILL_STEP_SIZE,  # noqa: F401
+    config_int,
+    is_hub_id,
+)
+from .mlx_sampling import sampling_for, top_k_ids  # noqa: F401
+
 log = logging.getLogger(__name__)
 
-#: Prompt tokens processed per forward pass while filling the cache (as mlx-lm).
-PREFILL_STEP_SIZE = 2048
-#: Config keys that hold a model's context length, in order of preference.
-_CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "n_ctx")
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-#: Block size of the two-stage top-k, and the vocabulary size from which it pays off
-#: (below it one partition of the whole row takes fewer device ops).
-_TOPK_BLOCK = 256
-_TOPK_TWO_STAGE_FROM = 16384
+__all__ = ["MLXEngine", "ModelInfo", "accepts", "load", "model_info", "wrap"]
 
 
 @dataclass(frozen=True)
 class ModelInfo:
-    """What `load` learned about a model folder, kept on the model object."""
+    """What `load` learned about a model folder, kept for the model (see `model_info`)."""
 
     path: str
     config: dict[str, Any] = field(repr=False)
-
-
-def _config_int(config: dict[str, Any], keys: Sequence[str]) -> int | None:
-    for source in (config, config.get("text_config") or {}):
-        for key in keys:
-            value = source.get(key)
-            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                return value
-    return None
-
-
-def top_k_ids(x: mx.array, k: int, block: int = _TOPK_BLOCK) -> mx.array:
-    """Ids of the `k` largest entries of each row of `x` (unordered), on the device.
-
-    Two stages instead of one partition of the whole vocabulary, which on large
-    vocabularies costs several times an argmax: take the max of each block of
-    `block` entries, keep the `k` blocks with the largest maxima, and partition only
-    their entries (plus the ragged tail). Every entry larger than the k-th largest
-    value lies in one of those blocks, so the values found are exactly the top k.
-    """
-    rows, size = x.shape
-    n_blocks = size // block
-    if size < _TOPK_TWO_STAGE_FROM or n_blocks <= k:
-        return mx.argpartition(x, kth=size - k, axis=-1)[:, size - k :]
-    head = x if size % block == 0 else x[:, : n_blocks * block]
-    blocked = head.reshape(rows, n_blocks, block)
-    best = mx.argpartition(blocked.max(axis=-1), kth=n_blocks - k, axis=-1)[:, n_blocks - k :]
-    cand = (best[:, :, None] * block + mx.arange(block, dtype=best.dtype)).reshape(rows, -1)
-    if size % block:
-        tail = mx.arange(n_blocks * block, size, dtype=cand.dtype)
-        cand = mx.concatenate([cand, mx.broadcast_to(tail, (rows, tail.size))], axis=-1)
-    n = cand.shape[-1]
-    pick = mx.argpartition(mx.take_along_axis(x, cand, axis=-1), kth=n - k, axis=-1)[:, n - k :]
-    return mx.take_along_axis(cand, pick, axis=-1)
 
 
 def load(path: str | os.PathLike[str]) -> tuple[nn.Module, Any]:
@@ -94,7 +64,7 @@ def load(path: str | os.PathLike[str]) -> tuple[nn.Module, Any]:
         path = mlx_folder_from_gguf(gguf)
     p = Path(path).expanduser()
     if not p.exists():
-        if isinstance(path, str) and _HUB_ID.match(path) and not path.startswith("."):
+        if is_hub_id(path):
             log.info("%s is not a local folder; asking mlx-lm to fetch it from the hub", path)
             from mlx_lm.utils import load as mlx_load
 
@@ -127,9 +97,24 @@ def load(path: str | os.PathLike[str]) -> tuple[nn.Module, Any]:
     return model, tokenizer
 
 
+#: What `load` learned about each model it loaded, by `id(model)`, with a weak reference
+#: to the model: an `nn.Module` is a dict, so it cannot be a weak dictionary's key, and
+#: an attribute written onto it would patch an object mlx-lm owns.
+_INFO: dict[int, tuple[weakref.ref[nn.Module], ModelInfo]] = {}
+
+
 def _remember(model: nn.Module, path: str, config: dict[str, Any]) -> None:
-    # nn.Module stores dicts as parameter trees; a non-container object stays an attribute.
-    object.__setattr__(model, "_tokentrail_info", ModelInfo(path, config))
+    key = id(model)
+    _INFO[key] = (weakref.ref(model, lambda _: _INFO.pop(key, None)), ModelInfo(path, config))
+
+
+def model_info(model: Any) -> ModelInfo | None:
+    """What `load` learned about `model` (its folder and config), or None when `load`
+    did not load it."""
+    hit = _INFO.get(id(model))
+    if hit is None or hit[0]() is not model:
+        return None
+    return hit[1]
 
 
 def accepts(model: Any) -> bool:
@@ -142,24 +127,26 @@ def wrap(model: nn.Module) -> MLXEngine:
 
 
 class MLXEngine:
-    """Runs an mlx-lm model; see `tokentrail.engines.Engine`."""
+    """Runs an mlx-lm model; see `tokentrail.engines.Engine`.
+
+    `mlx_options` is True: `generate` takes mlx-lm's step keywords (see
+    `tokentrail.engines.mlx_steps.step_options`)."""
 
     name = "mlx"
-    #: Runs mlx-lm's step functions, so `stream_generate` passes their options through.
     mlx_options = True
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
-        info = getattr(model, "_tokentrail_info", None)
-        config: dict[str, Any] = dict(info.config) if isinstance(info, ModelInfo) else {}
+        info = model_info(model)
+        config: dict[str, Any] = dict(info.config) if info is not None else {}
         args = getattr(model, "args", None)
         if args is not None:
-            for key in ("vocab_size", *_CONTEXT_KEYS):
+            for key in ("vocab_size", *CONTEXT_KEYS):
                 value = getattr(args, key, None)
                 if key not in config and value is not None:
                     config[key] = value
-        self.vocab_size: int | None = _config_int(config, ("vocab_size",))
-        self.context_length: int | None = _config_int(config, _CONTEXT_KEYS)
+        self.vocab_size: int | None = config_int(config, ("vocab_size",))
+        self.context_length: int | None = config_int(config, CONTEXT_KEYS)
 
     def peak_memory(self) -> float:
         return mx.get_peak_memory() / 1e9
@@ -197,15 +184,3 @@ class MLXEngine:
             vocab_size=self.vocab_size,
         )
 
-
-def sampling_for(
-    params: SamplingParams, vocab_size: int | None
-) -> tuple[Callable[[mx.array], mx.array], list[Callable[[mx.array, mx.array], mx.array]]]:
-    """mlx-lm's sampler and logits processors for `params` (as `mlx_lm.generate` makes
-    them from its command-line flags)."""
-    from mlx_lm.sample_utils import make_logits_processors, make_sampler
-
-    top_k = params.top_k if vocab_size is None or params.top_k < vocab_size else 0
-    sampler = make_sampler(params.temp, params.top_p, params.min_p, 1, top_k=top_k)
-    processors = make_logits_processors(params.logit_bias, params.repetition_penalty)
-    return sampler, processors

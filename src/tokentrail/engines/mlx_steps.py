@@ -14,102 +14,52 @@ keeps its mlx-lm meaning because mlx-lm itself implements it.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import mlx.core as mx
 
 from .base import Step
+from .mlx_sampling import Recorder, Row, read_rows
 
 log = logging.getLogger(__name__)
 
-__all__ = ["STEP_OPTIONS", "Recorder", "mlx_steps", "step_options"]
+# `Recorder` and `read_rows` live in `mlx_sampling`; importable from here as before, and
+# so is STEP_OPTIONS (the value of `step_options()`, made on first use by `__getattr__`).
+__all__ = ["mlx_steps", "speculative_options", "step_options"]
 
 _OWN = {"prompt", "model", "draft_model", "stream", "max_tokens"}
 
 
+@functools.cache
 def step_options() -> frozenset[str]:
     """The keyword options of mlx-lm's `generate_step` and `speculative_generate_step`
-    (as installed), which `stream_generate` passes through unchanged."""
-    from mlx_lm.generate import generate_step, speculative_generate_step
+    (as installed), which `stream_generate` passes through unchanged. Read from their
+    signatures on first use (importing `mlx_lm.generate`), then kept."""
+    from mlx_lm.generate import generate_step
 
-    names: set[str] = set()
-    for fn in (generate_step, speculative_generate_step):
-        names.update(inspect.signature(fn).parameters)
-    return frozenset(names - _OWN)
-
-
-#: Read once: the options mlx-lm 0.32's step functions take.
-STEP_OPTIONS = step_options()
-_SPECULATIVE_OPTIONS: frozenset[str] | None = None
+    return frozenset(set(inspect.signature(generate_step).parameters) - _OWN) | (
+        speculative_options()
+    )
 
 
-def _speculative_options() -> frozenset[str]:
-    global _SPECULATIVE_OPTIONS
-    if _SPECULATIVE_OPTIONS is None:
-        from mlx_lm.generate import speculative_generate_step
+@functools.cache
+def speculative_options() -> frozenset[str]:
+    """The keyword options of mlx-lm's `speculative_generate_step` (as installed)."""
+    from mlx_lm.generate import speculative_generate_step
 
-        _SPECULATIVE_OPTIONS = frozenset(
-            set(inspect.signature(speculative_generate_step).parameters) - _OWN
-        )
-    return _SPECULATIVE_OPTIONS
+    return frozenset(set(inspect.signature(speculative_generate_step).parameters) - _OWN)
 
 
-class Recorder:
-    """A sampler wrapper: returns the inner sampler's tokens unchanged and records, from
-    the same `logprobs`, the lazy arrays [token, token logprob, top-k ids, top-k
-    logprobs] of each call (`k == 0`: no top-k).
-
-    `schedule=True` queues them with `mx.async_eval` inside the call, i.e. in the step
-    that samples the token; the caller pops them in call order with `pop()`.
-    """
-
-    __slots__ = ("calls", "k", "sampler", "schedule")
-
-    def __init__(self, sampler: Callable[[mx.array], mx.array], k: int, schedule: bool) -> None:
-        self.sampler = sampler
-        self.k = k
-        self.schedule = schedule
-        self.calls: deque[list[mx.array]] = deque()
-
-    def __call__(self, logprobs: mx.array) -> mx.array:
-        from .mlx_engine import top_k_ids
-
-        token = self.sampler(logprobs)
-        out = [token, mx.take_along_axis(logprobs, token.reshape(-1, 1), axis=-1)]
-        if self.k:
-            ids = top_k_ids(logprobs.reshape(-1, logprobs.shape[-1]), self.k)
-            out += [ids, mx.take_along_axis(logprobs.reshape(ids.shape[0], -1), ids, axis=-1)]
-        if self.schedule:
-            mx.async_eval(*out)
-        self.calls.append(out)
-        return token
-
-
-def read_rows(
-    arrays: list[mx.array], k: int | bool
-) -> list[tuple[int, float, list[tuple[int, float]]]]:
-    """One recorded call as host values: (token, logprob, top-k sorted best first) per row.
-
-    Reads the evaluated arrays as they are (a reshape here would be one more device op)."""
-    token_arr, lp_arr = arrays[0], arrays[1]
-    if token_arr.size == 1:
-        tokens, lps = [token_arr.item()], [lp_arr.item()]
-    else:
-        tokens = token_arr.tolist()
-        lps = [row[0] for row in lp_arr.tolist()]
-    if not k:
-        return [(t, lp, []) for t, lp in zip(tokens, lps, strict=True)]
-    ids, vals = arrays[2].tolist(), arrays[3].tolist()
-    out = []
-    for t, lp, i, v in zip(tokens, lps, ids, vals, strict=True):
-        top = list(zip(i, v, strict=True))
-        top.sort(key=lambda pair: -pair[1])  # k <= 20: sorting here beats the device
-        out.append((t, lp, top))
-    return out
+def __getattr__(name: str) -> Any:
+    # STEP_OPTIONS (the same as `step_options()`) is computed when first asked for, not
+    # at import: reading it imports mlx-lm's generate module.
+    if name == "STEP_OPTIONS":
+        return step_options()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _mismatch(got: int, want: int) -> RuntimeError:
@@ -156,7 +106,7 @@ def mlx_steps(
         options.pop("prompt_progress_callback", None)
         if options.pop("input_embeddings", None) is not None:
             raise ValueError("speculative decoding (draft_model) does not take input_embeddings")
-        spec = _speculative_options()
+        spec = speculative_options()
         unknown = sorted(set(options) - spec)
         if unknown:
             raise TypeError(f"speculative decoding does not take {', '.join(unknown)}")
@@ -188,7 +138,7 @@ def _speculative(gen: Iterator[Any], rec: Recorder, k: int, processed: bool) -> 
     # them with one call on the target model (K + 1 rows), or, with logits processors,
     # K + 1 one-row calls. The yields of a round are rows 0, 1, ... of those calls.
     calls = rec.calls
-    rows: list[tuple[int, float, list[tuple[int, float]]]] = []
+    rows: list[Row] = []
     row = 0
     for token, logprobs, from_draft in gen:
         if calls:

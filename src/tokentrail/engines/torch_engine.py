@@ -11,7 +11,6 @@ overlap and each step runs only when asked for.
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import logging
 import math
@@ -25,20 +24,34 @@ import torch
 
 from ..sampling import SamplingParams
 from .base import Step, check_generate_args, read_model_config
+from .config import (
+    CONTEXT_KEYS,
+    PREFILL_STEP_SIZE,
+    attach_eos_ids,
+    config_int,
+    is_hub_id,
+    model_eos_ids,
+)
 
 log = logging.getLogger(__name__)
 
-#: Prompt tokens processed per forward pass while filling the cache (as the MLX engine).
-PREFILL_STEP_SIZE = 2048
 #: How many recent tokens the repetition penalty looks at (mlx-lm's default).
 REPETITION_CONTEXT_SIZE = 20
-#: Config keys that hold a model's context length, in order of preference.
-_CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "n_ctx")
 #: float32 holds every integer below 2**24 exactly, so token ids travel packed as floats.
 _EXACT_FLOAT_IDS = 2**24
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
-__all__ = ["TorchEngine", "accepts", "default_device", "load", "load_tokenizer", "wrap"]
+__all__ = [
+    "PREFILL_STEP_SIZE",
+    "TorchEngine",
+    "accepts",
+    "apply_min_p",
+    "apply_top_k",
+    "apply_top_p",
+    "default_device",
+    "load",
+    "load_tokenizer",
+    "wrap",
+]
 
 
 def default_device() -> torch.device:
@@ -97,7 +110,7 @@ def load(
     if local:
         _check_folder(p)
         source = str(p)
-    elif isinstance(path, str) and _HUB_ID.match(path) and not path.startswith("."):
+    elif is_hub_id(path):
         log.info("%s is not a local folder; asking transformers to fetch it from the hub", path)
         source = path
     else:
@@ -125,7 +138,7 @@ def load(
         raise kind(f"cannot load model from {source}: {e}") from e
     model.to(dev)
     model.eval()
-    tokenizer = load_tokenizer(source, eos_token_ids=_model_eos_ids(model), local=local)
+    tokenizer = load_tokenizer(source, eos_token_ids=model_eos_ids(model), local=local)
     return model, tokenizer
 
 
@@ -139,49 +152,18 @@ def _model_type(p: Path) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _as_ids(value: Any) -> list[int]:
-    if value is None:
-        return []
-    if isinstance(value, int) and not isinstance(value, bool):
-        return [value]
-    if isinstance(value, list | tuple | set | frozenset):
-        return [int(v) for v in value if isinstance(v, int) and not isinstance(v, bool)]
-    return []
-
-
-def _model_eos_ids(model: Any) -> list[int]:
-    """End-of-sequence ids from the generation config, else the model config (as mlx-lm)."""
-    gen = getattr(model, "generation_config", None)
-    ids = _as_ids(getattr(gen, "eos_token_id", None))
-    if not ids:
-        ids = _as_ids(getattr(getattr(model, "config", None), "eos_token_id", None))
-    return ids
-
-
 def load_tokenizer(
     path: str | os.PathLike[str], *, eos_token_ids: Sequence[int] = (), local: bool = True
 ) -> Any:
-    """transformers' `AutoTokenizer` for `path`, with `eos_token_ids` (a frozenset) added.
-
-    `stream_generate` stops on any id in `tokenizer.eos_token_ids` (as with mlx-lm's
-    TokenizerWrapper), so a chat model whose generation config ends turns with a token
-    other than `eos_token` (e.g. ``<|im_end|>``) stops where it should.
-    """
+    """transformers' `AutoTokenizer` for `path`, with `eos_token_ids` (a frozenset) added
+    (see `tokentrail.engines.config.attach_eos_ids`)."""
     from transformers import AutoTokenizer
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=local)
     except (OSError, ValueError) as e:
         raise ValueError(f"cannot load the tokenizer from {path}: {e}") from e
-    eos = set(eos_token_ids)
-    if tokenizer.eos_token_id is not None:
-        eos.add(int(tokenizer.eos_token_id))
-    try:
-        # transformers' __setattr__ treats any `*_ids` name as a special-token setter.
-        object.__setattr__(tokenizer, "eos_token_ids", frozenset(eos))
-    except AttributeError:  # a future transformers may define it read-only
-        log.warning("cannot attach eos_token_ids %s to %s", sorted(eos), type(tokenizer).__name__)
-    return tokenizer
+    return attach_eos_ids(tokenizer, eos_token_ids)
 
 
 def accepts(model: Any) -> bool:
@@ -198,20 +180,6 @@ def accepts(model: Any) -> bool:
 
 def wrap(model: Any) -> TorchEngine:
     return TorchEngine(model)
-
-
-def _config_int(config: Any, keys: Sequence[str]) -> int | None:
-    sources = [config]
-    get_text = getattr(config, "get_text_config", None)
-    if callable(get_text):
-        with contextlib.suppress(Exception):  # some need arguments; the top level will do
-            sources.insert(0, get_text())
-    for source in sources:
-        for key in keys:
-            value = getattr(source, key, None)
-            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                return value
-    return None
 
 
 class TorchEngine:
@@ -239,13 +207,13 @@ class TorchEngine:
         self.model = model
         self.prefill_step_size = prefill_step_size
         config = model.config
-        self.vocab_size: int | None = _config_int(config, ("vocab_size",))
+        self.vocab_size: int | None = config_int(config, ("vocab_size",))
         if self.vocab_size is None:
             out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
             weight = getattr(out, "weight", None)
             self.vocab_size = int(weight.shape[0]) if weight is not None else None
-        self.context_length: int | None = _config_int(config, _CONTEXT_KEYS)
-        self.eos_token_ids = frozenset(_model_eos_ids(model))
+        self.context_length: int | None = config_int(config, CONTEXT_KEYS)
+        self.eos_token_ids = frozenset(model_eos_ids(model))
         param = next(iter(model.parameters()), None)
         self.device: torch.device = param.device if param is not None else torch.device("cpu")
         names = inspect.signature(model.forward).parameters
@@ -410,11 +378,11 @@ def _make_sampler(
     def sampler(logprobs: torch.Tensor) -> torch.Tensor:
         x = logprobs
         if 0 < top_p < 1:
-            x = _apply_top_p(x, top_p)
+            x = apply_top_p(x, top_p)
         if min_p > 0:
-            x = _apply_min_p(x, min_p)
+            x = apply_min_p(x, min_p)
         if 0 < top_k < x.shape[-1]:
-            x = _apply_top_k(x, top_k)
+            x = apply_top_k(x, top_k)
         probs = torch.softmax(x * inv_temp, dim=-1)
         # argmax(p / E) with E ~ Exp(1) draws from p without a host sync (unlike
         # torch.multinomial on CUDA); the clamp keeps a zero draw from dividing by zero.
@@ -424,7 +392,7 @@ def _make_sampler(
     return sampler
 
 
-def _apply_top_p(logprobs: torch.Tensor, top_p: float) -> torch.Tensor:
+def apply_top_p(logprobs: torch.Tensor, top_p: float) -> torch.Tensor:
     """Keep the tokens whose more likely tokens hold less than `top_p` of the mass."""
     ordered = torch.sort(logprobs).values  # ascending
     probs = ordered.exp()
@@ -437,12 +405,12 @@ def _apply_top_p(logprobs: torch.Tensor, top_p: float) -> torch.Tensor:
     return logprobs.masked_fill(logprobs < threshold, -math.inf)
 
 
-def _apply_min_p(logprobs: torch.Tensor, min_p: float) -> torch.Tensor:
+def apply_min_p(logprobs: torch.Tensor, min_p: float) -> torch.Tensor:
     """Keep the tokens at least `min_p` times as likely as the most likely one."""
     return logprobs.masked_fill(logprobs < logprobs.max() + math.log(min_p), -math.inf)
 
 
-def _apply_top_k(logprobs: torch.Tensor, top_k: int) -> torch.Tensor:
+def apply_top_k(logprobs: torch.Tensor, top_k: int) -> torch.Tensor:
     """Keep exactly the `top_k` most likely tokens."""
     top = torch.topk(logprobs, top_k)
     return torch.full_like(logprobs, -math.inf).scatter(0, top.indices, top.values)

@@ -30,7 +30,6 @@ import json
 import logging
 import os
 import queue
-import re
 import threading
 import uuid
 from collections.abc import Coroutine, Iterator, Mapping, Sequence
@@ -39,6 +38,7 @@ from typing import Any
 
 from ..sampling import SamplingParams
 from .base import Step, check_generate_args
+from .config import config_eos_ids, is_hub_id
 
 log = logging.getLogger(__name__)
 
@@ -49,9 +49,16 @@ INSTALL_HINT = (
 #: Extra engine arguments as a JSON object, e.g. '{"enforce_eager": true}'; merged under
 #: the keyword arguments given to `load`, so `tokentrail serve` can pass any of them.
 ARGS_ENV = "TOKENTRAIL_VLLM_ARGS"
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
-__all__ = ["ARGS_ENV", "INSTALL_HINT", "VLLMEngine", "accepts", "load", "wrap"]
+__all__ = [
+    "ARGS_ENV",
+    "INSTALL_HINT",
+    "VLLMEngine",
+    "accepts",
+    "load",
+    "step_from_logprobs",
+    "wrap",
+]
 
 
 def _require_vllm() -> Any:
@@ -93,7 +100,7 @@ def load(
         if not (p / "config.json").is_file():
             raise FileNotFoundError(f"no config.json in model folder {p}")
         source = str(p)
-    elif isinstance(path, str) and _HUB_ID.match(path) and not path.startswith("."):
+    elif is_hub_id(path):
         source = path  # vLLM downloads it: the only case that touches the network
     else:
         raise FileNotFoundError(f"model folder not found: {p}")
@@ -137,18 +144,15 @@ def _eos_ids(source: str) -> list[int]:
     """End ids from the generation config, else the model config (as mlx-lm and torch)."""
     from transformers import AutoConfig, GenerationConfig
 
-    from .torch_engine import _as_ids
+    ids = config_eos_ids(_read_config(GenerationConfig, source))
+    return ids or config_eos_ids(_read_config(AutoConfig, source))
 
+
+def _read_config(kind: Any, source: str) -> Any:
     try:
-        ids = _as_ids(GenerationConfig.from_pretrained(source).eos_token_id)
+        return kind.from_pretrained(source)
     except (OSError, ValueError):
-        ids = []
-    if not ids:
-        try:
-            ids = _as_ids(AutoConfig.from_pretrained(source).eos_token_id)
-        except (OSError, ValueError):
-            ids = []
-    return ids
+        return None
 
 
 def accepts(model: Any) -> bool:
@@ -297,7 +301,7 @@ class VLLMEngine:
                 if kind == "error":
                     raise token_ids
                 for i, tid in enumerate(token_ids):
-                    yield _step(tid, None if logprobs is None else logprobs[i], k)
+                    yield step_from_logprobs(tid, None if logprobs is None else logprobs[i], k)
         finally:
             if not future.done():
                 future.cancel()  # cancels pump(): vLLM aborts the request, no more steps
@@ -321,7 +325,8 @@ class VLLMEngine:
                     for completion in output.outputs:
                         logprobs = completion.logprobs
                         for i, tid in enumerate(completion.token_ids):
-                            yield _step(tid, None if logprobs is None else logprobs[i], k)
+                            position = None if logprobs is None else logprobs[i]
+                            yield step_from_logprobs(tid, position, k)
         finally:
             if not finished:
                 llm_engine.abort_request([request_id])
@@ -363,7 +368,7 @@ def _sampling_params(params: SamplingParams, max_tokens: int | None, vocab: int 
     return VLLMSamplingParams(**kwargs)
 
 
-def _step(token: int, position: Mapping[int, Any] | None, k: int) -> Step:
+def step_from_logprobs(token: int, position: Mapping[int, Any] | None, k: int) -> Step:
     """A Step from one position of vLLM's sample logprobs: {id: Logprob(logprob, rank)}.
 
     vLLM returns the top-k plus the sampled token when it is not among them (with its

@@ -39,8 +39,7 @@ from typing import Any
 
 from ..errors import EngineError, UpstreamError  # noqa: F401  (EngineError: old home)
 from ..realign.core import Realigner
-from ..realign.placement import _GapRef
-from ..realign.result import RealignError
+from ..realign.result import RealignError, TokenEvent
 from ..sampling import SamplingParams
 from ..vocab import Vocab
 from .base import Step
@@ -57,27 +56,6 @@ class UpstreamStep(Step):
     a stand-in that only spells the right bytes: the upstream did not identify it."""
 
     refused: str | None = None
-
-
-class _Outbox(Realigner):
-    """A Realigner that also hands out every token it pushes to its aligner, in order."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.outbox: list[tuple[int | None, float | None, Any, str | None]] = []
-
-    def _push(self, index: Any, tid: int, logprob: Any, top: Any) -> None:
-        why = None
-        if isinstance(index, _GapRef):
-            why = index.refused[0].reason if index.refused else "unidentified"
-        self.outbox.append((tid, logprob, top, why))
-        super()._push(index, tid, logprob, top)
-
-    def _placeholders(self, data: bytes, refused: Any) -> None:
-        if not data:  # tokens with neither id nor bytes (a character cut off at the end)
-            for ref in refused:
-                self.outbox.append((None, None, None, ref.reason))
-        super()._placeholders(data, refused)
 
 
 def _base_url(url: str) -> str:
@@ -295,22 +273,27 @@ class UpstreamEngine:
     ) -> Iterator[Step]:
         import httpx
 
-        r = _Outbox(self.vocab, skip_special_tokens=True, prompt_ids=prompt_ids)
+        # Every token the realigner gives its aligner becomes a step, in order.
+        events: list[TokenEvent] = []
+        r = Realigner(
+            self.vocab, skip_special_tokens=True, prompt_ids=prompt_ids, on_token=events.append
+        )
         n = 0
         finish: str | None = None
         last: int | None = None
 
         def drain() -> Iterator[Step]:
             nonlocal n, last
-            for tid, lp, top, why in r.outbox:
+            for e in events:
+                tid, why = e.id, e.reason
                 if tid is None:
                     tid = self._filler()
                     why = f"{why}; it added no text, and a special token stands for it"
                 n += 1
                 last = tid
-                lp_value = math.nan if lp is None else float(lp)
-                yield UpstreamStep(tid, lp_value, list(top or ()), None, refused=why)
-            r.outbox.clear()
+                lp_value = math.nan if e.logprob is None else float(e.logprob)
+                yield UpstreamStep(tid, lp_value, list(e.top or ()), None, refused=why)
+            events.clear()
 
         try:
             with self.client.stream("POST", path, json=body) as resp:

@@ -22,22 +22,28 @@ and keeps its text exact from the streamed content, instead of guessing. Nothing
 released until the streamed content confirms it; a disagreement is reported, never
 papered over.
 
-The package: `core` (the `Realigner`), `feeding` (aligner feeding, confirmation),
-`placement` (fitting unidentified tokens' bytes between identified ones), `vocabmap`
-(bytes and names back to ids), `wire` and `dialects` (one parser per wire dialect:
-`openai`, `vllm`, `token_ids`, `llamacpp`, `tokentrail`), `capture` (JSON lines / SSE)
-and `cli` (``tokentrail realign``).
+`Realigner(on_token=...)` follows every token as it reaches the aligner (a
+`TokenEvent`), which is how `tokentrail.engines.upstream` turns a realigned stream into
+steps.
+
+The package: `core` (the `Realigner`), `feeding` (its `Feeder`: aligner feeding,
+confirmation), `placement` (fitting unidentified tokens' bytes between identified
+ones), `vocabmap` (bytes and names back to ids), `wire` and `dialects` (one parser per
+wire dialect: `openai`, `vllm`, `token_ids`, `llamacpp`, `tokentrail`), `capture` (JSON
+lines / SSE) and `cli` (``tokentrail realign``).
 """
 
 from __future__ import annotations
 
 from .capture import read_chunks
-from .cli import main, register, run, segment_json
+from .cli import main, register, run, segment_json  # noqa: F401  (see __all__)
 from .core import Realigner, realign
 from .dialects import parse_chunk
-from .result import RealignedSegment, RealignError, RealignResult, RefusedToken
+from .result import RealignedSegment, RealignError, RealignResult, RefusedToken, TokenEvent
 from .wire import REPLACEMENT, WIRE_NEG_INF, token_string_bytes
 
+# Not listed: `register` (the `tokentrail` command's plugin hook), and `run` and
+# `segment_json`, importable here where they were (their home is `tokentrail.realign.cli`).
 __all__ = [
     "REPLACEMENT",
     "WIRE_NEG_INF",
@@ -46,12 +52,10 @@ __all__ = [
     "RealignedSegment",
     "Realigner",
     "RefusedToken",
+    "TokenEvent",
     "main",
     "parse_chunk",
     "read_chunks",
     "realign",
-    "register",
-    "run",
-    "segment_json",
     "token_string_bytes",
 ]

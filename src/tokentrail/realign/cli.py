@@ -16,7 +16,9 @@ from .result import RealignError
 from .wire import WIRE_NEG_INF
 
 
-def _finite(value: float | None) -> float | None:
+def _json_logprob(value: float | None) -> float | None:
+    """A logprob as JSON can carry it: -inf as -9999.0 (OpenAI's rule), NaN and +inf as
+    null."""
     if value is None or math.isnan(value):
         return None
     if math.isinf(value):
@@ -25,22 +27,20 @@ def _finite(value: float | None) -> float | None:
 
 
 def segment_json(seg: Segment) -> dict[str, Any]:
-    """A segment as the CLI prints it: JSON-safe (-inf logprobs as -9999.0)."""
+    """A segment as the CLI prints it: JSON-safe (-inf logprobs as -9999.0, non-finite
+    confidence figures as null)."""
     out = seg.to_dict()
     for t in out["tokens"]:
         if "logprob" in t:
-            t["logprob"] = _finite(t["logprob"])
+            t["logprob"] = _json_logprob(t["logprob"])
         for a in t.get("top_logprobs") or ():
-            a["logprob"] = _finite(a["logprob"])
+            a["logprob"] = _json_logprob(a["logprob"])
     try:
         conf = seg.confidence
     except (OverflowError, ValueError):
         conf = None
     if conf is not None:
-        out["confidence"] = {
-            k: (v if not isinstance(v, float) or math.isfinite(v) else None)
-            for k, v in conf.to_dict().items()
-        }
+        out["confidence"] = conf.to_dict()  # its non-finite figures are null already
     return out
 
 

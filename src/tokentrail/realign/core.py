@@ -2,33 +2,39 @@
 
 It reads each chunk with its dialect's parser (`tokentrail.realign.dialects`),
 identifies every token from what the wire carries (ids, ``token_id:N`` strings, raw
-bytes, token strings), and feeds the ids to an `Aligner` (`tokentrail.realign.feeding`);
-a token it cannot identify is refused, never guessed, and its text kept exact from the
-streamed content.
+bytes, token strings), and hands them to its `Feeder` (`tokentrail.realign.feeding`),
+which feeds an `Aligner`; a token it cannot identify is refused, never guessed, and its
+text kept exact from the streamed content. `on_token` lets a caller follow every token
+the aligner is given (`tokentrail.engines.upstream` turns them into steps).
 """
 
 from __future__ import annotations
 
 import logging
-from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
-from ..align import Aligner
 from ..segment import Segment, TokenSpan
 from ..vocab import Vocab
 from .dialects import parse_chunk, tokentrail
 from .dialects import token_ids as token_id_strings
-from .feeding import _Feeding
-from .placement import _GapRef, _Obs
-from .result import RealignedSegment, RealignError, RealignResult, RefusedToken
-from .vocabmap import _reverse
-from .wire import REPLACEMENT, _Frame, _Wire, token_string_bytes
+from .feeding import Feeder
+from .placement import Obs
+from .result import (
+    RealignedSegment,
+    RealignError,
+    RealignResult,
+    RefusedToken,
+    TokenHook,
+)
+from .vocabmap import reverse
+from .wire import REPLACEMENT, Frame, WireToken, token_string_bytes
 
 log = logging.getLogger("tokentrail.realign")
 
 
-class Realigner(_Feeding):
+class Realigner:
     """Realigns one streamed choice: feed it chunks, get exact segments back.
 
     >>> r = Realigner("path/to/tokenizer.json")            # doctest: +SKIP
@@ -40,6 +46,10 @@ class Realigner(_Feeding):
     `skip_special_tokens` None (the default) follows the stream: a special token counts as
     skipped when the streamed content does not show its text. A segment is released only
     once the streamed content confirms its text, so output can lag the input a little.
+
+    `on_token`, when given, is called with a `TokenEvent` for every token given to the
+    aligner, in stream order: identified ones, and the stand-ins for tokens the stream
+    did not identify (see `TokenEvent`).
     """
 
     def __init__(
@@ -49,6 +59,7 @@ class Realigner(_Feeding):
         *,
         choice: int = 0,
         prompt_ids: Sequence[int] | None = None,
+        on_token: TokenHook | None = None,
     ) -> None:
         from ..vocab import load_vocab
 
@@ -57,34 +68,17 @@ class Realigner(_Feeding):
         #: The prompt the stream continues, when known: realigned in its context (its
         #: decoding rules, a character it left open), as `Aligner(prompt_ids=...)`.
         self.prompt_ids: tuple[int, ...] = tuple(prompt_ids or ())
-        self._rev = _reverse(self.vocab)
-        self._skip: bool | None = skip_special_tokens
-        self._first_rule = bool(self.vocab.first_pieces) or self.vocab.strip_leading > 0
-        self._continuation: bool | None = None if self._first_rule else False
-        if self.prompt_ids:
-            self._continuation = True  # the prompt's text comes first: no first-token rules
-        self._aligners: dict[bool, Aligner] | None = None
-        self._primary = True
-        self._map: list[int | _GapRef] = []
-        self._pending: deque[_Obs] = deque()
-        self._held: deque[RealignedSegment] = deque()
-        self._unconfirmed = ""  # streamed content not yet matched by released segments
-        self._content: list[str] = []
-        self._cb = bytearray()  # the streamed content, as bytes
-        # Where pushed tokens end in the content: text the aligner emitted, plus the bytes
-        # it still holds (pushed minus emitted, in its own byte stream).
-        self._text_emitted = 0
-        self._piece_pushed = 0
-        self._piece_emitted = 0
-        self._text_seen = False
-        self._raw_seen = False  # the stream sent bytes that are not UTF-8 on their own
-        self._grew = False
-        self._diverged: str | None = None
+        self._rev = reverse(self.vocab)
+        self._feeder = Feeder(
+            self.vocab,
+            skip_special_tokens,
+            self.prompt_ids,
+            warn=self._warn,
+            on_token=on_token,
+        )
         self._n = 0  # tokens seen
         self._n_chunks = 0
         self._refused: list[RefusedToken] = []
-        self._orphans: list[RefusedToken] = []
-        self._trailing: list[TokenSpan] = []
         self._warnings: list[str] = []
         self._errors: list[str] = []
         self._sources: list[str] = []
@@ -106,6 +100,15 @@ class Realigner(_Feeding):
     # -- public ------------------------------------------------------------------------------
 
     @property
+    def on_token(self) -> TokenHook | None:
+        """What each `TokenEvent` is given to (None: nobody); may be set before feeding."""
+        return self._feeder.on_token
+
+    @on_token.setter
+    def on_token(self, hook: TokenHook | None) -> None:
+        self._feeder.on_token = hook
+
+    @property
     def errors(self) -> list[str]:
         """Error bodies the server sent so far (``{"error": ...}``), one line each."""
         return list(self._errors)
@@ -123,14 +126,10 @@ class Realigner(_Feeding):
             self._errors.append(f"{where}: the server answered an error: {frame.error}")
             self._warn(self._errors[-1])
             return []
-        self._grew = bool(frame.content)
-        if frame.content:
-            self._content.append(frame.content)
-            self._unconfirmed += frame.content
-            self._cb += frame.content.encode("utf-8")
+        self._feeder.add_content(frame.content)
         ext_segments: list[RealignedSegment] = []
         if frame.ext is not None:
-            ext_segments = tokentrail.read_extension(self, frame, where)
+            frame, ext_segments = self._read_extension(frame, where)
         elif self._ext is not None and frame.tokens:
             self._warn(f"{where} carries tokens but no tokentrail extension")
         if frame.other_choices:
@@ -138,8 +137,7 @@ class Realigner(_Feeding):
         if frame.total is not None:
             self._total = frame.total
         self._observe(frame, where)
-        self._drain(final=False)
-        released = self._release(final=False)
+        released = self._feeder.advance()
         if self._open_gaps and self._ext is None:
             self._deferred.extend(released)
             return []
@@ -155,24 +153,13 @@ class Realigner(_Feeding):
         if self._done:
             raise RuntimeError("finish() was already called")
         self._done = True
-        if self._n == 0 and not self._pending and "".join(self._content):
+        if self._n == 0 and not self._feeder.queued and self._feeder.content:
             raise RealignError(
                 "the stream carries no per-token data: ask the server for logprobs "
                 "(or vLLM's return_token_ids), or use tokentrail's server"
             )
-        self._drain(final=True)
-        if self._aligners is not None:
-            outs = {skip: al.finish() for skip, al in self._aligners.items()}
-            self._take(outs[self._primary])
-        released = self._release(final=True)
-        if self._diverged is None and self._unconfirmed:
-            r = RefusedToken(None, "the streamed content has text that no token data accounts for")
-            self._refused.append(r)
-            released.append(RealignedSegment(self._unconfirmed, (), (r,)))
-            self._unconfirmed = ""
-        if self._orphans:
-            released.append(RealignedSegment("", (), tuple(self._orphans)))
-            self._orphans = []
+        released = self._feeder.finish()
+        self._refused = list(self._feeder.refused)
         released = self._settle_counts(self._deferred + released)
         self._deferred = []
         if self._ext is not None:
@@ -189,7 +176,10 @@ class Realigner(_Feeding):
             return self._result
         agrees = None
         if self._ext is not None:
-            agrees = tokentrail.check_extension(self)
+            disagreement = tokentrail.compare(self._ext, self._ours)
+            if disagreement is not None:
+                self._warn(disagreement)
+            agrees = disagreement is None
         if self._alts_dropped:
             self._warn(
                 f"{self._alts_dropped} alternative(s) in top_logprobs could not be identified "
@@ -200,10 +190,10 @@ class Realigner(_Feeding):
             segments=list(self._out),
             source="+".join(self._sources) or "none",
             text=text,
-            content="".join(self._content),
+            content=self._feeder.content,
             tokens=self._n,
             refused=list(self._refused),
-            trailing=list(self._trailing),
+            trailing=list(self._feeder.trailing),
             ambiguous=self._ambiguous,
             warnings=list(self._warnings),
             errors=list(self._errors),
@@ -228,7 +218,23 @@ class Realigner(_Feeding):
         if name and name not in self._sources:
             self._sources.append(name)
 
-    def _identify(self, w: _Wire, main: bool = True) -> tuple[int | None, bytes | None, str | None]:
+    def _read_extension(self, frame: Frame, where: str) -> tuple[Frame, list[RealignedSegment]]:
+        """tokentrail's extension: its token ids replace the frame's own (they feed the
+        check), its segments are the output."""
+        ext = tokentrail.parse_extension(frame, where)
+        if self._ext is None:
+            self._ext = []
+        self._source(tokentrail.NAME)
+        self._ext.extend(ext.segments)
+        warning = ext.misnumbered(self._n, where)
+        if warning is not None:
+            self._warn(warning)
+        own = replace(frame, tokens=list(ext.tokens), first_index=None, folded_content=False)
+        return own, list(ext.segments)
+
+    def _identify(
+        self, w: WireToken, main: bool = True
+    ) -> tuple[int | None, bytes | None, str | None]:
         """(id, claimed bytes, why not) for one wire token (`main`: not an alternative)."""
         v = self.vocab
         if w.id is not None:
@@ -246,12 +252,12 @@ class Realigner(_Feeding):
             raw = from_token
         if raw is None:
             return None, None, "the stream gives neither an id nor bytes for it"
-        if not self._raw_seen:
+        if not self._feeder.raw_seen:
             try:
                 raw.decode("utf-8")
             except UnicodeDecodeError:
-                self._raw_seen = True  # a server that sends raw bytes: U+FFFD is U+FFFD
-        if REPLACEMENT in raw and (main or not self._raw_seen):
+                self._feeder.raw_seen = True  # a server that sends raw bytes: U+FFFD is U+FFFD
+        if REPLACEMENT in raw and (main or not self._feeder.raw_seen):
             # Believed only from a server seen to send raw bytes, and (for a generated
             # token) once the content shows the same bytes: see _close_unknown.
             why = "its bytes are U+FFFD, a stand-in servers send for bytes not valid UTF-8 alone"
@@ -269,7 +275,7 @@ class Realigner(_Feeding):
             return None, raw, "it has no bytes and no name that identifies it"
         return None, raw, f"its bytes match no token of {v.name}"
 
-    def _alternatives(self, wires: list[_Wire] | None) -> tuple[tuple[int, float], ...] | None:
+    def _alternatives(self, wires: list[WireToken] | None) -> tuple[tuple[int, float], ...] | None:
         if not wires:
             return None
         out = []
@@ -291,7 +297,7 @@ class Realigner(_Feeding):
             return b""
         return v.pieces[tid] or b""
 
-    def _observe(self, frame: _Frame, where: str) -> None:
+    def _observe(self, frame: Frame, where: str) -> None:
         """Turn a frame's wire tokens into observations queued for the aligner."""
         dropped: list[int] = []
         if frame.first_index is not None:
@@ -335,16 +341,16 @@ class Realigner(_Feeding):
             if tid is None:
                 shown = w.token if w.token is not None else (repr(raw) if raw else None)
                 ref = RefusedToken(idx, why or "unidentified", shown)
-                self._pending.append(_Obs("unknown", idx, None, w.logprob, top, raw, (ref,)))
+                self._feeder.add(Obs("unknown", idx, None, w.logprob, top, raw, (ref,)))
             else:
-                self._pending.append(_Obs("token", idx, tid, w.logprob, top))
+                self._feeder.add(Obs("token", idx, tid, w.logprob, top))
         self._dropped(dropped)
 
     def _dropped(self, indices: list[int]) -> None:
         """Tokens the server counted but sent nothing about."""
         for idx in indices:
             ref = RefusedToken(idx, "the server generated it but sent no data for it")
-            self._pending.append(_Obs("unknown", idx, raw=None, refused=(ref,)))
+            self._feeder.add(Obs("unknown", idx, raw=None, refused=(ref,)))
 
     def _gap(self, data: bytes, dropped: list[int]) -> None:
         """Bytes sent with a llama.cpp frame whose own token did not carry them."""
@@ -360,7 +366,7 @@ class Realigner(_Feeding):
         refused = tuple(RefusedToken(r.index, r.reason, shown) for r in refused)
         if not dropped:
             self._open_gaps.append((self._n, refused[0]))
-        self._pending.append(_Obs("gap", None, raw=data, refused=refused))
+        self._feeder.add(Obs("gap", None, raw=data, refused=refused))
 
     def _settle_counts(self, segments: list[Segment]) -> list[Segment]:
         """At the end: account for tokens the server counted but never described.

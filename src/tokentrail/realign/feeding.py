@@ -1,59 +1,132 @@
 """Feeding identified tokens to the `Aligner` and releasing confirmed segments.
 
-`_Feeding` is the half of `Realigner` that turns the queue of observed tokens into
-aligner pushes: it decides the decoding mode (continuation or not; special tokens
-skipped or not) from the streamed content, places unidentified tokens' bytes between
-identified ones (`tokentrail.realign.placement`), stands in for them with tokens that
-spell the same bytes (marked refused), and releases each segment once the content
-confirms its text.
+A `Feeder` is what a `Realigner` hands its observed tokens to: it decides the decoding
+mode (continuation or not; special tokens skipped or not) from the streamed content,
+places unidentified tokens' bytes between identified ones
+(`tokentrail.realign.placement`), stands in for them with tokens that spell the same
+bytes (marked refused), and releases each segment once the content confirms its text.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import deque
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
 
 from ..align import Aligner
 from ..segment import Segment, TokenSpan
 from ..stops import split_segment
 from ..vocab import Vocab
-from .placement import _GapRef, _Group, _Obs, _placements
-from .result import RealignedSegment, RefusedToken, _first_difference
-from .vocabmap import _continued, _Reverse
+from .placement import GapRef, Group, Obs, placements
+from .result import RealignedSegment, RefusedToken, TokenEvent, TokenHook, first_difference
+from .vocabmap import continued, reverse
 
 log = logging.getLogger("tokentrail.realign")
 
 
-class _Feeding:
-    """The aligner-feeding half of `Realigner` (its state is set up there)."""
+class Feeder:
+    """Observed tokens in, confirmed segments out, for one streamed choice.
 
-    if TYPE_CHECKING:
-        vocab: Vocab
-        prompt_ids: tuple[int, ...]
-        _rev: _Reverse
-        _skip: bool | None
-        _continuation: bool | None
-        _aligners: dict[bool, Aligner] | None
-        _primary: bool
-        _map: list[int | _GapRef]
-        _pending: deque[_Obs]
-        _held: deque[RealignedSegment]
-        _unconfirmed: str
-        _content: list[str]
-        _cb: bytearray
-        _text_emitted: int
-        _piece_pushed: int
-        _piece_emitted: int
-        _text_seen: bool
-        _raw_seen: bool
-        _grew: bool
-        _diverged: str | None
-        _refused: list[RefusedToken]
-        _orphans: list[RefusedToken]
-        _trailing: list[TokenSpan]
+    The reader (`tokentrail.realign.Realigner`) gives it the streamed content
+    (`add_content`) and the tokens it observed (`add`), calls `advance` after each chunk
+    and `finish` at the end. `skip_special_tokens` None follows the content. `warn`
+    reports a problem in one line; `on_token` (optional) receives a `TokenEvent` for
+    every token given to the aligner, in order, and for every refused token that had no
+    bytes.
+    """
 
-        def _warn(self, message: str) -> None: ...
+    def __init__(
+        self,
+        vocab: Vocab,
+        skip_special_tokens: bool | None,
+        prompt_ids: Sequence[int] = (),
+        *,
+        warn: Callable[[str], None],
+        on_token: TokenHook | None = None,
+    ) -> None:
+        self.vocab = vocab
+        self.prompt_ids = tuple(prompt_ids)
+        self.on_token = on_token
+        #: The stream was seen to send raw bytes (not UTF-8 on their own), so a U+FFFD it
+        #: sends is a real U+FFFD; set by the reader.
+        self.raw_seen = False
+        #: Tokens refused while feeding, in order.
+        self.refused: list[RefusedToken] = []
+        #: Tokens whose text the content does not have (a stop string cut off), at the end.
+        self.trailing: list[TokenSpan] = []
+        #: Once the tokens' text and the streamed content part ways: where and how.
+        self.diverged: str | None = None
+        self._warn = warn
+        self._rev = reverse(vocab)
+        self._skip = skip_special_tokens
+        first_rule = bool(vocab.first_pieces) or vocab.strip_leading > 0
+        self._continuation: bool | None = None if first_rule else False
+        if self.prompt_ids:
+            self._continuation = True  # the prompt's text comes first: no first-token rules
+        self._aligners: dict[bool, Aligner] | None = None
+        self._primary = True
+        self._map: list[int | GapRef] = []  # aligner token index -> stream index or gap
+        self._pending: deque[Obs] = deque()
+        self._held: deque[RealignedSegment] = deque()
+        self._unconfirmed = ""  # streamed content not yet matched by released segments
+        self._content: list[str] = []
+        self._cb = bytearray()  # the streamed content, as bytes
+        # Where pushed tokens end in the content: text the aligner emitted, plus the bytes
+        # it still holds (pushed minus emitted, in its own byte stream).
+        self._text_emitted = 0
+        self._piece_pushed = 0
+        self._piece_emitted = 0
+        self._text_seen = False
+        self._grew = False
+        self._orphans: list[RefusedToken] = []
+
+    # -- public ------------------------------------------------------------------------------
+
+    @property
+    def content(self) -> str:
+        """The streamed content so far."""
+        return "".join(self._content)
+
+    @property
+    def queued(self) -> int:
+        """How many observed tokens wait for the content to settle them."""
+        return len(self._pending)
+
+    def add_content(self, text: str) -> None:
+        """The content one chunk streamed (maybe none)."""
+        self._grew = bool(text)
+        if text:
+            self._content.append(text)
+            self._unconfirmed += text
+            self._cb += text.encode("utf-8")
+
+    def add(self, obs: Obs) -> None:
+        """Queue one observed token (identified, not, or a gap of bytes)."""
+        self._pending.append(obs)
+
+    def advance(self) -> list[Segment]:
+        """Push what the content lets us decide; return the segments it confirms."""
+        self._drain(final=False)
+        return self._release(final=False)
+
+    def finish(self) -> list[Segment]:
+        """End of stream: settle the queue, flush the aligner, release everything."""
+        self._drain(final=True)
+        if self._aligners is not None:
+            outs = {skip: al.finish() for skip, al in self._aligners.items()}
+            self._take(outs[self._primary])
+        released = self._release(final=True)
+        if self.diverged is None and self._unconfirmed:
+            r = RefusedToken(None, "the streamed content has text that no token data accounts for")
+            self.refused.append(r)
+            released.append(RealignedSegment(self._unconfirmed, (), (r,)))
+            self._unconfirmed = ""
+        if self._orphans:
+            released.append(RealignedSegment("", (), tuple(self._orphans)))
+            self._orphans = []
+        return released
+
+    # -- feeding the aligner -----------------------------------------------------------------
 
     def _skipped(self, tid: int) -> bool | None:
         """Whether a token adds no text; None while that is undecided (special, auto)."""
@@ -111,7 +184,7 @@ class _Feeding:
                 if not final:
                     return False
                 self._continuation = False
-        vocab = _continued(self.vocab) if self._continuation else self.vocab
+        vocab = continued(self.vocab) if self._continuation else self.vocab
         skips = [True, False] if self._skip is None else [self._skip]
         if self.prompt_ids:
             vocab = self.vocab  # the prompt itself takes the first-token rules
@@ -165,12 +238,17 @@ class _Feeding:
 
     def _push(
         self,
-        index: int | _GapRef | None,
+        index: int | GapRef | None,
         tid: int,
         logprob: float | None,
         top: tuple[tuple[int, float], ...] | None,
     ) -> None:
         assert self._aligners is not None and index is not None
+        if self.on_token is not None:
+            if isinstance(index, GapRef):
+                self.on_token(TokenEvent(tid, logprob, top, refused=index.refused))
+            else:
+                self.on_token(TokenEvent(tid, logprob, top, index))
         if self._skipped(tid) is False:
             piece = self.vocab.pieces[tid] or b""
             if not self._text_seen and not self._continuation:
@@ -187,12 +265,15 @@ class _Feeding:
 
     def _placeholders(self, data: bytes, refused: tuple[RefusedToken, ...]) -> None:
         """Stand-in tokens for bytes whose real tokens are unknown, so text stays exact."""
-        self._refused.extend(refused)
+        self.refused.extend(refused)
         if not data:
+            if self.on_token is not None:  # tokens with neither id nor bytes
+                for ref in refused:
+                    self.on_token(TokenEvent(None, None, None, ref.index, (ref,)))
             self._orphans.extend(refused)
             return
         ids = self._rev.split(data)
-        ref = _GapRef(refused)
+        ref = GapRef(refused)
         if ids is None:
             # No stand-ins spell these bytes: end the aligner's stream here and restart.
             self._warn(f"no tokens of {self.vocab.name} spell the bytes {data!r}")
@@ -203,7 +284,7 @@ class _Feeding:
             self._held.append(RealignedSegment(text, (), refused))
             self._text_emitted += len(text.encode("utf-8"))
             self._text_seen = True
-            vocab = _continued(self.vocab)
+            vocab = continued(self.vocab)
             self._aligners = {s: Aligner(vocab, skip_special_tokens=s) for s in self._aligners}
             self._map = []  # the new aligner counts its tokens from 0
             return
@@ -235,7 +316,7 @@ class _Feeding:
         elif len(groups) == 1:
             gap = rest
         else:
-            starts = _placements(rest, groups)
+            starts = placements(rest, groups)
             if starts is None:
                 reason = "its place in the text cannot be told, next to unidentified tokens"
                 first = groups[1].obs
@@ -243,7 +324,7 @@ class _Feeding:
                 for k, o in enumerate(first, at):
                     data = o.raw if o.kind == "gap" else self._own_bytes(o.id or 0)
                     refused = o.refused or (RefusedToken(o.index, reason),)
-                    p[k] = _Obs("unknown", o.index, None, o.logprob, o.top, data, refused)
+                    p[k] = Obs("unknown", o.index, None, o.logprob, o.top, data, refused)
                 return True
             gap = rest[: starts[0]]
         claimed = [o.raw for o in run]
@@ -251,25 +332,25 @@ class _Feeding:
             # The content shows the very bytes claimed (a real U+FFFD, say): believed
             # from a server seen to send raw bytes, else refused at the end.
             ids = [self._lookup(c or b"") for c in claimed]
-            if self._raw_seen and all(i is not None for i in ids):
+            if self.raw_seen and all(i is not None for i in ids):
                 for o, tid in zip([p.popleft() for _ in run], ids, strict=True):
                     assert tid is not None
                     self._push(o.index, tid, o.logprob, o.top)
                 return True
-            if not final and not self._raw_seen:
+            if not final and not self.raw_seen:
                 return False
         for _ in run:
             p.popleft()
         self._placeholders(gap, tuple(r for o in run for r in o.refused))
         return True
 
-    def _groups(self) -> list[_Group]:
+    def _groups(self) -> list[Group]:
         """The queue as alternating runs of unidentified and identified tokens."""
-        out: list[_Group] = []
+        out: list[Group] = []
         for o in self._pending:
             unknown = o.kind == "unknown"
             if not out or out[-1].unknown != unknown:
-                out.append(_Group(unknown))
+                out.append(Group(unknown))
             g = out[-1]
             g.obs.append(o)
             if unknown:
@@ -301,7 +382,7 @@ class _Feeding:
                     spans.append(t)
                     continue
                 m = self._map[t.index]
-                if isinstance(m, _GapRef):
+                if isinstance(m, GapRef):
                     for r in m.refused:
                         if not any(r is x for x in refused):
                             refused.append(r)
@@ -316,8 +397,8 @@ class _Feeding:
         while held:
             seg = held[0]
             u = self._unconfirmed
-            if self._diverged is not None or u.startswith(seg.text):
-                if self._diverged is None:
+            if self.diverged is not None or u.startswith(seg.text):
+                if self.diverged is None:
                     self._unconfirmed = u[len(seg.text) :]
                 out.append(held.popleft())
                 continue
@@ -326,12 +407,12 @@ class _Feeding:
                     break
                 out.extend(self._cut_trailing())
                 break
-            at = len("".join(self._content)) - len(u) + _first_difference(seg.text, u)
-            self._diverged = (
+            at = len("".join(self._content)) - len(u) + first_difference(seg.text, u)
+            self.diverged = (
                 f"the tokens' text differs from the streamed content at character {at}: "
                 f"{seg.text[:20]!r} vs {u[:20]!r}"
             )
-            self._warn(self._diverged)
+            self._warn(self.diverged)
         return out
 
     def _cut_trailing(self) -> list[Segment]:
@@ -358,7 +439,7 @@ class _Feeding:
         while held:
             rest.extend(held.popleft().tokens)
         self._unconfirmed = ""
-        self._trailing.extend(rest)
+        self.trailing.extend(rest)
         if rest:
             first = rest[0].index
             self._warn(

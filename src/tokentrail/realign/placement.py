@@ -10,7 +10,7 @@ from .wire import REPLACEMENT
 
 
 @dataclass(slots=True)
-class _Obs:
+class Obs:
     """A token in the stream: identified ("token"), not ("unknown"), or a dropped "gap"."""
 
     kind: str
@@ -24,11 +24,11 @@ class _Obs:
 
 
 @dataclass(slots=True)
-class _Group:
+class Group:
     """A run of queued tokens: unidentified (at least `least` bytes), or identified."""
 
     unknown: bool
-    obs: list[_Obs] = field(default_factory=list)
+    obs: list[Obs] = field(default_factory=list)
     least: int = 0
     data: bytes = b""
     #: unidentified: a regex their bytes must match, from what the wire claimed (each
@@ -36,6 +36,7 @@ class _Group:
     pattern: re.Pattern[bytes] | None = None
 
     def shape(self) -> re.Pattern[bytes]:
+        """The regex an unidentified run's bytes must match (`pattern`, built once)."""
         if self.pattern is None:
             parts = []
             for o in self.obs:
@@ -48,11 +49,11 @@ class _Group:
         return self.pattern
 
 
-#: How many placements `_placements` tries before calling the fit ambiguous.
+#: How many placements `placements` tries before calling the fit ambiguous.
 PLACEMENT_BUDGET = 20_000
 
 
-def _placements(rest: bytes, groups: list[_Group]) -> list[int] | None:
+def placements(rest: bytes, groups: list[Group]) -> list[int] | None:
     """Where each identified group starts in `rest`, if they fit in exactly one way.
 
     Groups keep their order; an unidentified group's bytes match what the wire claimed
@@ -62,7 +63,7 @@ def _placements(rest: bytes, groups: list[_Group]) -> list[int] | None:
     n = len(groups)
     budget = [PLACEMENT_BUDGET]
 
-    def fits(g: _Group, data: bytes, shaped: bool) -> bool:
+    def fits(g: Group, data: bytes, shaped: bool) -> bool:
         if shaped:
             return g.shape().fullmatch(data) is not None
         return len(data) >= g.least
@@ -109,7 +110,7 @@ def _placements(rest: bytes, groups: list[_Group]) -> list[int] | None:
 
 
 @dataclass(slots=True)
-class _GapRef:
+class GapRef:
     """Stands, in the aligner, for bytes whose tokens are unknown."""
 
     refused: tuple[RefusedToken, ...]

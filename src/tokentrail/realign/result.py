@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +27,40 @@ class RefusedToken:
         if self.reported is not None:
             out["reported"] = self.reported
         return out
+
+
+@dataclass(frozen=True, slots=True)
+class TokenEvent:
+    """One token the `Realigner` gave its aligner, in stream order (see `on_token`).
+
+    An identified token has its stream `index` and `refused` None. A stand-in (a token
+    that only spells the bytes of tokens the stream did not identify) has `index` None
+    and `refused` the tokens it stands for; a refused token that had no bytes at all is
+    given to no aligner, and comes with `id` None. `logprob` and `top` (alternatives as
+    (id, logprob)) are what the wire said, None when it said nothing.
+    """
+
+    id: int | None
+    logprob: float | None
+    top: tuple[tuple[int, float], ...] | None
+    index: int | None = None
+    refused: tuple[RefusedToken, ...] | None = None
+
+    @property
+    def identified(self) -> bool:
+        """Whether the stream identified this token (it is no stand-in)."""
+        return self.refused is None
+
+    @property
+    def reason(self) -> str | None:
+        """Why the token is not identified (the first refused token's reason), or None."""
+        if self.refused is None:
+            return None
+        return self.refused[0].reason if self.refused else "unidentified"
+
+
+#: A subscriber to `TokenEvent`s (`Realigner(on_token=...)`).
+TokenHook = Callable[[TokenEvent], None]
 
 
 @dataclass(slots=True)
@@ -92,7 +127,7 @@ class RealignResult:
                 f"{self.refused[0].reason}"
             )
         if not self.content_matches:
-            at = _first_difference(self.text, self.content)
+            at = first_difference(self.text, self.content)
             parts.append(
                 f"the segments' text differs from the streamed content at character {at} "
                 f"({self.text[at : at + 12]!r} vs {self.content[at : at + 12]!r})"
@@ -104,7 +139,8 @@ class RealignResult:
         return "; ".join(parts)
 
 
-def _first_difference(a: str, b: str) -> int:
+def first_difference(a: str, b: str) -> int:
+    """The first character index where `a` and `b` differ (the shorter length if none)."""
     n = min(len(a), len(b))
     for k in range(n):
         if a[k] != b[k]:

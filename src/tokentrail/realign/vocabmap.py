@@ -10,7 +10,7 @@ from ..vocab import Vocab
 _PLAIN, _BYTE, _SPECIAL, _HIDDEN = range(4)
 
 
-class _Reverse:
+class Reverse:
     """bytes -> ids, and token names -> ids, for one vocabulary."""
 
     def __init__(self, vocab: Vocab) -> None:
@@ -61,19 +61,22 @@ class _Reverse:
         return out
 
 
-_REVERSE: weakref.WeakKeyDictionary[Vocab, _Reverse] = weakref.WeakKeyDictionary()
+_REVERSE: weakref.WeakKeyDictionary[Vocab, Reverse] = weakref.WeakKeyDictionary()
 _CONTINUED: weakref.WeakKeyDictionary[Vocab, Vocab] = weakref.WeakKeyDictionary()
 
 
-def _reverse(vocab: Vocab) -> _Reverse:
+def reverse(vocab: Vocab) -> Reverse:
+    """The `Reverse` of `vocab`, built once per vocabulary (held while `vocab` lives)."""
     rev = _REVERSE.get(vocab)
     if rev is None:
-        rev = _REVERSE[vocab] = _Reverse(vocab)
+        rev = _REVERSE[vocab] = Reverse(vocab)
     return rev
 
 
-def _continued(vocab: Vocab) -> Vocab:
-    """The vocabulary decoding a continuation: no first-token rules (no leading strip)."""
+def continued(vocab: Vocab) -> Vocab:
+    """The vocabulary decoding a continuation: no first-token rules (no leading strip).
+
+    Built once per vocabulary (held while `vocab` lives)."""
     out = _CONTINUED.get(vocab)
     if out is None:
         out = replace(vocab, first_pieces={}, strip_leading=0)

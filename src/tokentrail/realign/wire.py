@@ -1,7 +1,8 @@
 """One chunk as the wire describes it, before any token id is known.
 
-The dialect parsers (`tokentrail.realign.dialects`) turn chunks into `_Frame`s of `_Wire`
-tokens with these helpers; the `Realigner` identifies the tokens afterwards.
+The dialect parsers (`tokentrail.realign.dialects`) turn chunks into `Frame`s of
+`WireToken`s with the helpers here (each checks one JSON value and raises `RealignError`
+naming where it is); the `Realigner` identifies the tokens afterwards.
 """
 
 from __future__ import annotations
@@ -24,25 +25,25 @@ _BYTES_ESCAPE = re.compile(r"\\x([0-9a-fA-F]{2})|(.)", re.S)
 
 
 @dataclass(slots=True)
-class _Wire:
+class WireToken:
     """One token as the wire describes it, before its id is known."""
 
     id: int | None = None
     token: str | None = None
     raw: bytes | None = None
     logprob: float | None = None
-    top: list[_Wire] | None = None
+    top: list[WireToken] | None = None
     source: str = ""
     #: llama.cpp entry: `raw` is everything sent with this token, dropped frames included.
     folded: bool = False
 
 
 @dataclass(slots=True)
-class _Frame:
+class Frame:
     """The part of one chunk that matters here."""
 
     content: str = ""
-    tokens: list[_Wire] = field(default_factory=list)
+    tokens: list[WireToken] = field(default_factory=list)
     ext: Mapping[str, Any] | None = None
     #: llama.cpp: position of the frame's first token (from tokens_predicted).
     first_index: int | None = None
@@ -55,19 +56,22 @@ class _Frame:
     other_choices: bool = False
 
 
-def _type_name(value: Any) -> str:
+def type_name(value: Any) -> str:
+    """A JSON value's type, for error messages ("null" for None)."""
     return "null" if value is None else type(value).__name__
 
 
-def _is_int(value: Any) -> bool:
+def is_int(value: Any) -> bool:
+    """Whether `value` is a JSON integer (a bool is not)."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _logprob(value: Any, where: str) -> float | None:
+def logprob(value: Any, where: str) -> float | None:
+    """A wire logprob: None for null or NaN, -inf at or below `WIRE_NEG_INF`."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise RealignError(f"{where}: logprob must be a number, got {_type_name(value)}")
+        raise RealignError(f"{where}: logprob must be a number, got {type_name(value)}")
     value = float(value)
     if math.isnan(value):
         return None
@@ -78,11 +82,12 @@ def _prob_to_logprob(value: Any, where: str) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise RealignError(f"{where}: prob must be a number, got {_type_name(value)}")
+        raise RealignError(f"{where}: prob must be a number, got {type_name(value)}")
     return math.log(value) if value > 0 else -math.inf
 
 
-def _byte_list(value: Any, where: str) -> bytes | None:
+def byte_list(value: Any, where: str) -> bytes | None:
+    """A wire ``bytes`` list (integers 0..255) as bytes; None for null."""
     if value is None:
         return None
     try:
@@ -93,11 +98,12 @@ def _byte_list(value: Any, where: str) -> bytes | None:
     raise RealignError(f"{where}: bytes must be a list of integers 0..255")
 
 
-def _text(value: Any, where: str) -> str:
+def text(value: Any, where: str) -> str:
+    """A wire string; "" for null."""
     if value is None:
         return ""
     if not isinstance(value, str):
-        raise RealignError(f"{where} must be a string, got {_type_name(value)}")
+        raise RealignError(f"{where} must be a string, got {type_name(value)}")
     return value
 
 
@@ -118,31 +124,31 @@ def token_string_bytes(token: str) -> bytes:
     return token.encode("utf-8")
 
 
-def _entry(e: Any, where: str, source: str) -> _Wire:
+def entry(e: Any, where: str, source: str) -> WireToken:
     """A logprobs entry: OpenAI chat (token, logprob, bytes, top_logprobs) or llama.cpp."""
     if not isinstance(e, Mapping):
-        raise RealignError(f"{where}: expected an object, got {_type_name(e)}")
+        raise RealignError(f"{where}: expected an object, got {type_name(e)}")
     tid = e.get("id")
-    if tid is not None and not _is_int(tid):
-        raise RealignError(f"{where}.id must be an integer, got {_type_name(tid)}")
+    if tid is not None and not is_int(tid):
+        raise RealignError(f"{where}.id must be an integer, got {type_name(tid)}")
     token = e.get("token", e.get("tok_str", e.get("content")))
     if token is not None and not isinstance(token, str):
-        raise RealignError(f"{where}.token must be a string, got {_type_name(token)}")
+        raise RealignError(f"{where}.token must be a string, got {type_name(token)}")
     if "logprob" in e:
-        lp = _logprob(e["logprob"], f"{where}.logprob")
+        lp = logprob(e["logprob"], f"{where}.logprob")
     else:
         lp = _prob_to_logprob(e.get("prob"), f"{where}.prob")
     top_src = next((e[k] for k in ("top_logprobs", "top_probs", "probs") if k in e), None)
     top = None
     if top_src is not None:
         if not isinstance(top_src, list):
-            raise RealignError(f"{where}.top_logprobs must be a list, got {_type_name(top_src)}")
-        top = [_entry(t, f"{where}.top_logprobs[{k}]", source) for k, t in enumerate(top_src)]
-    raw = _byte_list(e.get("bytes"), f"{where}.bytes")
-    return _Wire(tid, token, raw, lp, top, source if tid is None else "llama.cpp-ids")
+            raise RealignError(f"{where}.top_logprobs must be a list, got {type_name(top_src)}")
+        top = [entry(t, f"{where}.top_logprobs[{k}]", source) for k, t in enumerate(top_src)]
+    raw = byte_list(e.get("bytes"), f"{where}.bytes")
+    return WireToken(tid, token, raw, lp, top, source if tid is None else "llama.cpp-ids")
 
 
-def _sourced(w: _Wire) -> _Wire:
+def sourced(w: WireToken) -> WireToken:
     """Name how the token is identified, for `RealignResult.source`."""
     if w.id is not None:
         return w

@@ -106,7 +106,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--n-threads", type=int, metavar="N", help="llamacpp engine: CPU threads")
     add("--n-gpu-layers", type=int, metavar="N", help="llamacpp engine: layers to offload")
     add("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    from ..proxy import add_arguments as add_upstream_arguments
+    from .proxy import add_arguments as add_upstream_arguments
 
     add_upstream_arguments(parser)
 
@@ -164,18 +164,6 @@ def _check(args: argparse.Namespace) -> None:
     for ok, message in checks:
         if not ok:
             raise UsageError(message)
-
-
-def _check_upstream(args: argparse.Namespace) -> None:
-    """The proxy's own flags (`serve --upstream URL --tokenizer PATH`)."""
-    if not args.tokenizer:
-        raise UsageError("--upstream needs --tokenizer PATH (the upstream model's tokenizer)")
-    if not args.upstream.startswith(("http://", "https://")):
-        raise UsageError(f"--upstream must be an http(s) URL, got {args.upstream!r}")
-    if args.model is not None:
-        raise UsageError("--model does not apply with --upstream (the upstream runs the model)")
-    if args.upstream_timeout <= 0:
-        raise UsageError(f"--upstream-timeout must be > 0, got {args.upstream_timeout}")
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -271,7 +259,9 @@ def run(args: argparse.Namespace) -> int:
         _check(args)
         loader = None if args.upstream else model_loader(args)
         if args.upstream:
-            _check_upstream(args)
+            from .proxy import check_arguments as check_upstream_arguments
+
+            check_upstream_arguments(args)
         sock = _bind(args.host, args.port)
     except UsageError as e:
         sys.stderr.write(f"tokentrail serve: error: {e}\n")
@@ -289,7 +279,7 @@ def run(args: argparse.Namespace) -> int:
     }
     if args.upstream:
         from ..errors import UpstreamError
-        from ..proxy import create_upstream_app
+        from .proxy import create_upstream_app
 
         try:
             app = create_upstream_app(

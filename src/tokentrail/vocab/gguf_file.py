@@ -128,7 +128,7 @@ def read_gguf(path: Path) -> GGUFTokenizer:
     )
 
 
-def _gguf_transformers(path: Path) -> Any | None:
+def gguf_transformers_tokenizer(path: Path) -> Any | None:
     """The tokenizer transformers builds from a GGUF file, or None where it cannot.
 
     The file is linked alone into a temporary folder so that no other tokenizer file
@@ -156,6 +156,10 @@ def _gguf_transformers(path: Path) -> Any | None:
         except Exception as e:  # transformers raises ValueError/KeyError for what it lacks
             log.info("%s: transformers cannot build this tokenizer (%s); rebuilding it", path, e)
             return None
+
+
+#: Its old, private name.
+_gguf_transformers = gguf_transformers_tokenizer
 
 
 def _gguf_bpe(info: GGUFTokenizer) -> Any:
@@ -328,7 +332,7 @@ def vocab_from_gguf(path: Path, use_transformers: bool = True, reference: str = 
         v.source = GGUFEncoder(info)
         return v
     if info.model in ("llama", "gpt2") and use_transformers:
-        tok = _gguf_transformers(path)
+        tok = gguf_transformers_tokenizer(path)
         if tok is not None:
             return _restrict_to_file(vocab_from_transformers(tok), info, "transformers")
     if info.model == "llama":

@@ -13,8 +13,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from .. import wire
 from ..result import RealignError
-from ..wire import _entry, _Frame, _is_int, _sourced, _text, _Wire
+from ..wire import Frame, WireToken
 
 NAME = "llama.cpp"
 #: Keys that, next to ``content``, mark a llama.cpp /completion object.
@@ -26,18 +27,18 @@ def claims(chunk: Mapping[str, Any]) -> bool:
     return "content" in chunk and "choices" not in chunk and any(k in chunk for k in _KEYS)
 
 
-def parse(chunk: Mapping[str, Any], choice: int, where: str) -> _Frame | None:
+def parse(chunk: Mapping[str, Any], choice: int, where: str) -> Frame | None:
     """A llama.cpp /completion object (one streamed frame, or a whole response)."""
-    frame = _Frame(content=_text(chunk.get("content"), f"{where}.content"), folded_content=True)
+    frame = Frame(content=wire.text(chunk.get("content"), f"{where}.content"), folded_content=True)
     probs = chunk.get("completion_probabilities") or []
     if not isinstance(probs, list):
         raise RealignError(f"{where}.completion_probabilities must be a list")
     entries = [
-        _entry(e, f"{where}.completion_probabilities[{k}]", "llama.cpp")
+        wire.entry(e, f"{where}.completion_probabilities[{k}]", "llama.cpp")
         for k, e in enumerate(probs)
     ]
     ids = chunk.get("tokens")
-    if ids is not None and (not isinstance(ids, list) or not all(_is_int(i) for i in ids)):
+    if ids is not None and (not isinstance(ids, list) or not all(wire.is_int(i) for i in ids)):
         raise RealignError(f"{where}.tokens must be a list of integers")
     ids = ids or []
     if ids:
@@ -47,9 +48,9 @@ def parse(chunk: Mapping[str, Any], choice: int, where: str) -> _Frame | None:
             if k < len(entries) and entries[k].id in (tid, None):
                 e = entries[k]
                 k += 1
-                frame.tokens.append(_Wire(tid, e.token, None, e.logprob, e.top, "llama.cpp"))
+                frame.tokens.append(WireToken(tid, e.token, None, e.logprob, e.top, "llama.cpp"))
             else:
-                frame.tokens.append(_Wire(tid, source="llama.cpp"))
+                frame.tokens.append(WireToken(tid, source="llama.cpp"))
         if k < len(entries):
             raise RealignError(f"{where}: completion_probabilities name ids that are not in tokens")
     else:
@@ -57,10 +58,10 @@ def parse(chunk: Mapping[str, Any], choice: int, where: str) -> _Frame | None:
             if e.id is not None:
                 e.source = "llama.cpp"
                 e.folded = e.raw is not None
-            frame.tokens.append(e if e.id is not None else _sourced(e))
+            frame.tokens.append(e if e.id is not None else wire.sourced(e))
     n = chunk.get("tokens_predicted")
     # A streamed frame's tokens are the last ones generated; so are none in the final
     # frame. A whole response's count says how many are missing, not where.
-    if _is_int(n) and (not chunk.get("stop") or not frame.tokens):
+    if wire.is_int(n) and (not chunk.get("stop") or not frame.tokens):
         frame.first_index = n - len(frame.tokens)
     return frame

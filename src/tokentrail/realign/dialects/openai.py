@@ -5,7 +5,7 @@ Chat logprobs (``logprobs.content[]`` entries with ``token``, ``logprob``, ``byt
 token's ``id`` and send the same entries on ``/v1/completions`` too. Legacy completions
 logprobs (``tokens``, ``token_logprobs``, ``top_logprobs`` as parallel lists) identify it
 by its token string (OpenAI's ``bytes:\\xNN`` form for bytes that are not UTF-8 alone).
-A choice-level id source (`tokentrail.realign.dialects.CHOICE_IDS`, e.g. vLLM's
+A choice-level id source (`CHOICE_IDS`, e.g. vLLM's
 ``token_ids``) takes precedence over what the logprobs say.
 """
 
@@ -14,10 +14,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from .. import wire
 from ..result import RealignError
-from ..wire import _entry, _Frame, _logprob, _sourced, _text, _type_name, _Wire
+from ..wire import Frame, WireToken
+from . import vllm
 
 NAME = "openai"
+#: Choice-level sources of exact ids, tried in order on an OpenAI-shaped choice.
+CHOICE_IDS = (vllm,)
 
 
 def claims(chunk: Mapping[str, Any]) -> bool:
@@ -25,10 +29,10 @@ def claims(chunk: Mapping[str, Any]) -> bool:
     return "choices" in chunk
 
 
-def _content_entries(content: Any, where: str) -> list[_Wire]:
+def _content_entries(content: Any, where: str) -> list[WireToken]:
     if not isinstance(content, list):
         raise RealignError(f"{where} must be a list")
-    out = [_sourced(_entry(e, f"{where}[{k}]", "")) for k, e in enumerate(content)]
+    out = [wire.sourced(wire.entry(e, f"{where}[{k}]", "")) for k, e in enumerate(content)]
     for w in out:
         # llama.cpp: an entry's bytes are its token's plus those of the tokens whose
         # frames it folded in (tokens ending inside a character get no frame).
@@ -36,32 +40,32 @@ def _content_entries(content: Any, where: str) -> list[_Wire]:
     return out
 
 
-def chat_choice(ch: Mapping[str, Any], where: str, frame: _Frame) -> list[_Wire]:
+def chat_choice(ch: Mapping[str, Any], where: str, frame: Frame) -> list[WireToken]:
     """Read a chat choice's content into `frame`; return its logprobs entries."""
     body = ch.get("delta", ch.get("message"))
     if body is not None and not isinstance(body, Mapping):
-        raise RealignError(f"{where}.delta must be an object, got {_type_name(body)}")
-    frame.content = _text((body or {}).get("content"), f"{where}.delta.content")
+        raise RealignError(f"{where}.delta must be an object, got {wire.type_name(body)}")
+    frame.content = wire.text((body or {}).get("content"), f"{where}.delta.content")
     lps = ch.get("logprobs")
     if lps is None:
         return []
     if not isinstance(lps, Mapping):
-        raise RealignError(f"{where}.logprobs must be an object, got {_type_name(lps)}")
+        raise RealignError(f"{where}.logprobs must be an object, got {wire.type_name(lps)}")
     return _content_entries(lps.get("content") or [], f"{where}.logprobs.content")
 
 
-def completion_choice(ch: Mapping[str, Any], where: str, frame: _Frame) -> list[_Wire]:
+def completion_choice(ch: Mapping[str, Any], where: str, frame: Frame) -> list[WireToken]:
     """Read a completions choice's text into `frame`; return its logprobs entries."""
-    frame.content = _text(ch.get("text"), f"{where}.text")
+    frame.content = wire.text(ch.get("text"), f"{where}.text")
     lps = ch.get("logprobs")
     if lps is None:
         return []
     if not isinstance(lps, Mapping):
-        raise RealignError(f"{where}.logprobs must be an object, got {_type_name(lps)}")
+        raise RealignError(f"{where}.logprobs must be an object, got {wire.type_name(lps)}")
     if "content" in lps and "tokens" not in lps:
         # llama.cpp's /v1/completions: chat-style entries (with ids and bytes).
         return _content_entries(lps.get("content") or [], f"{where}.logprobs.content")
-    entries: list[_Wire] = []
+    entries: list[WireToken] = []
     tokens = lps.get("tokens") or []
     values = lps.get("token_logprobs") or []
     tops = lps.get("top_logprobs") or []
@@ -73,26 +77,27 @@ def completion_choice(ch: Mapping[str, Any], where: str, frame: _Frame) -> list[
             raise RealignError(f"{where}.logprobs.tokens[{k}] must be a string")
         lp = None
         if k < len(values):
-            lp = _logprob(values[k], f"{where}.logprobs.token_logprobs[{k}]")
+            lp = wire.logprob(values[k], f"{where}.logprobs.token_logprobs[{k}]")
         top = None
         alts = tops[k] if k < len(tops) else None
         if alts is not None:
             if not isinstance(alts, Mapping):
                 raise RealignError(f"{where}.logprobs.top_logprobs[{k}] must be an object")
+            here = f"{where}.top_logprobs"
             top = [
-                _sourced(_Wire(token=str(t), logprob=_logprob(v, f"{where}.top_logprobs")))
+                wire.sourced(WireToken(token=str(t), logprob=wire.logprob(v, here)))
                 for t, v in alts.items()
             ]
-        entries.append(_sourced(_Wire(token=tok, logprob=lp, top=top)))
+        entries.append(wire.sourced(WireToken(token=tok, logprob=lp, top=top)))
     return entries
 
 
 def _pick_choice(choices: Any, choice: int, where: str) -> Mapping[str, Any] | None:
     if not isinstance(choices, list):
-        raise RealignError(f"{where}.choices must be a list, got {_type_name(choices)}")
+        raise RealignError(f"{where}.choices must be a list, got {wire.type_name(choices)}")
     for k, ch in enumerate(choices):
         if not isinstance(ch, Mapping):
-            raise RealignError(f"{where}.choices[{k}] must be an object, got {_type_name(ch)}")
+            raise RealignError(f"{where}.choices[{k}] must be an object, got {wire.type_name(ch)}")
         if ch.get("index", k) == choice:
             return ch
     return None
@@ -106,10 +111,8 @@ def _completion_tokens(usage: Any) -> int | None:
     return None
 
 
-def parse(chunk: Mapping[str, Any], choice: int, where: str) -> _Frame | None:
+def parse(chunk: Mapping[str, Any], choice: int, where: str) -> Frame | None:
     """The frame of choice `choice`; None when the chunk has no such choice (usage)."""
-    from . import CHOICE_IDS
-
     ext = chunk.get("tokentrail")
     ch = _pick_choice(chunk["choices"], choice, where)
     # usage counts all choices together: it speaks for choice 0 of a one-choice stream.
@@ -121,8 +124,8 @@ def parse(chunk: Mapping[str, Any], choice: int, where: str) -> _Frame | None:
     if ch is None:
         if ext is None and total is None and not others:
             return None
-        return _Frame(ext=ext, total=total, other_choices=others)
-    frame = _Frame(ext=ext, total=total, other_choices=others)
+        return Frame(ext=ext, total=total, other_choices=others)
+    frame = Frame(ext=ext, total=total, other_choices=others)
     here = f"{where}.choices[{choice}]"
     if "delta" in ch or "message" in ch:
         entries = chat_choice(ch, here, frame)

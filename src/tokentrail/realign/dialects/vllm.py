@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from .. import wire
 from ..result import RealignError
-from ..wire import _Frame, _is_int, _Wire
+from ..wire import Frame, WireToken
 
 NAME = "vllm-token-ids"
 
@@ -22,17 +23,17 @@ def claims(choice: Mapping[str, Any]) -> bool:
     return choice.get("token_ids") is not None
 
 
-def attach(choice: Mapping[str, Any], entries: list[_Wire], where: str, frame: _Frame) -> None:
+def attach(choice: Mapping[str, Any], entries: list[WireToken], where: str, frame: Frame) -> None:
     """vLLM `token_ids`: the ids, with the logprobs entries (same order) attached."""
     ids = choice["token_ids"]
-    if not isinstance(ids, list) or not all(_is_int(i) for i in ids):
+    if not isinstance(ids, list) or not all(wire.is_int(i) for i in ids):
         raise RealignError(f"{where}.token_ids must be a list of integers")
     if entries and len(entries) != len(ids):
         raise RealignError(f"{where}: {len(ids)} token_ids but {len(entries)} logprobs entries")
     for k, tid in enumerate(ids):
         e = entries[k] if entries else None
         frame.tokens.append(
-            _Wire(
+            WireToken(
                 tid,
                 logprob=e.logprob if e else None,
                 top=e.top if e else None,

@@ -1,0 +1,113 @@
+"""`tokentrail serve --upstream URL`: tokentrail's whole API in front of another server.
+
+The proxy is tokentrail's own server (`tokentrail.server.app`: completions and chat,
+streamed or not, the ``tokentrail`` extension, the page, its hardening) with an
+`UpstreamEngine` (`tokentrail.engines.upstream`) as the model: chat requests are
+templated here with the upstream model's tokenizer, the prompt ids go upstream, and the
+tokens that come back are aligned here. Tokens the upstream did not identify are listed
+under ``refused`` in the extension's segments (never guessed); upstream errors, timeouts
+and disconnects are answered as OpenAI-shaped errors (502/504, or the upstream's 4xx).
+
+Its `serve` flags are defined (`add_arguments`) and checked (`check_arguments`) here;
+`tokentrail.server.cli` adds them to its parser.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+from typing import Any
+
+from ..engines.upstream import DIALECTS, UpstreamEngine
+from ..errors import UsageError
+from ..prompting import eos_ids
+from .app import create_app
+
+log = logging.getLogger("tokentrail.proxy")
+
+
+def load_tokenizer(path: str | Path) -> Any:
+    """The upstream model's tokenizer (transformers): a model folder, a tokenizer.json
+    (with its tokenizer_config.json beside it, if any) or a GGUF file."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"--tokenizer {p}: no such file or folder")
+    if p.suffix == ".gguf":
+        from ..vocab.gguf_file import gguf_transformers_tokenizer
+
+        tok = gguf_transformers_tokenizer(p)
+        if tok is None:
+            raise ValueError(f"--tokenizer {p}: transformers cannot build a tokenizer from it")
+        return tok
+    if p.is_dir():
+        return AutoTokenizer.from_pretrained(str(p), local_files_only=True)
+    if (p.parent / "tokenizer_config.json").is_file():
+        return AutoTokenizer.from_pretrained(str(p.parent), local_files_only=True)
+    return PreTrainedTokenizerFast(tokenizer_file=str(p))
+
+
+def create_upstream_app(
+    url: str,
+    tokenizer: Any,
+    *,
+    upstream_api_key: str | None = None,
+    upstream_model: str | None = None,
+    dialect: str = "auto",
+    timeout: float = 60.0,
+    model_name: str | None = None,
+    **server_options: Any,
+) -> Any:
+    """The tokentrail ASGI app serving `url`'s model (see the module docstring).
+
+    `tokenizer` is a path (`load_tokenizer`) or a loaded transformers tokenizer;
+    `server_options` go to `tokentrail.server.create_app` (max_queue, max_body_bytes).
+    """
+    tok = load_tokenizer(tokenizer) if isinstance(tokenizer, str | Path) else tokenizer
+    engine = UpstreamEngine(
+        url,
+        tok,
+        api_key=upstream_api_key,
+        model=upstream_model,
+        dialect=dialect,
+        timeout=timeout,
+        eos_ids=sorted(eos_ids(tok)),
+        decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
+    )
+    name = model_name or engine.model or "upstream"
+    app = create_app(engine, tok, model_name=name, **server_options)
+    app.state.upstream = engine
+    return app
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The `serve` flags of the proxy (added to tokentrail.server's parser)."""
+    g = parser.add_argument_group("upstream proxy")
+    g.add_argument("--upstream", metavar="URL", help="serve this OpenAI-compatible server's model")
+    g.add_argument("--upstream-api-key", metavar="KEY", help="API key for the upstream")
+    g.add_argument("--upstream-model", metavar="NAME", help="model name sent upstream")
+    g.add_argument(
+        "--upstream-dialect",
+        default="auto",
+        choices=DIALECTS,
+        help="how to ask the upstream for token data (default: ask it what it is)",
+    )
+    g.add_argument(
+        "--upstream-timeout", type=float, default=60.0, metavar="S", help="seconds (default 60)"
+    )
+    g.add_argument("--tokenizer", metavar="PATH", help="the upstream model's tokenizer")
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """Check the proxy's flags (`serve --upstream URL --tokenizer PATH`); raise
+    `tokentrail.errors.UsageError` saying what is wrong."""
+    if not args.tokenizer:
+        raise UsageError("--upstream needs --tokenizer PATH (the upstream model's tokenizer)")
+    if not args.upstream.startswith(("http://", "https://")):
+        raise UsageError(f"--upstream must be an http(s) URL, got {args.upstream!r}")
+    if args.model is not None:
+        raise UsageError("--model does not apply with --upstream (the upstream runs the model)")
+    if args.upstream_timeout <= 0:
+        raise UsageError(f"--upstream-timeout must be > 0, got {args.upstream_timeout}")

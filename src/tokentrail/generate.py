@@ -216,7 +216,7 @@ def _mlx_steps(
     processors: list[Callable[[Any, Any], Any]] | None,
     options: dict[str, Any],
 ) -> Iterator[Step]:
-    from .engines.mlx_engine import sampling_for
+    from .engines.mlx_sampling import sampling_for
     from .engines.mlx_steps import mlx_steps
 
     own_sampler, own_processors = sampling_for(params, engine.vocab_size)

@@ -20,15 +20,23 @@ from typing import Any
 from .engines import engine_for
 from .engines.batch import open_batch
 from .prompting import aligner_for, eos_ids, prompt_ids, room, stop_matcher
-from .sampling import check_max_tokens, make_params
+from .sampling import SamplingParams, check_max_tokens, for_choice, make_params
 from .segment import Segment
 from .sequence import GenerationResponse, SequenceState
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BatchResponse", "Completion", "batch_generate", "stream_batch_generate"]
+__all__ = [
+    "DEFAULT_MAX_BATCH",
+    "BatchResponse",
+    "Completion",
+    "batch_generate",
+    "open_sequence",
+    "stream_batch_generate",
+]
 
-#: Sequences decoded together unless `max_batch` says otherwise (mlx-lm's default).
+#: Sequences decoded together unless `max_batch` says otherwise: mlx-lm's
+#: `BatchGenerator` default, for `batch_generate` and `tokentrail serve` alike.
 DEFAULT_MAX_BATCH = 32
 _PER_SEQUENCE = (
     "temp", "top_p", "top_k", "min_p", "repetition_penalty", "seed", "logit_bias",
@@ -89,11 +97,46 @@ def _per_prompt(name: str, value: Any, n_prompts: int, nested: bool = False) -> 
 @dataclass
 class _Job:
     index: int
-    prompt_index: int
+    choice: int
     ids: list[int]
-    params: Any
+    params: SamplingParams
     limit: int | None
     stop: Any
+
+
+def open_sequence(
+    batch: Any,
+    engine: Any,
+    tokenizer: Any,
+    ids: list[int],
+    params: SamplingParams,
+    limit: int | None,
+    stop: Any = None,
+    *,
+    choice: int = 0,
+    eos: frozenset[int] | None = None,
+    skip_special_tokens: bool = True,
+) -> tuple[int, SequenceState]:
+    """Add one sequence to `batch` and return its uid and per-token state.
+
+    `ids` are the prompt's checked token ids (`prompting.prompt_ids`) and `limit` its
+    token limit (`prompting.room`). `choice` is the sequence's index among a prompt's
+    `n`: with a seed, choice j samples with `seed + j` (`sampling.for_choice`). The
+    state (`SequenceState`) has its own aligner continuing the prompt, stop strings,
+    EOS (`eos`, default: the tokenizer's) and limit; feed it the batch's steps for `uid`.
+    Used by `stream_batch_generate` and the server's scheduler alike.
+    """
+    uid = batch.add(ids, for_choice(params, choice), limit)
+    state = SequenceState(
+        aligner_for(tokenizer, ids, skip_special_tokens),
+        stop_matcher(stop),
+        eos_ids(tokenizer) if eos is None else eos,
+        len(ids),
+        limit,
+        engine.vocab_size,
+        engine.peak_memory,
+    )
+    return uid, state
 
 
 def stream_batch_generate(
@@ -150,12 +193,10 @@ def stream_batch_generate(
         ids = prompt_ids(tokenizer, prompt, engine.vocab_size)
         limit = room(engine.context_length, len(ids), limits[i])
         stop_matcher(stops[i])  # checked now
+        params = make_params(**{k: per[k][i] for k in _PER_SEQUENCE},
+                             vocab_size=engine.vocab_size)
         for j in range(n):
-            kw = {k: per[k][i] for k in _PER_SEQUENCE}
-            if kw["seed"] is not None:
-                kw["seed"] += j
-            params = make_params(**kw, vocab_size=engine.vocab_size)
-            jobs.append(_Job(i * n + j, i, ids, params, limit, stops[i]))
+            jobs.append(_Job(i * n + j, j, ids, params, limit, stops[i]))
     if max_batch is None:
         max_batch = min(len(jobs), DEFAULT_MAX_BATCH)
     if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
@@ -181,11 +222,9 @@ def _run(
         while jobs or live:
             while jobs and len(batch) < max_batch:
                 job = jobs.popleft()
-                uid = batch.add(job.ids, job.params, job.limit)
-                aligner = aligner_for(tokenizer, job.ids, skip_special_tokens)
-                seq = SequenceState(
-                    aligner, stop_matcher(job.stop), eos, len(job.ids), job.limit,
-                    engine.vocab_size, engine.peak_memory,
+                uid, seq = open_sequence(
+                    batch, engine, tokenizer, job.ids, job.params, job.limit, job.stop,
+                    choice=job.choice, eos=eos, skip_special_tokens=skip_special_tokens,
                 )
                 live[uid] = (job, seq)
             for uid, step in batch.step():

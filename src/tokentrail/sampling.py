@@ -2,18 +2,54 @@
 
 Every engine receives the same validated `SamplingParams`, so a bad value fails with
 the same message whichever engine runs, and before a prompt is processed.
+
+This module is the only place that decides what range a sampling setting may take:
+`RANGES` lists each setting as a `Range` (name, kind, bounds), `make_params` applies it,
+and an entry point that must be stricter passes a profile of its own bounds as
+`limits=` (`OPENAI_LIMITS`: the OpenAI wire limits the server and `tokentrail serve`
+apply). A value out of range is a `SamplingError` whose `param` names the setting.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from numbers import Integral, Real
-from typing import Any
+from typing import Any, Literal
+
+from .errors import TokentrailError
+
+__all__ = [
+    "LIBRARY_LIMITS",
+    "MAX_TOP_LOGPROBS",
+    "OPENAI_LIMITS",
+    "RANGES",
+    "Range",
+    "SamplingError",
+    "SamplingParams",
+    "SamplingTypeError",
+    "check_max_tokens",
+    "check_value",
+    "for_choice",
+    "is_int",
+    "make_params",
+]
 
 #: The most alternatives a step may report (OpenAI's limit for `top_logprobs`).
 MAX_TOP_LOGPROBS = 20
+
+
+class SamplingError(TokentrailError, ValueError):
+    """A sampling setting out of its range; `param` names the setting (e.g. "top_p")."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class SamplingTypeError(SamplingError, TypeError):
+    """A sampling setting of the wrong type (also a TypeError, as before it existed)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +70,86 @@ class SamplingParams:
     top_logprobs: int = 0
 
 
-def _is_int(value: Any) -> bool:
+@dataclass(frozen=True, slots=True)
+class Range:
+    """The accepted values of one setting: `kind` "int" or "real" (finite), between `lo`
+    and `hi` (None: unbounded), `lo` itself excluded when `lo_open`. `note` says what
+    the boundary value means (e.g. "0 means greedy")."""
+
+    name: str
+    kind: Literal["int", "real"]
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    note: str = ""
+
+    def bounds(self) -> str:
+        """The range in words: ">= 0", "in (0, 1]", "between 0 and 20"."""
+        lo, hi = _shown(self.lo), _shown(self.hi)
+        if self.lo is not None and self.hi is not None:
+            if self.kind == "int":
+                return f"between {lo} and {hi}"
+            return f"in {'(' if self.lo_open else '['}{lo}, {hi}]"
+        if self.lo is not None:
+            return f"{'>' if self.lo_open else '>='} {lo}"
+        if self.hi is not None:
+            return f"<= {hi}"
+        return "any value"
+
+    def check(self, value: Any, label: str | None = None) -> int | float:
+        """`value` as an int or float; SamplingError (SamplingTypeError for a wrong type)
+        naming `label` (default: the setting's name) and the range otherwise. The
+        error's `param` is `label`: the name the caller's user knows the setting by."""
+        label = label or self.name
+        if self.kind == "int" and not is_int(value):
+            raise SamplingTypeError(f"{label} must be an int, got {value!r}", label)
+        if self.kind == "real" and not _is_real(value):
+            raise SamplingTypeError(f"{label} must be a finite number, got {value!r}", label)
+        too_low = self.lo is not None and (value < self.lo or (self.lo_open and value == self.lo))
+        if too_low or (self.hi is not None and value > self.hi):
+            note = f" ({self.note})" if self.note else ""
+            raise SamplingError(f"{label} must be {self.bounds()}{note}, got {value}", label)
+        return int(value) if self.kind == "int" else float(value)
+
+
+def _shown(bound: float | None) -> str:
+    if bound is None:
+        return ""
+    return str(int(bound)) if bound == int(bound) else f"{bound:g}"
+
+
+#: Every sampling setting's range, as the library accepts it. `logit_bias` is the range
+#: of each bias value (its keys are token ids, bounded by the vocabulary).
+RANGES: Mapping[str, Range] = {
+    r.name: r
+    for r in (
+        Range("temp", "real", 0, note="0 means greedy"),
+        Range("top_p", "real", 0, 1, lo_open=True),
+        Range("top_k", "int", 0, note="0 means no top-k filter"),
+        Range("min_p", "real", 0, 1),
+        Range("repetition_penalty", "real", 0, lo_open=True),
+        Range("seed", "int", 0),
+        Range("top_logprobs", "int", 0, MAX_TOP_LOGPROBS),
+        Range("logit_bias", "real"),
+    )
+}
+
+#: The library's profile: the table as it stands.
+LIBRARY_LIMITS: Mapping[str, Range] = RANGES
+
+#: OpenAI's wire limits, stricter than the library's: what the server accepts in a
+#: request and `tokentrail serve --temp` on the command line.
+OPENAI_LIMITS: Mapping[str, Range] = {
+    **RANGES,
+    "temp": replace(RANGES["temp"], hi=2),
+    "repetition_penalty": replace(RANGES["repetition_penalty"], hi=100),
+    "seed": replace(RANGES["seed"], hi=2**63 - 1),
+    "logit_bias": replace(RANGES["logit_bias"], lo=-100, hi=100),
+}
+
+
+def is_int(value: Any) -> bool:
+    """An integer that is not a bool (numpy ints included)."""
     return isinstance(value, Integral) and not isinstance(value, bool)
 
 
@@ -42,19 +157,53 @@ def _is_real(value: Any) -> bool:
     return isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def check_value(
+    name: str, value: Any, limits: Mapping[str, Range] = LIBRARY_LIMITS, label: str | None = None
+) -> int | float:
+    """Check one setting against `limits` (e.g. a command-line flag, named by `label`)."""
+    return limits[name].check(value, label)
+
+
 def check_max_tokens(max_tokens: int | None) -> int | None:
     """Return the token limit, or None for "no limit" (given as None or -1)."""
-    if max_tokens is None or (_is_int(max_tokens) and max_tokens == -1):
+    if max_tokens is None or (is_int(max_tokens) and max_tokens == -1):
         return None
-    if not _is_int(max_tokens):
-        raise TypeError(
-            f"max_tokens must be an int (or None / -1 for no limit), got {max_tokens!r}"
+    if not is_int(max_tokens):
+        raise SamplingTypeError(
+            f"max_tokens must be an int (or None / -1 for no limit), got {max_tokens!r}",
+            "max_tokens",
         )
     if max_tokens < 1:
-        raise ValueError(
-            f"max_tokens must be at least 1 (or None / -1 for no limit), got {max_tokens}"
+        raise SamplingError(
+            f"max_tokens must be at least 1 (or None / -1 for no limit), got {max_tokens}",
+            "max_tokens",
         )
     return int(max_tokens)
+
+
+def _logit_bias(
+    logit_bias: Any, vocab_size: int | None, limits: Mapping[str, Range], label: str
+) -> dict[int, float] | None:
+    if not logit_bias:
+        return None
+    if not isinstance(logit_bias, Mapping):
+        raise SamplingTypeError(
+            f"{label} must be a mapping of token id to bias, got {logit_bias!r}", label
+        )
+    bias: dict[int, float] = {}
+    for key, value in logit_bias.items():
+        try:
+            tid = int(key)  # JSON object keys arrive as strings
+        except (TypeError, ValueError):
+            raise SamplingError(f"{label} key {key!r} is not a token id", label) from None
+        if tid < 0 or (vocab_size is not None and tid >= vocab_size):
+            limit = "" if vocab_size is None else f" (valid ids are 0..{vocab_size - 1})"
+            raise SamplingError(f"{label} token id {tid} is outside the vocabulary{limit}", label)
+        try:
+            bias[tid] = float(limits["logit_bias"].check(value, f"{label} value for token {tid}"))
+        except SamplingError as e:
+            raise SamplingError(str(e), label) from None
+    return bias
 
 
 def make_params(
@@ -68,68 +217,37 @@ def make_params(
     seed: int | None = None,
     top_logprobs: int = 0,
     vocab_size: int | None = None,
+    limits: Mapping[str, Range] = LIBRARY_LIMITS,
+    labels: Mapping[str, str] | None = None,
 ) -> SamplingParams:
-    """Check every sampling setting and return them as `SamplingParams`.
+    """Check every sampling setting against `limits` (default: `RANGES`, the library's)
+    and return them as `SamplingParams`.
 
-    Raises ValueError (or TypeError for a wrong type) naming the parameter and the
-    accepted range. `vocab_size`, when known, bounds the ids in `logit_bias`.
+    Raises `SamplingError` (a ValueError; `SamplingTypeError`, also a TypeError, for a
+    wrong type) naming the parameter and the accepted range. `vocab_size`, when known,
+    bounds the ids in `logit_bias`. `labels` renames settings in errors (and their
+    `param`) to the names the caller's users know, e.g. {"temp": "temperature"}.
     """
-    if not _is_real(temp):
-        raise TypeError(f"temp must be a finite number, got {temp!r}")
-    if temp < 0:
-        raise ValueError(f"temp must be >= 0 (0 means greedy), got {temp}")
-    if not _is_real(top_p):
-        raise TypeError(f"top_p must be a finite number, got {top_p!r}")
-    if not 0 < top_p <= 1:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-    if not _is_int(top_k):
-        raise TypeError(f"top_k must be an int, got {top_k!r}")
-    if top_k < 0:
-        raise ValueError(f"top_k must be >= 0 (0 means no top-k filter), got {top_k}")
-    if not _is_real(min_p):
-        raise TypeError(f"min_p must be a finite number, got {min_p!r}")
-    if not 0 <= min_p <= 1:
-        raise ValueError(f"min_p must be in [0, 1], got {min_p}")
-    if repetition_penalty is not None:
-        if not _is_real(repetition_penalty):
-            raise TypeError(
-                f"repetition_penalty must be a finite number or None, got {repetition_penalty!r}"
-            )
-        if repetition_penalty <= 0:
-            raise ValueError(f"repetition_penalty must be > 0, got {repetition_penalty}")
-    if seed is not None and not _is_int(seed):
-        raise TypeError(f"seed must be an int or None, got {seed!r}")
-    if seed is not None and seed < 0:
-        raise ValueError(f"seed must be >= 0, got {seed}")
-    if not _is_int(top_logprobs):
-        raise TypeError(f"top_logprobs must be an int, got {top_logprobs!r}")
-    if not 0 <= top_logprobs <= MAX_TOP_LOGPROBS:
-        raise ValueError(
-            f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {top_logprobs}"
-        )
-    bias: dict[int, float] | None = None
-    if logit_bias:
-        if not isinstance(logit_bias, Mapping):
-            raise TypeError(f"logit_bias must be a mapping of token id to bias, got {logit_bias!r}")
-        bias = {}
-        for key, value in logit_bias.items():
-            try:
-                tid = int(key)  # JSON object keys arrive as strings
-            except (TypeError, ValueError):
-                raise ValueError(f"logit_bias key {key!r} is not a token id") from None
-            if tid < 0 or (vocab_size is not None and tid >= vocab_size):
-                limit = "" if vocab_size is None else f" (valid ids are 0..{vocab_size - 1})"
-                raise ValueError(f"logit_bias token id {tid} is outside the vocabulary{limit}")
-            if not _is_real(value):
-                raise ValueError(f"logit_bias value for token {tid} must be a finite number")
-            bias[tid] = float(value)
-    return SamplingParams(
-        temp=float(temp),
-        top_p=float(top_p),
-        top_k=int(top_k),
-        min_p=float(min_p),
-        repetition_penalty=None if repetition_penalty is None else float(repetition_penalty),
-        logit_bias=bias,
-        seed=None if seed is None else int(seed),
-        top_logprobs=int(top_logprobs),
-    )
+    names = labels or {}
+    given = {"temp": temp, "top_p": top_p, "top_k": top_k, "min_p": min_p,
+             "top_logprobs": top_logprobs, "repetition_penalty": repetition_penalty,
+             "seed": seed}
+    checked = {
+        name: None if value is None and name in _OPTIONAL
+        else check_value(name, value, limits, names.get(name))
+        for name, value in given.items()
+    }
+    bias = _logit_bias(logit_bias, vocab_size, limits, names.get("logit_bias", "logit_bias"))
+    return SamplingParams(**checked, logit_bias=bias)  # type: ignore[arg-type]
+
+
+#: Settings that may be None (off / unseeded).
+_OPTIONAL = frozenset({"repetition_penalty", "seed"})
+
+
+def for_choice(params: SamplingParams, choice: int) -> SamplingParams:
+    """The settings of choice `choice` of `n`: with a seed, choice j uses `seed + j`, so
+    the choices differ and each is reproducible."""
+    if params.seed is None or choice == 0:
+        return params
+    return replace(params, seed=params.seed + choice)

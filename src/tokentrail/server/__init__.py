@@ -60,24 +60,58 @@ The package, in the order data flows: `protocol` (request validation and errors)
 
 from __future__ import annotations
 
-from ..errors import APIError, QueueFull
-from .app import STATIC_DIR, Guard, create_app
-from .cli import main, register, run
-from .formatting import Formatter, Step
-from .protocol import GenRequest, parse_chat, parse_completion
-from .scheduler import Engine, Job, Scheduler
+import importlib
+import warnings
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..errors import APIError, QueueFull
+    from .app import STATIC_DIR, Guard, create_app
+    from .cli import main, register, run
+    from .config import ServerConfig
+    from .formatting import Formatter, StepRecord
+    from .protocol import GenRequest, parse_chat, parse_completion
+    from .scheduler import Job, Scheduler
+
+#: Public name -> the module that defines it. Loaded on first use (PEP 562), so that
+#: `tokentrail serve`'s parser and `tokentrail.server.cli` load without the server
+#: extra (starlette, pydantic, prometheus_client).
+_EXPORTS = {
+    "STATIC_DIR": ".app",
+    "Guard": ".app",
+    "create_app": ".app",
+    "main": ".cli",
+    "register": ".cli",
+    "run": ".cli",
+    "ServerConfig": ".config",
+    "Formatter": ".formatting",
+    "StepRecord": ".formatting",
+    "GenRequest": ".protocol",
+    "parse_chat": ".protocol",
+    "parse_completion": ".protocol",
+    "Job": ".scheduler",
+    "Scheduler": ".scheduler",
+    "APIError": "..errors",
+    "QueueFull": "..errors",
+}
+
+#: Old names, importable with a DeprecationWarning.
+_DEPRECATED = {
+    "Engine": (".scheduler", "Scheduler"),  # the class's name when it ran one request at a time
+    "Step": (".formatting", "StepRecord"),
+}
 
 __all__ = [
     "STATIC_DIR",
     "APIError",
-    "Engine",
     "Formatter",
     "GenRequest",
     "Guard",
     "Job",
     "QueueFull",
     "Scheduler",
-    "Step",
+    "ServerConfig",
+    "StepRecord",
     "create_app",
     "main",
     "parse_chat",
@@ -85,3 +119,24 @@ __all__ = [
     "register",
     "run",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _DEPRECATED:
+        module, new = _DEPRECATED[name]
+        warnings.warn(
+            f"tokentrail.server.{name} is deprecated; use tokentrail.server.{new}",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(importlib.import_module(module, __name__), new)
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -23,29 +23,13 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import EngineError
+from ..errors import APIError, ClientGone, EngineError
 from ..vocab import Vocab
-from .formatting import Formatter, _sse, merge_responses, usage
+from .config import Loader, ServerConfig
+from .formatting import Formatter, merge_responses, sse, usage
 from .metrics import Metrics
-from .protocol import (
-    DEFAULT_MAX_BODY_BYTES,
-    DEFAULT_MAX_QUEUE,
-    APIError,
-    ClientGone,
-    Kind,
-    _bad,
-    _type_name,
-    parse_chat,
-    parse_completion,
-    read_json,
-)
-from .scheduler import (
-    DEFAULT_CLIENT_TIMEOUT,
-    DEFAULT_MAX_BATCH,
-    Job,
-    Loader,
-    Scheduler,
-)
+from .protocol import Kind, bad_request, json_type_name, parse_chat, parse_completion, read_json
+from .scheduler import Job, Scheduler
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
@@ -251,38 +235,36 @@ class _SSEResponse:
 
 
 class _Server:
-    """The routes, bound to one Scheduler."""
+    """The routes, bound to one Scheduler (`self.scheduler`) and its settings."""
 
-    def __init__(
-        self, scheduler: Scheduler, max_body_bytes: int, temperature: float, metrics: Metrics
-    ) -> None:
-        self.engine = scheduler
-        self.max_body_bytes = max_body_bytes
-        self.temperature = temperature
+    def __init__(self, scheduler: Scheduler, config: ServerConfig, metrics: Metrics) -> None:
+        self.scheduler = scheduler
+        self.max_body_bytes = config.max_body_bytes
+        self.temperature = config.temperature
         self.metrics = metrics
 
     def _check_model(self, body: Mapping[str, Any]) -> str:
         model = body.get("model")
         if model is None:
-            return self.engine.model_name
+            return self.scheduler.model_name
         if not isinstance(model, str):
-            raise _bad(
-                "model", f"'model' must be a string, got {_type_name(model)}", "invalid_type"
+            raise bad_request(
+                "model", f"'model' must be a string, got {json_type_name(model)}", "invalid_type"
             )
-        if model != self.engine.model_name:
+        if model != self.scheduler.model_name:
             raise self._no_model(model)
         return model
 
     def _no_model(self, model: str) -> APIError:
         return APIError(
             404,
-            f"the model {model!r} does not exist; this server serves {self.engine.model_name!r}",
+            f"the model {model!r} does not exist; this server serves {self.scheduler.model_name!r}",
             param="model",
             code="model_not_found",
         )
 
     def _vocab(self) -> Vocab:
-        if not self.engine.ready or self.engine.vocab is None:
+        if not self.scheduler.ready or self.scheduler.vocab is None:
             raise APIError(
                 503,
                 "the model is not loaded",
@@ -290,17 +272,17 @@ class _Server:
                 code="model_not_ready",
                 headers={"Retry-After": "5"},
             )
-        return self.engine.vocab
+        return self.scheduler.vocab
 
     def _model_card(self) -> dict[str, Any]:
         card = {
-            "id": self.engine.model_name,
+            "id": self.scheduler.model_name,
             "object": "model",
-            "created": self.engine.created,
+            "created": self.scheduler.created,
             "owned_by": "tokentrail",
         }
-        if self.engine.context_length is not None:
-            card["max_model_len"] = self.engine.context_length  # as vLLM reports it
+        if self.scheduler.context_length is not None:
+            card["max_model_len"] = self.scheduler.context_length  # as vLLM reports it
         return card
 
     async def models(self, request: Request) -> Response:
@@ -308,12 +290,12 @@ class _Server:
 
     async def model(self, request: Request) -> Response:
         model = request.path_params["model"]
-        if model != self.engine.model_name:
+        if model != self.scheduler.model_name:
             raise self._no_model(model)
         return _json_response(self._model_card())
 
     async def health(self, request: Request) -> Response:
-        stats = self.engine.stats()
+        stats = self.scheduler.stats()
         return _json_response(stats, 200 if stats["status"] == "ok" else 503)
 
     async def metrics_page(self, request: Request) -> Response:
@@ -354,7 +336,7 @@ class _Server:
         req = parse(body, model, vocab.size, self.temperature)
         prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
         job = Job(id=prefix + uuid.uuid4().hex[:24], request=req, loop=asyncio.get_running_loop())
-        self.engine.submit(job)
+        self.scheduler.submit(job)
         watcher = asyncio.create_task(_watch_disconnect(request.receive, job))
         handed_over = False
         try:
@@ -369,7 +351,7 @@ class _Server:
             if req.stream:
                 handed_over = True
                 stream = self._stream(job, fmts, event)
-                return _SSEResponse(stream, job, watcher, self.engine.client_timeout)  # type: ignore[return-value]
+                return _SSEResponse(stream, job, watcher, self.scheduler.client_timeout)  # type: ignore[return-value]
             return await self._collect(job, fmts, event)
         finally:
             if not handed_over:
@@ -400,14 +382,14 @@ class _Server:
         while True:
             kind, choice, value = event
             if kind == "step":
-                yield _sse(fmts[choice].chunk(value))
+                yield sse(fmts[choice].chunk(value))
             elif kind == "done":
                 open_choices -= 1
                 if open_choices == 0:
                     break
             elif kind == "error":
                 logger.error("generation %s failed mid-stream: %s", job.id, value)
-                yield _sse(_generation_error(value).body())
+                yield sse(_generation_error(value).body())
                 return
             else:  # cancelled
                 return
@@ -417,7 +399,7 @@ class _Server:
             chunk["usage"] = usage(
                 fmts[0].prompt_tokens, sum(f.n_tokens for f in fmts), fmts[0].cached_tokens
             )
-            yield _sse(chunk)
+            yield sse(chunk)
         yield b"data: [DONE]\n\n"
 
 
@@ -471,59 +453,30 @@ def create_app(
     tokenizer: Any = None,
     model_path: str | os.PathLike[str] | None = None,
     *,
-    max_queue: int = DEFAULT_MAX_QUEUE,
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-    model_name: str | None = None,
-    engine: str = "mlx",
-    load_options: dict[str, Any] | None = None,
+    config: ServerConfig | None = None,
     loader: Loader | None = None,
-    max_batch: int = DEFAULT_MAX_BATCH,
-    prompt_cache_bytes: int | None = None,
-    client_timeout: float = DEFAULT_CLIENT_TIMEOUT,
-    temperature: float = 0.0,
-    api_key: str | None = None,
-    allowed_hosts: Iterable[str] | None = None,
+    **settings: Any,
 ) -> Starlette:
     """Build the ASGI app serving one model.
 
     Pass `model` and `tokenizer` (as `tokentrail.load` returns them), or `model_path`
     (None: the built-in demo model) or a `loader` returning (model, tokenizer), which is
     then run on the generation thread when the app starts (or earlier through
-    ``app.state.engine.start()``). `max_batch` sequences decode together and
-    `max_queue` more may wait; beyond that requests get 429. Bodies over
-    `max_body_bytes` get 413. `engine` ("mlx", "torch" or "vllm") and `load_options`
-    (that engine's loader keywords) apply when loading `model_path`.
-    `prompt_cache_bytes` bounds the engine's prompt cache (engines that have one).
-    A streaming client that leaves output unread for `client_timeout` seconds is
-    dropped. `temperature` applies to requests that do not set one. With `api_key`,
-    ``/v1/*`` and ``/metrics`` need ``Authorization: Bearer <api_key>``; with
-    `allowed_hosts` (names; IP literals and ``localhost`` always pass; "*" passes
-    everything) other `Host` headers get 421.
+    ``app.state.engine.start()``). The settings are a `ServerConfig` (`config`), or its
+    fields as keywords, which update `config`: `max_batch`, `max_queue`,
+    `max_body_bytes`, `model_name`, `engine`, `load_options`, `prompt_cache_bytes`,
+    `client_timeout`, `max_buffered`, `temperature`, `api_key`, `allowed_hosts` (see
+    `ServerConfig`). The app's `Scheduler` is ``app.state.engine``, its `Metrics`
+    ``app.state.metrics``.
     """
     from starlette.applications import Starlette
-    from starlette.exceptions import HTTPException
-    from starlette.middleware import Middleware
-    from starlette.routing import Mount, Route
-    from starlette.staticfiles import StaticFiles
 
-    if max_body_bytes < 1:
-        raise ValueError(f"max_body_bytes must be >= 1, got {max_body_bytes}")
+    if model_path is not None:
+        settings["model_path"] = model_path
+    config = (config or ServerConfig()).updated(**settings)
     metrics = Metrics()
-    scheduler = Scheduler(
-        model,
-        tokenizer,
-        model_path,
-        max_queue=max_queue,
-        max_batch=max_batch,
-        model_name=model_name,
-        engine=engine,
-        load_options=load_options,
-        loader=loader,
-        prompt_cache_bytes=prompt_cache_bytes,
-        client_timeout=client_timeout,
-        metrics=metrics,
-    )
-    server = _Server(scheduler, max_body_bytes, temperature, metrics)
+    scheduler = Scheduler(model, tokenizer, config=config, loader=loader, metrics=metrics)
+    server = _Server(scheduler, config, metrics)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -532,6 +485,22 @@ def create_app(
             yield
         finally:
             await asyncio.to_thread(scheduler.stop)
+
+    app = Starlette(
+        routes=_routes(server),
+        lifespan=lifespan,
+        exception_handlers=_error_handlers(),
+        middleware=[_guard(config, metrics)],
+    )
+    app.state.engine = scheduler
+    app.state.metrics = metrics
+    app.state.config = config
+    return app
+
+
+def _routes(server: _Server) -> list[Any]:
+    from starlette.routing import Mount, Route
+    from starlette.staticfiles import StaticFiles
 
     routes: list[Any] = [
         Route("/", server.index, methods=["GET"]),
@@ -545,22 +514,21 @@ def create_app(
     ]
     if STATIC_DIR.is_dir():
         routes.append(Mount("/static", StaticFiles(directory=STATIC_DIR), name="static"))
-    handlers: dict[Any, Callable[..., Any]] = {
-        APIError: _api_error,
-        HTTPException: _http_error,
-        Exception: _internal_error,
-    }
-    app = Starlette(
-        routes=routes,
-        lifespan=lifespan,
-        exception_handlers=handlers,
-        middleware=[
-            Middleware(Guard, metrics=metrics, api_key=api_key, allowed_hosts=allowed_hosts)
-        ],
+    return routes
+
+
+def _error_handlers() -> dict[Any, Callable[..., Any]]:
+    from starlette.exceptions import HTTPException
+
+    return {APIError: _api_error, HTTPException: _http_error, Exception: _internal_error}
+
+
+def _guard(config: ServerConfig, metrics: Metrics) -> Any:
+    from starlette.middleware import Middleware
+
+    return Middleware(
+        Guard, metrics=metrics, api_key=config.api_key, allowed_hosts=config.allowed_hosts
     )
-    app.state.engine = scheduler
-    app.state.metrics = metrics
-    return app
 
 
 __all__ = ["Guard", "create_app"]

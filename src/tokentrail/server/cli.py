@@ -16,8 +16,16 @@ import sys
 from typing import Any
 
 from ..errors import UsageError
-from .protocol import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_QUEUE
-from .scheduler import DEFAULT_CLIENT_TIMEOUT, DEFAULT_MAX_BATCH, Loader
+from ..sampling import OPENAI_LIMITS, SamplingError, check_value
+from ..usage import fail
+from .config import (
+    DEFAULT_CLIENT_TIMEOUT,
+    DEFAULT_MAX_BATCH,
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_QUEUE,
+    Loader,
+    ServerConfig,
+)
 
 logger = logging.getLogger("tokentrail.server")
 
@@ -45,6 +53,24 @@ ENGINE_OPTIONS: dict[str, tuple[str, ...]] = {
 }
 _ALL_OPTIONS = tuple(dict.fromkeys(k for keys in ENGINE_OPTIONS.values() for k in keys))
 
+#: The numeric limit flags: (flag, type, default, metavar, help, least value, whether the
+#: least value itself is refused). `_add_arguments` adds them and `_check` enforces them.
+LIMIT_FLAGS: tuple[tuple[str, type, Any, str, str, float, bool], ...] = (
+    ("--max-batch", int, DEFAULT_MAX_BATCH, "N", "sequences decoded together", 1, False),
+    ("--max-queue", int, DEFAULT_MAX_QUEUE, "N",
+     "sequences that may wait for room in the batch; more get 429", 0, False),
+    ("--client-timeout", float, DEFAULT_CLIENT_TIMEOUT, "S",
+     "drop a streaming client that leaves output unread this long", 0, True),
+    ("--max-body-bytes", int, DEFAULT_MAX_BODY_BYTES, "N", "largest accepted request body", 1,
+     False),
+    ("--max-connections", int, DEFAULT_MAX_CONNECTIONS, "N",
+     "concurrent connections and requests; more get 503", 1, False),
+    ("--read-timeout", float, DEFAULT_READ_TIMEOUT, "S",
+     "seconds a client has to send a whole request, headers and body", 0, True),
+    ("--keep-alive-timeout", float, DEFAULT_KEEP_ALIVE, "S",
+     "seconds an idle connection stays open", 0, True),
+)
+
 
 def _port(text: str) -> int:
     try:
@@ -62,17 +88,11 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         help="model folder in Hugging Face layout (default: the built-in demo model)")
     add("--host", default="127.0.0.1", help="address to listen on")
     add("--port", type=_port, default=8080, help="port to listen on (0: any free port)")
-    add("--max-batch", type=int, default=DEFAULT_MAX_BATCH, metavar="N",
-        help=f"sequences decoded together (default {DEFAULT_MAX_BATCH})")
-    add("--max-queue", type=int, default=DEFAULT_MAX_QUEUE, metavar="N",
-        help="sequences that may wait for room in the batch; more get 429 "
-        f"(default {DEFAULT_MAX_QUEUE})")
+    for flag, kind, default, metavar, text, _, _ in LIMIT_FLAGS:
+        add(flag, type=kind, default=default, metavar=metavar, help=f"{text} (default {default:g})")
     add("--prompt-cache-bytes", type=int, default=None, metavar="N",
         help="memory bound of the prompt cache shared across requests, for engines that "
         "have one (default: the engine's)")
-    add("--client-timeout", type=float, default=DEFAULT_CLIENT_TIMEOUT, metavar="S",
-        help="drop a streaming client that leaves output unread this long "
-        f"(default {DEFAULT_CLIENT_TIMEOUT:g})")
     add("--temp", type=float, default=0.0, metavar="T",
         help="temperature for requests that do not set one (default 0.0, as mlx_lm.server)")
     add("--api-key", default=os.environ.get("TOKENTRAIL_API_KEY") or None, metavar="KEY",
@@ -81,16 +101,6 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--allowed-host", action="append", default=[], metavar="NAME",
         help="a Host name to serve besides the address, localhost and IP literals "
         "(repeatable; '*' allows any)")
-    add("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, metavar="N",
-        help=f"largest accepted request body (default {DEFAULT_MAX_BODY_BYTES})")
-    add("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS, metavar="N",
-        help="concurrent connections and requests; more get 503 "
-        f"(default {DEFAULT_MAX_CONNECTIONS})")
-    add("--read-timeout", type=float, default=DEFAULT_READ_TIMEOUT, metavar="S",
-        help="seconds a client has to send a whole request, headers and body "
-        f"(default {DEFAULT_READ_TIMEOUT:g})")
-    add("--keep-alive-timeout", type=float, default=DEFAULT_KEEP_ALIVE, metavar="S",
-        help=f"seconds an idle connection stays open (default {DEFAULT_KEEP_ALIVE:g})")
     add("--model-name", default=None,
         help="id the model is served under (default: the folder name, or tokentrail-demo)")
     add("--engine", default="mlx", choices=list(ENGINE_OPTIONS),
@@ -134,6 +144,13 @@ def model_loader(args: argparse.Namespace) -> Loader:
     """
     from .. import generate
 
+    options = engine_options(args)
+    return lambda: generate.load(args.model, engine=args.engine, **options)
+
+
+def engine_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The chosen engine's loader keywords from the flags; UsageError for a flag that
+    engine does not take."""
     allowed = ENGINE_OPTIONS[args.engine]
     options: dict[str, Any] = {}
     for key in _ALL_OPTIONS:
@@ -144,26 +161,20 @@ def model_loader(args: argparse.Namespace) -> Loader:
             flag = "--" + key.replace("_", "-")
             raise UsageError(f"{flag} does not apply to --engine {args.engine}")
         options[key] = value
-    return lambda: generate.load(args.model, engine=args.engine, **options)
+    return options
 
 
 def _check(args: argparse.Namespace) -> None:
-    checks: list[tuple[bool, str]] = [
-        (args.max_queue >= 0, f"--max-queue must be >= 0, got {args.max_queue}"),
-        (args.max_batch >= 1, f"--max-batch must be >= 1, got {args.max_batch}"),
-        (args.max_body_bytes >= 1, f"--max-body-bytes must be >= 1, got {args.max_body_bytes}"),
-        (args.max_connections >= 1, f"--max-connections must be >= 1, got {args.max_connections}"),
-        (args.client_timeout > 0, f"--client-timeout must be > 0, got {args.client_timeout}"),
-        (args.read_timeout > 0, f"--read-timeout must be > 0, got {args.read_timeout}"),
-        (args.keep_alive_timeout > 0,
-         f"--keep-alive-timeout must be > 0, got {args.keep_alive_timeout}"),
-        (0.0 <= args.temp <= 2.0, f"--temp must be in [0, 2], got {args.temp}"),
-        (args.prompt_cache_bytes is None or args.prompt_cache_bytes >= 0,
-         f"--prompt-cache-bytes must be >= 0, got {args.prompt_cache_bytes}"),
-    ]
-    for ok, message in checks:
-        if not ok:
-            raise UsageError(message)
+    for flag, _, _, _, _, least, strict in LIMIT_FLAGS:
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value < least or (strict and value == least):
+            raise UsageError(f"{flag} must be {'>' if strict else '>='} {least:g}, got {value}")
+    if args.prompt_cache_bytes is not None and args.prompt_cache_bytes < 0:
+        raise UsageError(f"--prompt-cache-bytes must be >= 0, got {args.prompt_cache_bytes}")
+    try:  # the same range a request's temperature has (sampling.OPENAI_LIMITS)
+        check_value("temp", args.temp, OPENAI_LIMITS, label="--temp")
+    except SamplingError as e:
+        raise UsageError(str(e)) from None
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -239,22 +250,32 @@ def _protocol_class(read_timeout: float) -> type[asyncio.Protocol]:
     return ReadTimeoutProtocol
 
 
-def run(args: argparse.Namespace) -> int:
-    """Load the model, then serve until interrupted; return the exit status."""
+def _missing_extra() -> str | None:
+    """The server extra's first missing module, or None when it is installed."""
     try:
+        import prometheus_client  # noqa: F401
+        import pydantic  # noqa: F401
         import starlette  # noqa: F401
-        import uvicorn
+        import uvicorn  # noqa: F401
     except ModuleNotFoundError as e:
-        sys.stderr.write(
-            f"tokentrail serve: error: needs {e.name or 'uvicorn'}: "
-            "pip install 'tokentrail[server]'\n"
-        )
-        return 2
-    from .app import create_app
+        return e.name or "uvicorn"
+    return None
 
-    level = args.log_level.upper()
+
+def _log_at(level_name: str) -> None:
+    level = level_name.upper()
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("tokentrail").setLevel(level)  # also under `tokentrail -v serve`
+
+
+def run(args: argparse.Namespace) -> int:
+    """Load the model, then serve until interrupted; return the exit status."""
+    missing = _missing_extra()
+    if missing is not None:
+        return fail(f"needs {missing}: pip install 'tokentrail[server]'", "tokentrail serve")
+    from .app import create_app
+
+    _log_at(args.log_level)
     try:
         _check(args)
         loader = None if args.upstream else model_loader(args)
@@ -263,20 +284,12 @@ def run(args: argparse.Namespace) -> int:
 
             check_upstream_arguments(args)
         sock = _bind(args.host, args.port)
+        config = ServerConfig.from_args(args, None if args.upstream else engine_options(args))
     except UsageError as e:
         sys.stderr.write(f"tokentrail serve: error: {e}\n")
         return 2
-    options: dict[str, Any] = {
-        "max_queue": args.max_queue,
-        "max_batch": args.max_batch,
-        "max_body_bytes": args.max_body_bytes,
-        "model_name": args.model_name,
-        "prompt_cache_bytes": args.prompt_cache_bytes,
-        "client_timeout": args.client_timeout,
-        "temperature": args.temp,
-        "api_key": args.api_key,
-        "allowed_hosts": [args.host, *args.allowed_host],
-    }
+    # model_name also travels on its own: the proxy's create_upstream_app reads it.
+    options: dict[str, Any] = {"config": config, "model_name": config.model_name}
     if args.upstream:
         from ..errors import UpstreamError
         from .proxy import create_upstream_app
@@ -303,15 +316,19 @@ def run(args: argparse.Namespace) -> int:
             return 2
     else:
         app = create_app(model_path=args.model, loader=loader, **options)
+    return _serve(app, sock, args)
+
+
+def _serve(app: Any, sock: socket.socket, args: argparse.Namespace) -> int:
+    """Load the model, then run uvicorn on `sock` until interrupted."""
+    import uvicorn
+
     engine = app.state.engine
     try:
         engine.start()
     except (OSError, ValueError, ImportError, TypeError) as e:
         sock.close()
-        sys.stderr.write(
-            f"tokentrail serve: error: cannot load the model: {' '.join(str(e).split())}\n"
-        )
-        return 2
+        return fail(f"cannot load the model: {e}", "tokentrail serve")
     url = _url(sock)
 
     class Server(uvicorn.Server):

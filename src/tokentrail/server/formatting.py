@@ -14,8 +14,10 @@ from .protocol import GenRequest
 
 
 @dataclass(slots=True)
-class Step:
-    """One generated token and what it finalised, without engine arrays (thread-safe)."""
+class StepRecord:
+    """One generated token and what it finalised, as the HTTP layer needs it: no engine
+    arrays, so it crosses from the generation thread to the event loop safely (the
+    engine's own per-token record is `tokentrail.engines.Step`)."""
 
     index: int
     token: int
@@ -36,9 +38,9 @@ class Step:
 
 def step_of(
     response: Any, index: int, cached: int, refused: tuple[dict[str, Any], ...] = ()
-) -> Step:
+) -> StepRecord:
     """Copy what the HTTP layer needs out of a GenerationResponse."""
-    return Step(
+    return StepRecord(
         index=index,
         token=int(response.token),
         text=response.text or "",
@@ -65,10 +67,6 @@ def _lp(value: float | None) -> float | None:
     if math.isnan(value):
         return None
     return value if math.isfinite(value) else -9999.0
-
-
-def _finite(value: Any) -> Any:
-    return value if not isinstance(value, float) or math.isfinite(value) else None
 
 
 class Formatter:
@@ -136,27 +134,25 @@ class Formatter:
             ]
         return out
 
-    def segment(self, step: Step) -> dict[str, Any] | None:
+    def segment(self, step: StepRecord) -> dict[str, Any] | None:
         if not step.text and not step.segment_tokens:
             return None
         conf = step.confidence
         out = {
             "text": step.text,
             "tokens": [self._span(s) for s in step.segment_tokens],
-            "confidence": None
-            if conf is None
-            else {k: _finite(v) for k, v in conf.to_dict().items()},
+            "confidence": None if conf is None else conf.to_dict(),  # finite or None
         }
         if step.refused:
             out["refused"] = list(step.refused)
         return out
 
-    def _stop(self, step: Step) -> dict[str, Any] | None:
+    def _stop(self, step: StepRecord) -> dict[str, Any] | None:
         if step.stop_string is None:
             return None
         return {"string": step.stop_string, "tokens": [self._span(s) for s in step.stop_tokens]}
 
-    def chat_logprob(self, step: Step) -> dict[str, Any]:
+    def chat_logprob(self, step: StepRecord) -> dict[str, Any]:
         return {
             "token": self._token_text(step.token),
             "logprob": _lp(step.logprob),
@@ -167,13 +163,13 @@ class Formatter:
             ],
         }
 
-    def _completion_top(self, step: Step) -> dict[str, float | None]:
+    def _completion_top(self, step: StepRecord) -> dict[str, float | None]:
         top: dict[str, float | None] = {}
         for a in self._alternatives(step.top):
             top.setdefault(self._completion_token(a.id, a.bytes), _lp(a.logprob))
         return top
 
-    def _note(self, step: Step) -> int:
+    def _note(self, step: StepRecord) -> int:
         """Account for a step; return the text offset of its token (see module doc)."""
         offset = self.chars
         self.chars += len(step.text)
@@ -198,7 +194,7 @@ class Formatter:
 
     # -- streamed --
 
-    def chunk(self, step: Step) -> dict[str, Any]:
+    def chunk(self, step: StepRecord) -> dict[str, Any]:
         offset = self._note(step)
         ext: dict[str, Any] = {
             "token": {
@@ -255,7 +251,7 @@ class Formatter:
 
     # -- whole --
 
-    def response(self, steps: list[Step]) -> dict[str, Any]:
+    def response(self, steps: list[StepRecord]) -> dict[str, Any]:
         text_parts: list[str] = []
         segments: list[dict[str, Any]] = []
         chat_lps: list[dict[str, Any]] = []
@@ -349,6 +345,7 @@ def _json(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
-def _sse(obj: Any) -> bytes:
+def sse(obj: Any) -> bytes:
+    """One server-sent event carrying `obj` as compact JSON (never NaN or Infinity)."""
     return f"data: {_json(obj)}\n\n".encode()
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 _TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 #: Seconds between two tokens of one sequence.
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
-
+#: Every outcome a generation request can have.
+OUTCOMES = ("completed", "cancelled", "failed", "rejected", "dropped")
 
 
 class Metrics:
@@ -68,6 +69,17 @@ class Metrics:
 
     def request_outcome(self, outcome: str) -> None:
         self.outcomes.labels(outcome=outcome).inc()
+
+    def outcome_counts(self) -> dict[str, int]:
+        """Requests so far by outcome (for /health), read from the counters."""
+        get = self.registry.get_sample_value
+        return {
+            o: int(get("tokentrail_generations_total", {"outcome": o}) or 0) for o in OUTCOMES
+        }
+
+    def tokens_generated(self) -> int:
+        """Tokens generated so far, all sequences (for /health)."""
+        return int(self.registry.get_sample_value("tokentrail_generated_tokens_total") or 0)
 
     def prompt_cache(self, cached_tokens: int) -> None:
         if cached_tokens > 0:

@@ -1,58 +1,79 @@
-"""Requests: validation of chat and completion bodies, with OpenAI-shaped errors.
+"""Requests: chat and completion bodies as pydantic models, with OpenAI-shaped errors.
 
-Every check names the offending field in `error.param` and says what was expected, so a
-client sees a 400 it can act on instead of a 500 or a silent default. The body reader
-also turns the JSON parser's own failures (integers of thousands of digits, lone
-surrogates, deep nesting) into such errors.
+The models (`ChatRequest`, `CompletionRequest`) check the wire shape and types: which
+fields exist, their JSON types, and the bounds the wire itself sets (`n`, `max_tokens`,
+the number of stop strings). Sampling ranges are not checked here: `GenRequest.params`
+hands the values to `tokentrail.sampling.make_params` under its `OPENAI_LIMITS`
+profile, the one place those ranges are decided.
+
+Every error is a 400 naming the offending top-level field in `error.param` (as OpenAI
+does) and its full path in the message (``'messages[0].content'``), so a client sees an
+error it can act on instead of a 500 or a silent default. The body reader also turns
+the JSON parser's own failures (integers of thousands of digits, lone surrogates, deep
+nesting) into such errors.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from ..errors import APIError, ClientGone, QueueFull  # noqa: F401  (QueueFull: old home)
+from ..sampling import OPENAI_LIMITS, SamplingError, SamplingParams, is_int, make_params
+from .config import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_QUEUE  # noqa: F401  (old home)
 
 if TYPE_CHECKING:
     from starlette.requests import Request
 
-DEFAULT_MAX_QUEUE = 16
-DEFAULT_MAX_BODY_BYTES = 1 << 20
 DEFAULT_MAX_TOKENS = 256
-#: Most alternatives per token (OpenAI's limit for chat `top_logprobs`).
-MAX_TOP_LOGPROBS = 20
 MAX_STOP_STRINGS = 16
 #: Most choices one request may ask for (`n`); each is one sequence of the batch.
 MAX_N = 16
+#: Largest `max_tokens` on the wire (a signed 32-bit int, as OpenAI's).
+MAX_TOKENS_LIMIT = 2**31 - 1
 #: Longest integer literal accepted in a body (Python refuses > 4300 digits anyway).
 MAX_INT_DIGITS = 64
-CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 
 Kind = Literal["chat", "completion"]
+
+__all__ = [
+    "ChatRequest",
+    "CompletionRequest",
+    "GenRequest",
+    "bad_request",
+    "json_type_name",
+    "parse_chat",
+    "parse_completion",
+    "read_json",
+]
 
 
 # -- errors -----------------------------------------------------------------------------
 
 
-def _bad(param: str, message: str, code: str = "invalid_value") -> APIError:
+def bad_request(param: str | None, message: str, code: str = "invalid_value") -> APIError:
+    """A 400 in OpenAI's shape naming the field `param`."""
     return APIError(400, message, param=param, code=code)
 
 
-# -- request validation -------------------------------------------------------------------
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _type_name(value: Any) -> str:
+def json_type_name(value: Any) -> str:
+    """The JSON name of a parsed value's type ("integer", "array", "null", ...)."""
     if value is None:
         return "null"
     return {
@@ -65,51 +86,280 @@ def _type_name(value: Any) -> str:
     }.get(type(value), type(value).__name__)
 
 
-def _opt_int(body: Mapping[str, Any], name: str, lo: int, hi: int | None = None) -> int | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if not _is_int(value):
-        raise _bad(name, f"'{name}' must be an integer, got {_type_name(value)}", "invalid_type")
-    if value < lo or (hi is not None and value > hi):
-        bound = f"between {lo} and {hi}" if hi is not None else f"at least {lo}"
-        raise _bad(name, f"'{name}' must be {bound}, got {value}")
-    return int(value)
+#: Error codes our own validators raise (`PydanticCustomError` types), used as given.
+_OWN_CODES = frozenset(
+    {"invalid_type", "invalid_value", "invalid_unicode", "unsupported_parameter",
+     "unsupported_value"}
+)
 
 
-def _opt_number(
-    body: Mapping[str, Any],
-    name: str,
-    lo: float,
-    hi: float,
-    *,
-    lo_open: bool = False,
-) -> float | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if not _is_number(value):
-        raise _bad(
-            name, f"'{name}' must be a finite number, got {_type_name(value)}", "invalid_type"
+def _path(loc: tuple[int | str, ...]) -> str:
+    """A pydantic `loc` as a JSON path: ("messages", 0, "content") -> messages[0].content."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _code(kind: str) -> str:
+    if kind in _OWN_CODES:
+        return kind
+    if kind == "missing":
+        return "missing_required_parameter"
+    if kind.endswith("_type") or kind in ("finite_number", "int_from_float"):
+        return "invalid_type"
+    return "invalid_value"
+
+
+def validation_error(error: ValidationError) -> APIError:
+    """The 400 for the first problem pydantic found: `param` is the top-level field,
+    the message names the full path and says what was expected."""
+    first = error.errors(include_url=False)[0]
+    loc = tuple(first["loc"])
+    kind = first["type"]
+    path = _path(loc) or "(body)"
+    detail = first["msg"]
+    if kind in _OWN_CODES:
+        message = f"'{path}' {detail}"
+    elif kind == "missing":
+        message = f"'{path}' is required"
+    elif kind == "model_type":
+        message = f"'{path}' must be an object, got {json_type_name(first.get('input'))}"
+    else:
+        got = first.get("input")
+        message = f"'{path}': {detail[0].lower()}{detail[1:]}"
+        if _code(kind) == "invalid_type":
+            message += f", got {json_type_name(got)}"
+        elif not isinstance(got, list | dict):
+            message += f", got {got!r}"
+    return bad_request(str(loc[0]) if loc else None, message, _code(kind))
+
+
+def _fail(code: str, message: str) -> PydanticCustomError:
+    """An error our validators raise; `message` follows the field's path."""
+    return PydanticCustomError(code, "{detail}", {"detail": message})
+
+
+# -- shared wire types --------------------------------------------------------------------
+
+
+class _Wire(BaseModel):
+    """JSON as parsed: no coercion ("5" is not 5, true is not 1), finite numbers only,
+    and unknown fields ignored (OpenAI clients send many)."""
+
+    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False, frozen=True)
+
+
+def _unicode(text: str) -> str:
+    """Refuse text the tokenizer cannot encode: a lone UTF-16 surrogate (JSON allows
+    ``"\\ud800"``, UTF-8 does not)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise _fail(
+            "invalid_unicode",
+            f"holds a lone surrogate {text[e.start]!r} at character {e.start}, "
+            "which is not valid Unicode text",
+        ) from None
+    return text
+
+
+def _stop_list(value: Any) -> Any:
+    if isinstance(value, str):
+        return [value]
+    if not isinstance(value, list):
+        raise _fail(
+            "invalid_type", f"must be a string or an array of strings, got {json_type_name(value)}"
         )
-    if value < lo or value > hi or (lo_open and value == lo):
-        left = "(" if lo_open else "["
-        raise _bad(name, f"'{name}' must be in {left}{lo:g}, {hi:g}], got {value}")
-    return float(value)
-
-
-def _opt_bool(body: Mapping[str, Any], name: str) -> bool | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if not isinstance(value, bool):
-        raise _bad(name, f"'{name}' must be a boolean, got {_type_name(value)}", "invalid_type")
     return value
+
+
+def _stop_string(value: Any) -> Any:
+    if isinstance(value, str):
+        if not value:
+            raise _fail("invalid_value", "must not be empty")
+        return _unicode(value)
+    return value  # not a string: the str type reports it
+
+
+StopString = Annotated[str, BeforeValidator(_stop_string)]
+Stops = Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS), BeforeValidator(_stop_list)]
+TokenCount = Annotated[int, Field(ge=1, le=MAX_TOKENS_LIMIT)]
+
+
+class StreamOptions(_Wire):
+    include_usage: bool | None = None
+
+
+class _Common(_Wire):
+    """The fields chat and completions share."""
+
+    model: str | None = None
+    n: Annotated[int, Field(ge=1, le=MAX_N)] | None = None
+    best_of: Annotated[int, Field(ge=1)] | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    max_tokens: TokenCount | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
+    frequency_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
+    seed: int | None = None
+    stop: Stops | None = None
+    logit_bias: dict[str, float] | None = None
+
+    @field_validator("best_of")
+    @classmethod
+    def _one_best_of(cls, value: int | None) -> int | None:
+        if value is not None and value != 1:
+            raise _fail("unsupported_value", f"must be 1 (the only value supported), got {value}")
+        return value
+
+    @field_validator("presence_penalty", "frequency_penalty")
+    @classmethod
+    def _no_penalties(cls, value: float | None) -> float | None:
+        if value:
+            raise _fail(
+                "unsupported_parameter",
+                "is not supported (use 'repetition_penalty'); send 0 or leave it out",
+            )
+        return value
+
+    def check_together(self) -> None:
+        """Rules across fields (bad_request naming the field to change)."""
+        if self.stream_options is not None and not self.stream:
+            raise bad_request(
+                "stream_options", "'stream_options' is only allowed when 'stream' is true"
+            )
+
+
+# -- chat -----------------------------------------------------------------------------------
+
+
+class TextPart(_Wire):
+    type: Literal["text"]
+    text: Annotated[str, BeforeValidator(lambda v: _unicode(v) if isinstance(v, str) else v)]
+
+
+def _content(value: Any) -> Any:
+    """A message's content: a string is one text part; null stays null (assistant)."""
+    if isinstance(value, str):
+        return [{"type": "text", "text": _unicode(value)}]
+    if value is None or isinstance(value, list):
+        return value
+    raise _fail(
+        "invalid_type",
+        f"must be a string or an array of text parts, got {json_type_name(value)}",
+    )
+
+
+class ChatMessage(_Wire):
+    role: Literal[CHAT_ROLES]  # type: ignore[valid-type]
+    content: Annotated[list[TextPart], BeforeValidator(_content)] | None = None
+
+    @model_validator(mode="after")
+    def _content_given(self) -> ChatMessage:
+        if self.content is None and self.role != "assistant":
+            raise _fail("invalid_type", "needs 'content': a string or an array of text parts")
+        return self
+
+    def as_prompt(self) -> dict[str, str]:
+        """The message for the chat template (developer is the template's system)."""
+        text = "".join(part.text for part in self.content or ())
+        return {"role": "system" if self.role == "developer" else self.role, "content": text}
+
+
+class ChatRequest(_Common):
+    """A /v1/chat/completions body."""
+
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_completion_tokens: TokenCount | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    tools: Any = None
+    functions: Any = None
+    response_format: Any = None
+
+    @field_validator("tools", "functions")
+    @classmethod
+    def _no_tools(cls, value: Any) -> Any:
+        if value:
+            raise _fail("unsupported_parameter", "(tool calling) is not supported")
+        return value
+
+    @field_validator("response_format")
+    @classmethod
+    def _text_only(cls, value: Any) -> Any:
+        if value is not None and value != {"type": "text"}:
+            raise _fail("unsupported_parameter", 'is not supported except {"type": "text"}')
+        return value
+
+    def check_together(self) -> None:
+        super().check_together()
+        mct = self.max_completion_tokens
+        if mct is not None and self.max_tokens is not None and self.max_tokens != mct:
+            raise bad_request(
+                "max_completion_tokens",
+                "'max_tokens' and 'max_completion_tokens' disagree; give one of them",
+            )
+
+
+# -- completions --------------------------------------------------------------------------
+
+
+def _prompt(value: Any, info: ValidationInfo) -> str | list[int]:
+    """One prompt: a non-empty string or token ids inside the vocabulary."""
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str | list):
+        value = value[0]  # a batch of one
+    if isinstance(value, str):
+        if not value:
+            raise _fail("invalid_value", "must not be empty")
+        return _unicode(value)
+    if isinstance(value, list) and value and all(is_int(t) for t in value):
+        size = (info.context or {}).get("vocab_size")
+        bad = next((t for t in value if t < 0 or (size is not None and t >= size)), None)
+        if bad is not None:
+            span = "" if size is None else f" (0..{size - 1})"
+            raise _fail("invalid_value", f"token id {bad} is outside the vocabulary{span}")
+        return [int(t) for t in value]
+    if isinstance(value, list) and len(value) > 1 and all(isinstance(p, str | list) for p in value):
+        raise _fail("unsupported_value", "holds several prompts; only one per request is supported")
+    raise _fail(
+        "invalid_type",
+        f"must be a string or a non-empty array of token ids, got {json_type_name(value)}",
+    )
+
+
+class CompletionRequest(_Common):
+    """A /v1/completions body."""
+
+    prompt: Annotated[str | list[int], PlainValidator(_prompt)]
+    logprobs: int | None = None
+    echo: Any = None
+    suffix: Any = None
+
+    @field_validator("echo", "suffix")
+    @classmethod
+    def _unsupported(cls, value: Any, info: ValidationInfo) -> Any:
+        if (value if info.field_name == "echo" else value is not None):
+            raise _fail("unsupported_parameter", "is not supported")
+        return value
+
+
+# -- the scheduler's view ---------------------------------------------------------------------
+
+
+#: Wire names of the sampling settings, where they differ from `make_params`'s.
+_CHAT_LABELS = {"temp": "temperature"}
+_COMPLETION_LABELS = {"temp": "temperature", "top_logprobs": "logprobs"}
 
 
 @dataclass
 class GenRequest:
-    """A validated request, in the terms `stream_generate` takes."""
+    """A validated request, in the terms the scheduler takes."""
 
     kind: Kind
     prompt: str | list[int] | list[dict[str, str]]
@@ -128,279 +378,93 @@ class GenRequest:
     repetition_penalty: float | None = None
     seed: int | None = None
     stop: list[str] | None = None
-    logit_bias: dict[int, float] | None = None
+    logit_bias: dict[str, float] | dict[int, float] | None = None
     #: Whether OpenAI `logprobs` are returned, and how many alternatives per token.
     logprobs: bool = False
     top_logprobs: int = 0
 
-    def generate_kwargs(self) -> dict[str, Any]:
-        return {
-            "max_tokens": self.max_tokens,
-            "temp": self.temperature,
-            "top_p": self.top_p,
-            "top_k": self.top_k,
-            "min_p": self.min_p,
-            "repetition_penalty": self.repetition_penalty,
-            "seed": self.seed,
-            "logit_bias": self.logit_bias,
-            "top_logprobs": self.top_logprobs,
-            "stop": self.stop,
-        }
+    def params(self, vocab_size: int | None = None) -> SamplingParams:
+        """The sampling settings, checked by `make_params` against OpenAI's limits
+        (`SamplingError` naming the wire field); `vocab_size` bounds `logit_bias`."""
+        return make_params(
+            temp=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            min_p=self.min_p,
+            repetition_penalty=self.repetition_penalty,
+            logit_bias=self.logit_bias,
+            seed=self.seed,
+            top_logprobs=self.top_logprobs,
+            vocab_size=vocab_size,
+            limits=OPENAI_LIMITS,
+            labels=_CHAT_LABELS if self.kind == "chat" else _COMPLETION_LABELS,
+        )
 
 
-def _parse_common(
-    body: Mapping[str, Any], kind: Kind, model: str, vocab_size: int, temperature: float
+def _gen_request(
+    wire: _Common, kind: Kind, prompt: Any, model: str, vocab_size: int, temperature: float
 ) -> GenRequest:
-    """Check the fields chat and completions share; raise APIError naming the field."""
-    req = GenRequest(kind=kind, prompt="", model=model, temperature=temperature)
-    n = _opt_int(body, "n", 1, MAX_N)
-    req.n = n or 1
-    best_of = _opt_int(body, "best_of", 1)
-    if best_of is not None and best_of != 1:
-        raise _bad("best_of", f"only best_of=1 is supported, got {best_of}", "unsupported_value")
-    stream = _opt_bool(body, "stream")
-    req.stream = bool(stream)
-    opts = body.get("stream_options")
-    if opts is not None:
-        if not isinstance(opts, dict):
-            raise _bad(
-                "stream_options",
-                f"'stream_options' must be an object, got {_type_name(opts)}",
-                "invalid_type",
-            )
-        if not req.stream:
-            raise _bad("stream_options", "'stream_options' is only allowed when 'stream' is true")
-        include = _opt_bool(opts, "include_usage")
-        req.include_usage = bool(include)
-    max_tokens = _opt_int(body, "max_tokens", 1, 2**31 - 1)
-    if kind == "chat":
-        mct = _opt_int(body, "max_completion_tokens", 1, 2**31 - 1)
-        if mct is not None:
-            if max_tokens is not None and max_tokens != mct:
-                raise _bad(
-                    "max_completion_tokens",
-                    "'max_tokens' and 'max_completion_tokens' disagree; give one of them",
-                )
-            max_tokens = mct
-    if max_tokens is not None:
-        req.max_tokens = max_tokens
-        req.max_tokens_given = True
-    temperature = _opt_number(body, "temperature", 0.0, 2.0)
-    if temperature is not None:
-        req.temperature = temperature
-    top_p = _opt_number(body, "top_p", 0.0, 1.0, lo_open=True)
-    if top_p is not None:
-        req.top_p = top_p
-    top_k = _opt_int(body, "top_k", -1)
-    if top_k is not None:
-        req.top_k = max(top_k, 0)  # -1 means off, as in vLLM
-    min_p = _opt_number(body, "min_p", 0.0, 1.0)
-    if min_p is not None:
-        req.min_p = min_p
-    rep = _opt_number(body, "repetition_penalty", 0.0, 100.0, lo_open=True)
-    req.repetition_penalty = rep
-    for name in ("presence_penalty", "frequency_penalty"):
-        value = _opt_number(body, name, -2.0, 2.0)
-        if value:
-            raise _bad(
-                name,
-                f"'{name}' is not supported (use 'repetition_penalty'); send 0 or leave it out",
-                "unsupported_parameter",
-            )
-    req.seed = _opt_int(body, "seed", 0, 2**63 - 1)
-    req.stop = _parse_stop(body.get("stop"))
-    req.logit_bias = _parse_logit_bias(body.get("logit_bias"), vocab_size)
-    return req
-
-
-def _check_unicode(text: str, param: str, where: str) -> None:
-    """Refuse text the tokenizer cannot encode: a lone UTF-16 surrogate (JSON allows
-    ``"\\ud800"``, UTF-8 does not)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise _bad(
-            param,
-            f"'{where}' holds a lone surrogate {text[e.start]!r} at character {e.start}, "
-            "which is not valid Unicode text",
-            "invalid_unicode",
-        ) from None
-
-
-def _parse_stop(value: Any) -> list[str] | None:
-    if value is None:
-        return None
-    stops = [value] if isinstance(value, str) else value
-    if not isinstance(stops, list):
-        raise _bad(
-            "stop",
-            f"'stop' must be a string or an array of strings, got {_type_name(value)}",
-            "invalid_type",
-        )
-    if len(stops) > MAX_STOP_STRINGS:
-        raise _bad("stop", f"'stop' may hold at most {MAX_STOP_STRINGS} strings, got {len(stops)}")
-    for i, s in enumerate(stops):
-        if not isinstance(s, str):
-            raise _bad("stop", f"'stop[{i}]' must be a string, got {_type_name(s)}", "invalid_type")
-        if not s:
-            raise _bad("stop", f"'stop[{i}]' must not be empty")
-        _check_unicode(s, "stop", f"stop[{i}]")
-    return list(stops) or None
-
-
-def _parse_logit_bias(value: Any, vocab_size: int) -> dict[int, float] | None:
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        raise _bad(
-            "logit_bias",
-            f"'logit_bias' must be an object of token id to bias, got {_type_name(value)}",
-            "invalid_type",
-        )
-    out: dict[int, float] = {}
-    for key, bias in value.items():
-        try:
-            tid = int(key)
-        except ValueError:
-            raise _bad("logit_bias", f"'logit_bias' key {key!r} is not a token id") from None
-        if not 0 <= tid < vocab_size:
-            raise _bad(
-                "logit_bias",
-                f"'logit_bias' token id {tid} is outside the vocabulary (0..{vocab_size - 1})",
-            )
-        if not _is_number(bias) or not -100 <= bias <= 100:
-            raise _bad(
-                "logit_bias",
-                f"'logit_bias' value for token {tid} must be a number in [-100, 100], got {bias!r}",
-            )
-        out[tid] = float(bias)
-    return out or None
-
-
-def _message_text(content: Any, i: int) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for j, part in enumerate(content):
-            if not isinstance(part, dict) or part.get("type") != "text":
-                raise _bad(
-                    "messages",
-                    f"'messages[{i}].content[{j}]' must be a text part "
-                    '({"type": "text", "text": ...}); only text is supported',
-                    "invalid_type",
-                )
-            text = part.get("text")
-            if not isinstance(text, str):
-                raise _bad(
-                    "messages",
-                    f"'messages[{i}].content[{j}].text' must be a string",
-                    "invalid_type",
-                )
-            parts.append(text)
-        return "".join(parts)
-    raise _bad(
-        "messages",
-        f"'messages[{i}].content' must be a string or an array of text parts, "
-        f"got {_type_name(content)}",
-        "invalid_type",
+    wire.check_together()
+    max_tokens = wire.max_tokens
+    if isinstance(wire, ChatRequest) and wire.max_completion_tokens is not None:
+        max_tokens = wire.max_completion_tokens
+    if isinstance(wire, ChatRequest):
+        logprobs, top = bool(wire.logprobs), wire.top_logprobs or 0
+    else:
+        logprobs, top = wire.logprobs is not None, wire.logprobs or 0
+    req = GenRequest(
+        kind=kind,
+        prompt=prompt,
+        model=model,
+        n=wire.n or 1,
+        stream=bool(wire.stream),
+        include_usage=bool(wire.stream_options and wire.stream_options.include_usage),
+        max_tokens=DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
+        max_tokens_given=max_tokens is not None,
+        temperature=temperature if wire.temperature is None else wire.temperature,
+        top_p=1.0 if wire.top_p is None else wire.top_p,
+        top_k=0 if wire.top_k in (None, -1) else wire.top_k,  # -1 means off, as in vLLM
+        min_p=0.0 if wire.min_p is None else wire.min_p,
+        repetition_penalty=wire.repetition_penalty,
+        seed=wire.seed,
+        stop=list(wire.stop) if wire.stop else None,
+        logit_bias=dict(wire.logit_bias) if wire.logit_bias else None,
+        logprobs=logprobs,
+        top_logprobs=top,
     )
+    try:
+        req.logit_bias = dict(req.params(vocab_size).logit_bias or {}) or None
+    except SamplingError as e:
+        raise bad_request(e.param, f"'{e.param}' {str(e).removeprefix(e.param).strip()}") from None
+    if top and not logprobs:
+        raise bad_request("top_logprobs", "'top_logprobs' needs 'logprobs' set to true")
+    return req
 
 
 def parse_chat(
     body: Mapping[str, Any], model: str, vocab_size: int, temperature: float = 0.0
 ) -> GenRequest:
     """Validate a /v1/chat/completions body (`temperature`: the default when it has none)."""
-    req = _parse_common(body, "chat", model, vocab_size, temperature)
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        what = "missing" if messages is None else _type_name(messages)
-        raise _bad(
-            "messages",
-            f"'messages' must be a non-empty array of messages, got {what}",
-            "invalid_type" if messages is not None else "missing_required_parameter",
-        )
-    out: list[dict[str, str]] = []
-    for i, msg in enumerate(messages):
-        if not isinstance(msg, dict):
-            raise _bad(
-                "messages",
-                f"'messages[{i}]' must be an object, got {_type_name(msg)}",
-                "invalid_type",
-            )
-        role = msg.get("role")
-        if role not in CHAT_ROLES:
-            raise _bad(
-                "messages",
-                f"'messages[{i}].role' must be one of {sorted(CHAT_ROLES)}, got {role!r}",
-            )
-        content = msg.get("content")
-        if content is None and role == "assistant":
-            content = ""
-        text = _message_text(content, i)
-        _check_unicode(text, "messages", f"messages[{i}].content")
-        out.append({"role": "system" if role == "developer" else role, "content": text})
-    req.prompt = out
-    for name in ("tools", "functions"):
-        if body.get(name):
-            raise _bad(name, f"'{name}' (tool calling) is not supported", "unsupported_parameter")
-    fmt = body.get("response_format")
-    if fmt is not None and fmt != {"type": "text"}:
-        raise _bad(
-            "response_format",
-            'only \'response_format\' {"type": "text"} is supported',
-            "unsupported_parameter",
-        )
-    logprobs = _opt_bool(body, "logprobs")
-    top = _opt_int(body, "top_logprobs", 0, MAX_TOP_LOGPROBS)
-    if top and not logprobs:
-        raise _bad("top_logprobs", "'top_logprobs' needs 'logprobs' set to true")
-    req.logprobs = bool(logprobs)
-    req.top_logprobs = top or 0
-    return req
+    try:
+        wire = ChatRequest.model_validate(body)
+    except ValidationError as e:
+        raise validation_error(e) from None
+    prompt = [m.as_prompt() for m in wire.messages]
+    return _gen_request(wire, "chat", prompt, model, vocab_size, temperature)
 
 
 def parse_completion(
     body: Mapping[str, Any], model: str, vocab_size: int, temperature: float = 0.0
 ) -> GenRequest:
     """Validate a /v1/completions body (`temperature`: the default when it has none)."""
-    req = _parse_common(body, "completion", model, vocab_size, temperature)
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
-        prompt = prompt[0]  # a batch of one
-    if isinstance(prompt, str):
-        if not prompt:
-            raise _bad("prompt", "'prompt' must not be empty")
-        _check_unicode(prompt, "prompt", "prompt")
-        req.prompt = prompt
-    elif isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
-        bad = next((t for t in prompt if not 0 <= t < vocab_size), None)
-        if bad is not None:
-            raise _bad(
-                "prompt", f"'prompt' token id {bad} is outside the vocabulary (0..{vocab_size - 1})"
-            )
-        req.prompt = [int(t) for t in prompt]
-    elif (
-        isinstance(prompt, list)
-        and len(prompt) > 1
-        and all(isinstance(p, str | list) for p in prompt)
-    ):
-        raise _bad("prompt", "only one prompt per request is supported", "unsupported_value")
-    else:
-        what = "missing" if prompt is None else _type_name(prompt)
-        raise _bad(
-            "prompt",
-            f"'prompt' must be a string or a non-empty array of token ids, got {what}",
-            "invalid_type" if prompt is not None else "missing_required_parameter",
-        )
-    if body.get("echo"):
-        raise _bad("echo", "'echo' is not supported", "unsupported_parameter")
-    if body.get("suffix") is not None:
-        raise _bad("suffix", "'suffix' is not supported", "unsupported_parameter")
-    logprobs = _opt_int(body, "logprobs", 0, MAX_TOP_LOGPROBS)
-    req.logprobs = logprobs is not None
-    req.top_logprobs = logprobs or 0
-    return req
+    try:
+        wire = CompletionRequest.model_validate(body, context={"vocab_size": vocab_size})
+    except ValidationError as e:
+        raise validation_error(e) from None
+    return _gen_request(wire, "completion", wire.prompt, model, vocab_size, temperature)
+
+
+# -- the body ---------------------------------------------------------------------------------
 
 
 async def read_json(request: Request, limit: int) -> dict[str, Any]:
@@ -430,8 +494,13 @@ async def read_json(request: Request, limit: int) -> dict[str, Any]:
         raise ClientGone(f"the client hung up after {len(chunks)} bytes of body") from None
     if not chunks:
         raise APIError(400, "the request body is empty; send a JSON object", code="invalid_json")
+    return _parse_body(bytes(chunks))
+
+
+def _parse_body(raw: bytes) -> dict[str, Any]:
+    """A JSON object, with oversized integers refused by path (see `_HugeInt`)."""
     try:
-        body = json.loads(chunks, parse_int=_parse_int)
+        body = json.loads(raw, parse_int=_parse_int)
     except RecursionError:
         raise APIError(400, "the request body is nested too deeply", code="invalid_json") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -439,7 +508,7 @@ async def read_json(request: Request, limit: int) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise APIError(
             400,
-            f"the request body must be a JSON object, got {_type_name(body)}",
+            f"the request body must be a JSON object, got {json_type_name(body)}",
             code="invalid_json",
         )
     try:
@@ -460,7 +529,11 @@ async def read_json(request: Request, limit: int) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class _HugeInt:
-    """Stands in for an integer literal too long to be any valid field's value."""
+    """Stands in for an integer literal too long to be any valid field's value.
+
+    Kept although pydantic parses big integers: `json.loads` (which reads the body, for
+    its RecursionError and decode errors) raises ValueError past 4300 digits, and a
+    message naming the field and the digit count is what clients are promised."""
 
     digits: int
 
@@ -487,4 +560,3 @@ def _find_huge_int(value: Any, path: str) -> tuple[str, int] | None:
             if found is not None:
                 return found
     return None
-

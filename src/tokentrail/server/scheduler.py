@@ -23,32 +23,33 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from ..errors import APIError, QueueFull
-from ..prompting import eos_ids, prompt_ids, stop_matcher, vocab_for
+from ..batch import open_sequence
+from ..errors import APIError, ContextOverflow, QueueFull
+from ..prompting import eos_ids, prompt_ids, room, stop_matcher, vocab_for
+from ..sampling import SamplingError, check_max_tokens
 from ..sequence import SequenceState
 from ..vocab import Vocab
+from .config import (  # noqa: F401  (DEFAULT_*: their old home)
+    DEFAULT_CLIENT_TIMEOUT,
+    DEFAULT_MAX_BATCH,
+    DEFAULT_MAX_BUFFERED,
+    Loader,
+    ServerConfig,
+)
 from .formatting import step_of
 from .metrics import Metrics
-from .protocol import DEFAULT_MAX_QUEUE, GenRequest
+from .protocol import GenRequest
 
 logger = logging.getLogger("tokentrail.server")
 
 #: How many finished requests /health remembers.
 RECENT_JOBS = 32
-#: Default most sequences decoded together.
-DEFAULT_MAX_BATCH = 8
-#: Default seconds a client may leave output unread before it is dropped.
-DEFAULT_CLIENT_TIMEOUT = 30.0
-#: Most steps one request may have unread before it is dropped.
-DEFAULT_MAX_BUFFERED = 4096
 
 EventKind = Literal["step", "done", "error", "cancelled"]
-Loader = Callable[[], tuple[Any, Any]]
 
 
 @dataclass(eq=False)
@@ -106,7 +107,7 @@ class Job:
 
 
 @dataclass(eq=False)
-class _Seq:
+class ChoiceState:
     """One sequence of the batch: a choice of a job, and its per-token state (the same
     `tokentrail.sequence.SequenceState` that `stream_generate` and `batch_generate` use)."""
 
@@ -127,22 +128,15 @@ def served_name(model_path: str | os.PathLike[str] | None) -> str:
     return Path(model_path).resolve().name or str(model_path)
 
 
-def _vocab_of(tokenizer: Any) -> Vocab:
-    """The tokenizer's `Vocab` (for each token's raw bytes and text)."""
-    for owner in (tokenizer, getattr(tokenizer, "_tokenizer", None)):
-        found = getattr(owner, "__dict__", {}).get("vocab") if owner is not None else None
-        if isinstance(found, Vocab):
-            return found
-    return vocab_for(tokenizer)
-
-
 class Scheduler:
     """Owns the model; runs queued requests together in a continuous batch.
 
     Give `model` and `tokenizer` (as `tokentrail.load` returns them), or a `loader`
-    returning them (run on the loop thread), or `model_path` for `tokentrail.load`.
-    `max_batch` sequences decode together; requests beyond that wait, `max_queue` at
-    most (in sequences), and more are refused with `QueueFull`.
+    returning them (run on the loop thread), or a `config.model_path` for
+    `tokentrail.load`. The settings are a `ServerConfig` (`config`), or its fields as
+    keywords (`max_batch=4`), which update `config`: `max_batch` sequences decode
+    together; requests beyond that wait, `max_queue` at most (in sequences), and more
+    are refused with `QueueFull`.
     """
 
     def __init__(
@@ -151,38 +145,29 @@ class Scheduler:
         tokenizer: Any = None,
         model_path: str | os.PathLike[str] | None = None,
         *,
-        max_queue: int = DEFAULT_MAX_QUEUE,
-        max_batch: int = DEFAULT_MAX_BATCH,
-        model_name: str | None = None,
-        engine: str = "mlx",
-        load_options: dict[str, Any] | None = None,
+        config: ServerConfig | None = None,
         loader: Loader | None = None,
-        prompt_cache_bytes: int | None = None,
-        client_timeout: float = DEFAULT_CLIENT_TIMEOUT,
-        max_buffered: int = DEFAULT_MAX_BUFFERED,
         metrics: Metrics | None = None,
+        **settings: Any,
     ) -> None:
         if (model is None) != (tokenizer is None):
             raise ValueError("pass both model and tokenizer, or neither (to load model_path)")
-        if max_queue < 0:
-            raise ValueError(f"max_queue must be >= 0, got {max_queue}")
-        if max_batch < 1:
-            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
-        if not client_timeout > 0:
-            raise ValueError(f"client_timeout must be > 0 seconds, got {client_timeout}")
+        if model_path is not None:
+            settings["model_path"] = model_path
+        self.config = config = (config or ServerConfig()).updated(**settings)
         self.model = model
         self.tokenizer = tokenizer
-        self.model_path = model_path
-        self.engine_name = engine
-        self.load_options = dict(load_options or {})
+        self.model_path = config.model_path
+        self.engine_name = config.engine
+        self.load_options = dict(config.load_options)
         self.loader = loader
-        self.max_queue = max_queue
-        self.max_batch = max_batch
-        self.prompt_cache_bytes = prompt_cache_bytes
-        self.client_timeout = client_timeout
-        self.max_buffered = max_buffered
+        self.max_queue = config.max_queue
+        self.max_batch = config.max_batch
+        self.prompt_cache_bytes = config.prompt_cache_bytes
+        self.client_timeout = config.client_timeout
+        self.max_buffered = config.max_buffered
         self.metrics = metrics or Metrics()
-        self.model_name = model_name or served_name(model_path)
+        self.model_name = config.model_name or served_name(config.model_path)
         self.created = int(time.time())
         self.vocab: Vocab | None = None
         self.context_length: int | None = None
@@ -191,13 +176,11 @@ class Scheduler:
         self._cond = threading.Condition()
         self._pending: deque[Job] = deque()
         self._running: dict[str, Job] = {}
-        self._seqs: dict[int, _Seq] = {}
+        self._seqs: dict[int, ChoiceState] = {}
         self._stopping = False
         self._ready = threading.Event()
         self._load_error: BaseException | None = None
         self._thread: threading.Thread | None = None
-        self._counts = {"completed": 0, "cancelled": 0, "failed": 0, "rejected": 0, "dropped": 0}
-        self._generated_tokens = 0
         self._recent: deque[dict[str, Any]] = deque(maxlen=RECENT_JOBS)
         self._step_seconds: deque[float] = deque(maxlen=64)
         self._job_tokens: deque[int] = deque(maxlen=64)
@@ -252,7 +235,6 @@ class Scheduler:
                 j.request.n for j in self._running.values()
             )
             if busy + n > self.max_batch + self.max_queue:
-                self._counts["rejected"] += 1
                 self.metrics.request_outcome("rejected")
                 raise QueueFull(len(self._pending), self._retry_after())
             self._pending.append(job)
@@ -279,8 +261,8 @@ class Scheduler:
                 "max_batch": self.max_batch,
                 "batch_size": len(self._seqs),
                 "batch_kind": self.batch_kind,
-                **self._counts,
-                "generated_tokens": self._generated_tokens,
+                **self.metrics.outcome_counts(),
+                "generated_tokens": self.metrics.tokens_generated(),
                 "running": running[0] if running else None,
                 "batch": running,
                 "recent": list(self._recent),
@@ -325,7 +307,6 @@ class Scheduler:
 
     def _load(self) -> None:
         from .. import generate
-        from ..align import Aligner
         from ..engines import engine_for
 
         if self.model is None:
@@ -337,9 +318,8 @@ class Scheduler:
                     self.model_path, engine=self.engine_name, **self.load_options
                 )
         self._engine = engine_for(self.model)
-        self.vocab = _vocab_of(self.tokenizer)
+        self.vocab = vocab_for(self.tokenizer)
         self.context_length = self._engine.context_length
-        self._aligner = Aligner(self.vocab, skip_special_tokens=True)
         self._eos = eos_ids(self.tokenizer)
 
     def _loop(self, batch: Any) -> None:
@@ -383,8 +363,6 @@ class Scheduler:
 
     def _join(self, batch: Any, job: Job) -> None:
         """Turn a request into `n` sequences of the batch, or answer it with an error."""
-        from ..sampling import check_max_tokens
-
         if job.cancelled.is_set():
             self._finish(job, "cancelled")
             return
@@ -392,8 +370,12 @@ class Scheduler:
         try:
             ids = prompt_ids(self.tokenizer, req.prompt, self._engine.vocab_size)
             limit = self._limit(req, len(ids))
-            check_max_tokens(limit)
             stop_matcher(req.stop)
+            params = req.params(self._engine.vocab_size)
+        except SamplingError as e:  # e.g. a logit_bias id past the engine's vocabulary
+            job.post("error", 0, APIError(400, str(e), param=e.param, code="invalid_value"))
+            self._finish(job, "failed")
+            return
         except (APIError, ValueError, TypeError) as e:
             logger.info("request %s refused: %s", job.id, e)
             job.post("error", 0, e)
@@ -403,7 +385,12 @@ class Scheduler:
             self._running[job.id] = job
         try:
             for choice in range(req.n):
-                self._add(batch, job, choice, ids, limit)
+                uid, state = open_sequence(
+                    batch, self._engine, self.tokenizer, ids, params, limit, req.stop,
+                    choice=choice, eos=self._eos,
+                )
+                job.live += 1
+                self._seqs[uid] = ChoiceState(job, choice, state, last_step=time.perf_counter())
         except (ValueError, TypeError) as e:  # the engine refused the prompt or a setting
             logger.info("request %s refused by the engine: %s", job.id, e)
             job.post("error", 0, e)
@@ -414,64 +401,26 @@ class Scheduler:
                 self._finish(job, "failed")
         self.metrics.batch_size.set(len(self._seqs))
 
-    def _add(self, batch: Any, job: Job, choice: int, ids: list[int], limit: int) -> None:
-        """Add choice `choice` of `job` to the batch, with its own per-token loop."""
-        from ..sampling import make_params
-
-        req = job.request
-        params = make_params(
-            temp=req.temperature,
-            top_p=req.top_p,
-            top_k=req.top_k,
-            min_p=req.min_p,
-            repetition_penalty=req.repetition_penalty,
-            logit_bias=req.logit_bias,
-            seed=None if req.seed is None else req.seed + choice,  # choices differ
-            top_logprobs=req.top_logprobs,
-            vocab_size=self._engine.vocab_size,
-        )
-        engine = self._engine
-        state = SequenceState(
-            self._aligner.fresh(prompt_ids=ids),
-            stop_matcher(req.stop),
-            self._eos,
-            len(ids),
-            limit,
-            engine.vocab_size,
-            engine.peak_memory,
-        )
-        uid = batch.add(ids, params, limit)
-        job.live += 1
-        self._seqs[uid] = _Seq(job, choice, state, last_step=time.perf_counter())
-
     def _limit(self, req: GenRequest, n_prompt: int) -> int:
-        """The token limit for a prompt of `n_prompt` tokens, or APIError (context)."""
-        ctx = self.context_length
-        param = "messages" if req.kind == "chat" else "prompt"
-        if ctx is None:
-            return req.max_tokens
-        room = ctx - n_prompt
-        if room < 1:
+        """The token limit for a prompt of `n_prompt` tokens, or APIError (context).
+
+        The server's rule, as OpenAI and vLLM answer: a `max_tokens` the client gave
+        must fit the room the prompt leaves; the default is cut to it."""
+        overflow = "raise" if req.max_tokens_given else "cap"
+        try:
+            limit = room(self.context_length, n_prompt, req.max_tokens, overflow=overflow)
+        except ContextOverflow as e:
+            prompt = "messages" if req.kind == "chat" else "prompt"
             raise APIError(
                 400,
-                f"the prompt is {n_prompt} tokens, which leaves no room in the model's "
-                f"context of {ctx} tokens",
-                param=param,
+                str(e).replace("max_tokens is", "'max_tokens' is", 1),
+                param=prompt if e.param == "prompt" else "max_tokens",
                 code="context_length_exceeded",
-            )
-        if req.max_tokens > room:
-            if req.max_tokens_given:
-                raise APIError(
-                    400,
-                    f"this model's context is {ctx} tokens; the prompt takes {n_prompt}, so "
-                    f"'max_tokens' may be at most {room}, got {req.max_tokens}",
-                    param="max_tokens",
-                    code="context_length_exceeded",
-                )
-            return room
-        return req.max_tokens
+            ) from None
+        checked = check_max_tokens(limit)
+        return req.max_tokens if checked is None else checked
 
-    def _advance(self, batch: Any, uid: int, seq: _Seq, engine_step: Any) -> None:
+    def _advance(self, batch: Any, uid: int, seq: ChoiceState, engine_step: Any) -> None:
         """Run one batch step through the sequence's own per-token loop; post it."""
         job = seq.job
         if seq.cached is None:
@@ -510,8 +459,7 @@ class Scheduler:
         seq.index += 1
         with self._cond:
             job.generated += 1
-            self._generated_tokens += 1
-        self.metrics.generated_tokens.inc()
+            self.metrics.generated_tokens.inc()
         job.post("step", seq.choice, step)
         if step.finish_reason is not None:
             job.post("done", seq.choice, None)
@@ -540,7 +488,7 @@ class Scheduler:
                 job.post("cancelled", 0, job.reason)
                 self._leave(batch, seq, "dropped")
 
-    def _leave(self, batch: Any, seq: _Seq, outcome: str) -> None:
+    def _leave(self, batch: Any, seq: ChoiceState, outcome: str) -> None:
         """Remove a sequence; when it was its job's last, record the job as `outcome`."""
         for uid, other in list(self._seqs.items()):
             if other is seq:
@@ -566,13 +514,8 @@ class Scheduler:
         with self._cond:
             self._running.pop(job.id, None)
             job.outcome = outcome
-            self._counts[outcome] += 1
             self._recent.append(
                 {"id": job.id, "outcome": outcome, "generated_tokens": job.generated}
             )
-        self.metrics.request_outcome(outcome)
+            self.metrics.request_outcome(outcome)  # with /health's lock: counts match recent
         self.metrics.batch_size.set(len(self._seqs))
-
-
-#: The name this class had when it ran one generation at a time.
-Engine = Scheduler

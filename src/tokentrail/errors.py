@@ -8,6 +8,8 @@ Each class also subclasses the builtin callers caught before it existed, so
     │   └── UnsupportedGGUF                 a GGUF tokenizer model with no llama.cpp rule here
     ├── GGUFError (ValueError)              a GGUF file the chosen engine cannot run
     ├── ContextOverflow (ValueError)        a prompt or max_tokens past the model's context
+    ├── SamplingError (ValueError)          a sampling setting out of range; `param` names it
+    │   └── SamplingTypeError (TypeError)   a sampling setting of the wrong type
     ├── RealignError (ValueError)           an upstream chunk that cannot be understood
     ├── ModelNotAvailable (FileNotFoundError)  a named model that is not on this machine
     ├── EngineError (RuntimeError)          an engine failure with an HTTP meaning
@@ -36,6 +38,8 @@ __all__ = [
     "ModelNotAvailable",
     "QueueFull",
     "RealignError",
+    "SamplingError",
+    "SamplingTypeError",
     "TokenizerLoadError",
     "TokentrailError",
     "UnsupportedGGUF",
@@ -68,6 +72,18 @@ class ContextOverflow(TokentrailError, ValueError):
     def __init__(self, message: str, param: Literal["prompt", "max_tokens"]) -> None:
         super().__init__(message)
         self.param = param
+
+
+class SamplingError(TokentrailError, ValueError):
+    """A sampling setting out of its range; `param` names the setting (e.g. "top_p")."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class SamplingTypeError(SamplingError, TypeError):
+    """A sampling setting of the wrong type (also a TypeError, as before it existed)."""
 
 
 class RealignError(TokentrailError, ValueError):

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from numbers import Integral, Real
 from typing import Any, Literal
 
-from .errors import TokentrailError
+from .errors import SamplingError, SamplingTypeError
 
 __all__ = [
     "LIBRARY_LIMITS",
@@ -38,18 +38,6 @@ __all__ = [
 
 #: The most alternatives a step may report (OpenAI's limit for `top_logprobs`).
 MAX_TOP_LOGPROBS = 20
-
-
-class SamplingError(TokentrailError, ValueError):
-    """A sampling setting out of its range; `param` names the setting (e.g. "top_p")."""
-
-    def __init__(self, message: str, param: str) -> None:
-        super().__init__(message)
-        self.param = param
-
-
-class SamplingTypeError(SamplingError, TypeError):
-    """A sampling setting of the wrong type (also a TypeError, as before it existed)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from ..segment import Alternative, Confidence, TokenSpan
+from ..segment import WIRE_NEG_INF, Alternative, Confidence, TokenSpan, json_number
 from ..vocab import Vocab
 from .protocol import GenRequest
 
@@ -62,11 +61,7 @@ def step_of(
 
 def _lp(value: float | None) -> float | None:
     """A logprob JSON can carry: -inf becomes -9999.0 as in OpenAI's API."""
-    if value is None:
-        return None
-    if math.isnan(value):
-        return None
-    return value if math.isfinite(value) else -9999.0
+    return json_number(value, WIRE_NEG_INF)
 
 
 class Formatter:

@@ -11,6 +11,8 @@ Each class also subclasses the builtin callers caught before it existed, so
     ├── SamplingError (ValueError)          a sampling setting out of range; `param` names it
     │   └── SamplingTypeError (TypeError)   a sampling setting of the wrong type
     ├── RealignError (ValueError)           an upstream chunk that cannot be understood
+    ├── StructureError (ValueError)         a reasoning or tool-call parser name that is not
+    │                                       known, or output that is not in the expected format
     ├── ModelNotAvailable (FileNotFoundError)  a named model that is not on this machine
     ├── EngineError (RuntimeError)          an engine failure with an HTTP meaning
     │   └── UpstreamError                   a remote upstream that failed
@@ -40,6 +42,7 @@ __all__ = [
     "RealignError",
     "SamplingError",
     "SamplingTypeError",
+    "StructureError",
     "TokenizerLoadError",
     "TokentrailError",
     "UnsupportedGGUF",
@@ -88,6 +91,11 @@ class SamplingTypeError(SamplingError, TypeError):
 
 class RealignError(TokentrailError, ValueError):
     """A chunk could not be understood: it names the chunk and the field."""
+
+
+class StructureError(TokentrailError, ValueError):
+    """A reasoning or tool-call parser that is not known (the message lists the known
+    names), or model output that is not in the format asked for (the message says where)."""
 
 
 class ModelNotAvailable(TokentrailError, FileNotFoundError):

@@ -118,9 +118,7 @@ REASONING_PARSERS: Mapping[str, ReasoningFormat] = {
         tool_call_ends_reasoning=True,
     ),
     # Magistral: [THINK]/[/THINK] are control tokens; decode with skip_special_tokens=False.
-    "mistral": ReasoningFormat(
-        "mistral", ("[THINK]",), ("[/THINK]",), starts_in_reasoning=True
-    ),
+    "mistral": ReasoningFormat("mistral", ("[THINK]",), ("[/THINK]",), starts_in_reasoning=True),
     # Granite 3.2: plain-text markers, the reply starts as content.
     "granite": ReasoningFormat(
         "granite",
@@ -310,7 +308,8 @@ class ChannelSplitter:
 
         A segment whose chars do not map onto its bytes (see `stops.splittable`) is
         held whole when only holding back; at a marker its text is cut and all its
-        tokens are listed on both sides, as `StopMatcher` does.
+        tokens are listed on both sides, as `StopMatcher` does. (A segment with no
+        tokens at all, text alone, is cut anywhere.)
         """
         taken: list[Segment] = []
         offset = 0
@@ -328,7 +327,7 @@ class ChannelSplitter:
             if parts is not None:
                 taken.append(parts[0])
                 held[i] = parts[1]
-            elif exact:
+            elif exact or not seg.tokens:
                 k = pos - offset
                 taken.append(Segment(seg.text[:k], seg.tokens))
                 held[i] = Segment(seg.text[k:], seg.tokens)

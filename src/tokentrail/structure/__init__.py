@@ -11,6 +11,17 @@ range), after the fact or streamed, and never reaches into the aligner's state:
 
 from __future__ import annotations
 
+from .fields import (
+    NO_SCORER,
+    AllowedValue,
+    ContinuationScorer,
+    FieldStream,
+    JsonField,
+    TokenPlacement,
+    allowed_values,
+    json_fields,
+)
+from .jsonscan import JsonLeaf, JsonScanner, json_pointer
 from .reasoning import (
     CHANNELS,
     REASONING_PARSERS,
@@ -23,10 +34,21 @@ from .reasoning import (
 
 __all__ = [
     "CHANNELS",
+    "NO_SCORER",
     "REASONING_PARSERS",
+    "AllowedValue",
     "ChannelSegment",
     "ChannelSplitter",
+    "ContinuationScorer",
+    "FieldStream",
+    "JsonField",
+    "JsonLeaf",
+    "JsonScanner",
     "ReasoningFormat",
+    "TokenPlacement",
+    "allowed_values",
+    "json_fields",
+    "json_pointer",
     "reasoning_format",
     "split_channels",
 ]

@@ -31,6 +31,7 @@ __all__ = [
     "NO_SCORER",
     "AllowedValue",
     "ContinuationScorer",
+    "FieldBuilder",
     "FieldStream",
     "JsonField",
     "TokenPlacement",
@@ -279,8 +280,11 @@ def _score(
     ), None
 
 
-class _Builder:
-    """Turns scanned leaves into fields: value, text, narrowed tokens, alternatives."""
+class FieldBuilder:
+    """Turns scanned leaves into fields: value, text, narrowed tokens, alternatives.
+
+    `path_of` names a leaf from its path (None: not a field); the tool-call parsers use
+    it to put arguments under `/tool_calls/N/arguments`."""
 
     def __init__(
         self,
@@ -301,7 +305,7 @@ class _Builder:
         path = self.path_of(leaf.path)
         if path is None:
             return None
-        raw = text[leaf.start : leaf.end]
+        raw = text[leaf.start + char0 : leaf.end + char0]
         try:
             value = json.loads(raw)
         except ValueError as e:
@@ -361,7 +365,7 @@ def json_fields(
         raise StructureError(scanner.error)
     if scanner.end is not None and text[scanner.end :].strip():
         raise StructureError(f"not JSON at char {scanner.end}: text after the JSON value")
-    builder = _Builder(placement, schema, choices, scorer)
+    builder = FieldBuilder(placement, schema, choices, scorer)
     return [f for leaf in leaves if (f := builder.field(text, leaf)) is not None]
 
 
@@ -382,7 +386,7 @@ class FieldStream:
     ) -> None:
         self.placement = TokenPlacement()
         self._scanner = JsonScanner()
-        self._builder = _Builder(self.placement, schema, choices, scorer)
+        self._builder = FieldBuilder(self.placement, schema, choices, scorer)
         self.fields: list[JsonField] = []
 
     @property

@@ -1,0 +1,424 @@
+"""Tool calls parsed in a model family's own output format, with their tokens.
+
+Formats (`TOOL_PARSERS`, named as vLLM's `--tool-call-parser`):
+- "hermes" (Hermes, Qwen2.5/Qwen3): `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`;
+- "llama3_json" (Llama 3.x): the reply is `{"name": ..., "parameters": {...}}` (optionally
+  after `<|python_tag|>`; several calls separated by `;`);
+- "mistral": `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`, and the newer
+  `[TOOL_CALLS]name[ARGS]{...}` (optionally `name[CALL_ID]id[ARGS]{...}`). Its markers are
+  control tokens: decode with `skip_special_tokens=False`.
+
+Each call's name and arguments come with their fields (see `fields`): the name at
+`/tool_calls/N/function/name`, each argument leaf at `/tool_calls/N/arguments/<pointer>`,
+with the tokens behind them narrowed to their bytes. `ToolCallStream` gives the same
+calls in pieces as segments arrive (the shape of OpenAI's `delta.tool_calls`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import StructureError
+from ..segment import Segment, TokenSpan
+from .fields import ContinuationScorer, FieldBuilder, JsonField, TokenPlacement
+from .jsonscan import JsonLeaf, JsonScanner, json_pointer
+
+__all__ = [
+    "TOOL_PARSERS",
+    "ToolCall",
+    "ToolCallDelta",
+    "ToolCallResult",
+    "ToolCallStream",
+    "detect_tool_parser",
+    "parse_tool_calls",
+]
+
+#: name -> (the text that opens a call, what the format is for).
+TOOL_PARSERS: dict[str, tuple[str, str]] = {
+    "hermes": ("<tool_call>", "Hermes / Qwen: <tool_call>{json}</tool_call>"),
+    "llama3_json": ("{", 'Llama 3: {"name": ..., "parameters": {...}}'),
+    "mistral": ("[TOOL_CALLS]", "Mistral: [TOOL_CALLS][{...}] or [TOOL_CALLS]name[ARGS]{...}"),
+}
+_ARG_KEYS = ("arguments", "parameters")
+
+
+@dataclass(slots=True)
+class ToolCall:
+    """One call: `arguments` is the arguments' exact JSON text in the output (OpenAI's
+    `function.arguments` string), `start`/`end` the call's char span (markers included),
+    `tokens` the call's tokens, `fields` its name's and arguments' fields."""
+
+    id: str
+    name: str
+    arguments: str
+    start: int
+    end: int
+    tokens: tuple[TokenSpan, ...] = ()
+    fields: list[JsonField] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """OpenAI's `message.tool_calls[i]`."""
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
+
+
+@dataclass(slots=True)
+class ToolCallResult:
+    """A reply's tool calls and its `content`: the text outside them."""
+
+    content: str
+    calls: list[ToolCall]
+
+    @property
+    def fields(self) -> list[JsonField]:
+        return [f for call in self.calls for f in call.fields]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallDelta:
+    """A piece of a streamed call (OpenAI's `delta.tool_calls[i]`): `id` and `name` in
+    the first piece of a call, then `arguments` text in pieces."""
+
+    index: int
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"index": self.index}
+        function: dict[str, Any] = {}
+        if self.id is not None:
+            out["id"], out["type"] = self.id, "function"
+        if self.name is not None:
+            function["name"] = self.name
+        if self.arguments:
+            function["arguments"] = self.arguments
+        out["function"] = function
+        return out
+
+
+@dataclass(slots=True)
+class _Found:
+    """A call found in text, maybe unfinished (streaming): where its parts are."""
+
+    start: int
+    end: int | None = None  # None: not finished yet
+    name: str | None = None
+    args_start: int | None = None
+    args_end: int | None = None
+    call_id: str | None = None
+    name_span: tuple[int, int] | None = None  # a name that is not a JSON string (Mistral)
+    args_string: str | None = None  # arguments the model wrote as a JSON string
+    error: bool = False  # the text there is not JSON
+    leaves: list[tuple[JsonLeaf, str, int]] = field(default_factory=list)  # leaf, path, char0
+
+
+def _scan(text: str, pos: int) -> tuple[JsonScanner, list[JsonLeaf]]:
+    """The JSON value at char `pos`, read as far as the text goes."""
+    scanner = JsonScanner()
+    return scanner, scanner.feed(text[pos:])
+
+
+def _object_call(text: str, pos: int, n: int, prefix: tuple = ()) -> _Found:
+    """Call `n`, the object {"name": ..., "arguments": {...}} at `prefix` in the JSON
+    value at char `pos`."""
+    scanner, leaves = _scan(text, pos)
+    found = _Found(pos + scanner.opened.get(prefix, 0))
+    k = len(prefix)
+    for leaf in leaves:
+        if leaf.path[:k] != prefix or len(leaf.path) == k:
+            continue
+        path = leaf.path[k:]
+        if path == ("name",):
+            found.name = json.loads(text[pos + leaf.start : pos + leaf.end])
+            found.leaves.append((leaf, f"/tool_calls/{n}/function/name", pos))
+        elif path[0] in _ARG_KEYS:
+            if len(path) == 1 and text[pos + leaf.start] == '"':
+                found.args_string = json.loads(text[pos + leaf.start : pos + leaf.end])
+            found.leaves.append((leaf, f"/tool_calls/{n}/arguments{json_pointer(path[1:])}", pos))
+    for key in _ARG_KEYS:
+        if (*prefix, key) in scanner.opened:
+            found.args_start = pos + scanner.opened[(*prefix, key)]
+            span = scanner.containers.get((*prefix, key))
+            found.args_end = None if span is None else pos + span[1]
+    span = scanner.containers.get(prefix)
+    found.end = None if span is None else pos + span[1]
+    found.error = scanner.error is not None
+    return found
+
+
+_SPACE = re.compile(r"\s*")
+_Parsed = tuple[list[_Found], list[tuple[int, int]], int]
+
+
+def _after_space(text: str, pos: int) -> int:
+    return _SPACE.match(text, pos).end()  # type: ignore[union-attr]
+
+
+def _hermes(text: str) -> _Parsed:
+    """<tool_call>{json}</tool_call>, any number of times, content around them."""
+    calls: list[_Found] = []
+    content: list[tuple[int, int]] = []
+    pos = 0
+    while (i := text.find("<tool_call>", pos)) >= 0:
+        content.append((pos, i))
+        found = _object_call(text, _after_space(text, i + 11), len(calls))
+        calls.append(found)
+        if found.end is None:
+            return calls, content, i
+        pos = found.end
+        close = re.compile(r"\s*</tool_call>").match(text, pos)
+        if close is None:
+            if "</tool_call>".startswith(text[pos:].lstrip()):  # the tag still arriving
+                return calls, content, len(text)
+            continue  # no closing tag: what follows is content
+        pos = close.end()
+    content.append((pos, len(text)))
+    return calls, content, len(text)
+
+
+def _llama3(text: str) -> _Parsed:
+    """Call objects {"name": ..., "parameters": {...}} in the reply (after an optional
+    `<|python_tag|>`), `;` between several; other text around them is content."""
+    calls: list[_Found] = []
+    content: list[tuple[int, int]] = []
+    pos = _after_space(text, 0)
+    if text.startswith("<|python_tag|>", pos):
+        content.append((0, pos))
+        pos += 14
+    elif "<|python_tag|>".startswith(text[pos:]) and text[pos:]:
+        return [], [], pos  # may still become the tag
+    since = pos if content else 0
+    while (i := text.find("{", pos)) >= 0:
+        found = _object_call(text, i, len(calls))
+        if found.end is None and not found.error:  # still arriving: maybe a call
+            content.append((since, i))
+            calls.append(found)
+            return calls, content, i
+        if found.error or found.name is None or not _has_args(found):
+            pos = i + 1  # JSON in prose, not a call
+            continue
+        content.append((since, i))
+        calls.append(found)
+        since = pos = found.end  # type: ignore[assignment]
+        if re.compile(r"\s*;?\s*").fullmatch(text, pos):  # a separator, or the end
+            return calls, content, pos
+        sep = re.compile(r"\s*;?\s*(?=\{)").match(text, pos)
+        if sep is not None:
+            since = pos = sep.end()
+    content.append((since, len(text)))
+    return calls, content, len(text)
+
+
+def _has_args(found: _Found) -> bool:
+    return found.args_start is not None or found.args_string is not None
+
+
+_MISTRAL_NAME = re.compile(r"([^\[\]{}\s]+)(?:\[CALL_ID\]([^\[]*))?\[ARGS\]")
+
+
+def _mistral(text: str) -> _Parsed:
+    """[TOOL_CALLS] then a JSON array of calls, or name[ARGS]{json} (repeated)."""
+    i = text.find("[TOOL_CALLS]")
+    if i < 0:
+        return [], [(0, len(text))], len(text)
+    calls: list[_Found] = []
+    pos = _after_space(text, i + 12)
+    if text.startswith("[", pos):  # the older array form
+        scanner, _ = _scan(text, pos)
+        while (len(calls),) in scanner.opened:
+            calls.append(_object_call(text, pos, len(calls), prefix=(len(calls),)))
+        if scanner.end is None:
+            return calls, [(0, i)], i
+        return calls, [(0, i), (pos + scanner.end, len(text))], len(text)
+    marker = i
+    while m := _MISTRAL_NAME.match(text, pos):
+        scanner, leaves = _scan(text, m.end())
+        n = len(calls)
+        found = _Found(m.start(), name=m.group(1), args_start=m.end(), call_id=m.group(2))
+        found.name_span = m.span(1)
+        found.leaves = [
+            (leaf, f"/tool_calls/{n}/arguments{json_pointer(leaf.path)}", m.end())
+            for leaf in leaves
+        ]
+        calls.append(found)
+        if scanner.end is None:
+            return calls, [(0, i)], marker
+        found.end = found.args_end = m.end() + scanner.end
+        pos = found.end
+        if not text.startswith("[TOOL_CALLS]", pos):
+            return calls, [(0, i), (pos, len(text))], len(text)
+        marker, pos = pos, pos + 12
+    return calls, [(0, i)], marker
+
+
+_FORMATS: dict[str, Callable[[str], _Parsed]] = {
+    "hermes": _hermes,
+    "llama3_json": _llama3,
+    "mistral": _mistral,
+}
+
+
+def _parser(name: str) -> Callable[[str], _Parsed]:
+    found = _FORMATS.get(name)
+    if found is None:
+        known = ", ".join(sorted(_FORMATS))
+        raise StructureError(f"unknown tool-call parser {name!r}; known: {known}")
+    return found
+
+
+def _call(text: str, found: _Found, n: int, placement: TokenPlacement, scorer: Any) -> ToolCall:
+    """A finished call with its tokens and fields."""
+    fields: list[JsonField] = []
+    for leaf, path, char0 in found.leaves:
+        builder = FieldBuilder(placement, None, None, scorer, path_of=lambda _p, at=path: at)
+        byte0 = len(text[:char0].encode("utf-8", "surrogatepass"))
+        made = builder.field(text, leaf, char0, byte0)
+        if made is not None:
+            fields.append(made)
+    if found.name_span is not None:
+        a, b = found.name_span
+        a8, b8 = (len(text[:x].encode("utf-8", "surrogatepass")) for x in (a, b))
+        name = JsonField(f"/tool_calls/{n}/function/name", text[a:b], text[a:b],
+                         placement.narrow(a8, b8), a, b)  # fmt: skip
+        fields.insert(0, name)
+    args = _arguments(text, found)
+    s8, e8 = (len(text[:x].encode("utf-8", "surrogatepass")) for x in (found.start, found.end))
+    return ToolCall(
+        found.call_id or f"call_{n}",
+        found.name or "",
+        args,
+        found.start,
+        found.end or len(text),
+        placement.narrow(s8, e8),
+        fields,
+    )
+
+
+def _arguments(text: str, found: _Found) -> str:
+    """OpenAI's `arguments` string: the arguments' JSON text as written (so far)."""
+    if found.args_start is not None:
+        return text[found.args_start : found.args_end or len(text)]
+    if found.args_string is not None:  # already serialised: passed on once decoded
+        s = found.args_string
+        return s if _is_json(s) else json.dumps(s)
+    return "{}"
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
+def parse_tool_calls(
+    text: str,
+    segments: Iterable[Segment] | TokenPlacement,
+    parser: str,
+    *,
+    scorer: ContinuationScorer | None = None,
+) -> ToolCallResult:
+    """A whole reply's tool calls in format `parser` (see `TOOL_PARSERS`), with their
+    tokens and fields. A call left unfinished (the reply was cut off) is not a call: its
+    text is returned in `content`, as vLLM does."""
+    parse = _parser(parser)
+    if isinstance(segments, TokenPlacement):
+        placement = segments
+    else:
+        placement = TokenPlacement()
+        for seg in segments:
+            placement.add(seg)
+    found, content, tail = parse(text)
+    calls = [
+        _call(text, f, n, placement, scorer)
+        for n, f in enumerate(found)
+        if f.start < tail and f.end is not None and f.name is not None and not f.error
+    ]
+    rest = "".join(text[a:b] for a, b in content) + text[tail:]
+    return ToolCallResult("" if not rest.strip() else rest, calls)
+
+
+def detect_tool_parser(template: str) -> str | None:
+    """The tool-call format a chat template asks the model for, or None if it names none."""
+    if "<tool_call>" in template:
+        return "hermes"
+    if "[TOOL_CALLS]" in template:
+        return "mistral"
+    if "<|python_tag|>" in template or ('"parameters"' in template and "<|eom_id|>" in template):
+        return "llama3_json"
+    return None
+
+
+class ToolCallStream:
+    """Tool calls in pieces as segments arrive: `feed` returns (content text now final,
+    call pieces); `finish` returns the last ones, and `result` is then the whole parse
+    (as `parse_tool_calls`). Text that may still open a call is held back.
+
+    Each feed parses the reply so far again (calls are short); what was emitted is
+    never taken back, so a call cut off at the end has had its pieces streamed although
+    `result` counts its text as content.
+    """
+
+    def __init__(self, parser: str) -> None:
+        self.parser = parser
+        self._parse = _parser(parser)
+        self._open = TOOL_PARSERS[parser][0]
+        self._segments: list[Segment] = []
+        self._text = ""
+        self._content_out = 0
+        self._started: set[int] = set()
+        self._args_out: dict[int, int] = {}
+        self.result: ToolCallResult | None = None
+
+    def feed(self, segments: Segment | Iterable[Segment]) -> tuple[str, list[ToolCallDelta]]:
+        new = [segments] if isinstance(segments, Segment) else list(segments)
+        self._segments += new
+        self._text += "".join(s.text for s in new)
+        return self._step(final=False)
+
+    def finish(self) -> tuple[str, list[ToolCallDelta]]:
+        out = self._step(final=True)
+        self.result = parse_tool_calls(self._text, self._segments, self.parser)
+        return out
+
+    def _step(self, final: bool) -> tuple[str, list[ToolCallDelta]]:
+        text = self._text
+        found, content, tail = self._parse(text)
+        joined = "".join(text[a:b] for a, b in content)
+        if final:
+            joined += text[tail:]
+        elif content and content[-1][1] == len(text):
+            joined = joined[: len(joined) - _held(text, self._open)]
+        piece = joined[self._content_out :]
+        self._content_out = max(self._content_out, len(joined))
+        deltas: list[ToolCallDelta] = []
+        for n, f in enumerate(found):
+            if f.name is None or (f.args_start is None and f.end is None):
+                break  # the name and the start of the arguments come first
+            if n not in self._started:
+                self._started.add(n)
+                deltas.append(ToolCallDelta(n, f.call_id or f"call_{n}", f.name))
+            if f.args_start is not None or f.end is not None:
+                args = _arguments(text, f)
+                done = self._args_out.get(n, 0)
+                if len(args) > done:
+                    deltas.append(ToolCallDelta(n, arguments=args[done:]))
+                    self._args_out[n] = len(args)
+        return piece, deltas
+
+
+def _held(text: str, marker: str) -> int:
+    """How many chars at the end of `text` may start `marker`."""
+    for start in range(max(0, len(text) - len(marker) + 1), len(text)):
+        if marker.startswith(text[start:]):
+            return len(text) - start
+    return 0

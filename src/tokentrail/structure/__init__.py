@@ -31,11 +31,21 @@ from .reasoning import (
     reasoning_format,
     split_channels,
 )
+from .tools import (
+    TOOL_PARSERS,
+    ToolCall,
+    ToolCallDelta,
+    ToolCallResult,
+    ToolCallStream,
+    detect_tool_parser,
+    parse_tool_calls,
+)
 
 __all__ = [
     "CHANNELS",
     "NO_SCORER",
     "REASONING_PARSERS",
+    "TOOL_PARSERS",
     "AllowedValue",
     "ChannelSegment",
     "ChannelSplitter",
@@ -46,9 +56,15 @@ __all__ = [
     "JsonScanner",
     "ReasoningFormat",
     "TokenPlacement",
+    "ToolCall",
+    "ToolCallDelta",
+    "ToolCallResult",
+    "ToolCallStream",
     "allowed_values",
+    "detect_tool_parser",
     "json_fields",
     "json_pointer",
+    "parse_tool_calls",
     "reasoning_format",
     "split_channels",
 ]

@@ -150,6 +150,16 @@ class TokenPlacement:
                 self._place(base, t, False, base + len(raw))
 
     @classmethod
+    def of(cls, segments: Iterable[Segment] | TokenPlacement) -> TokenPlacement:
+        """The placement of a whole output's segments (a placement is returned as is)."""
+        if isinstance(segments, TokenPlacement):
+            return segments
+        placement = cls()
+        for seg in segments:
+            placement.add(seg)
+        return placement
+
+    @classmethod
     def from_tokens(cls, text: str, tokens: Iterable[tuple[int, TokenSpan]]) -> TokenPlacement:
         """The placement of output `text` from (byte offset in the output, span) pairs:
         each span's `end - start` bytes begin at that offset, in order."""
@@ -351,12 +361,7 @@ def json_fields(
     `choices` maps a JSON Pointer to its allowed values (beside those a `schema` gives).
     Raises `StructureError` when `text` is not one JSON value.
     """
-    if isinstance(segments, TokenPlacement):
-        placement = segments
-    else:
-        placement = TokenPlacement()
-        for seg in segments:
-            placement.add(seg)
+    placement = TokenPlacement.of(segments)
     if bytes(placement.data) != text.encode("utf-8", "surrogatepass"):
         raise StructureError("the segments' text is not the output text given")
     scanner = JsonScanner()

@@ -331,12 +331,7 @@ def parse_tool_calls(
     tokens and fields. A call left unfinished (the reply was cut off) is not a call: its
     text is returned in `content`, as vLLM does."""
     parse = _parser(parser)
-    if isinstance(segments, TokenPlacement):
-        placement = segments
-    else:
-        placement = TokenPlacement()
-        for seg in segments:
-            placement.add(seg)
+    placement = TokenPlacement.of(segments)
     found, content, tail = parse(text)
     calls = [
         _call(text, f, n, placement, scorer)

@@ -404,7 +404,14 @@ class Aligner:
         else:
             piece = self._pieces[token_id]
             if self._first:
-                piece = v.first_pieces.get(token_id, piece)
+                first = v.first_pieces.get(token_id)
+                if first is not None:
+                    if self._strip:
+                        # A first piece already lacks the leading spaces a Strip removes
+                        # (`strip_leading`), so the span covers only the bytes the text
+                        # has; an all-space piece leaves the rest of the count.
+                        self._strip = self._strip - (len(piece) - len(first)) if not first else 0
+                    piece = first
                 # sentencepiece strips the dummy prefix of every piece until some text
                 # has come out (a lone "▁" first leaves the next piece first too).
                 self._first = v.first_until_text and not piece

@@ -46,6 +46,34 @@ codecs.register_error("tokentrail-per-byte", _replace_one_byte)
 _ERRORS = {"stream": "replace", "spm_runs": "tokentrail-per-byte", "hf_runs": "strict"}
 
 
+def _hex_bytes(err: UnicodeDecodeError) -> tuple[str, int]:
+    """Error handler: bytes that make no complete character written as `<0xNN>`."""
+    return "".join(f"<0x{b:02X}>" for b in err.object[err.start : err.end]), err.end
+
+
+codecs.register_error("tokentrail-hex", _hex_bytes)
+
+
+def show_bytes(raw: bytes) -> str:
+    """`raw` as readable text: bytes that make no complete character as `<0xNN>`."""
+    return raw.decode("utf-8", "tokentrail-hex")
+
+
+def _completed(held: bytes, raw: bytes, alone: str) -> str:
+    """What `raw` shows after `held`, the incomplete UTF-8 start of one character: that
+    character when `raw` completes it (then the rest of `raw`), else `alone`."""
+    lead = held[0]
+    size = 2 if lead < 0xE0 else 3 if lead < 0xF0 else 4
+    cut = size - len(held)
+    if len(raw) < cut:
+        return alone  # still no complete character
+    try:
+        char = (held + raw[:cut]).decode("utf-8")
+    except UnicodeDecodeError:  # the held bytes do not continue with these
+        return alone
+    return char + show_bytes(raw[cut:])
+
+
 class _CleanupStream:
     """transformers' clean-up of spaces, applied to a stream of text chunks exactly.
 
@@ -149,7 +177,7 @@ class Aligner:
                 fast[i] = None
         self._fast_text = fast
         self._lens = [0 if p is None else len(p) for p in v.pieces]
-        self._alt_cache: dict[int, tuple[bytes, str]] = {}
+        self._alt_cache: dict[int, tuple[bytes, str, str, bool]] = {}
         self._generic = v.generic
         self._holes = frozenset(i for i, p in enumerate(v.pieces) if p is None)
         self._prompt: tuple[int, ...] = self._check_prompt(prompt_ids)
@@ -350,18 +378,39 @@ class Aligner:
 
     def alternatives(self, top: TopLogprobs) -> tuple[Alternative, ...]:
         """(id, logprob) pairs (or an id -> logprob mapping) as `Alternative`s with their
-        bytes and text; the per-id lookups are cached for the life of the aligner."""
+        bytes, text and display, for the step about to be pushed; the per-id lookups are
+        cached for the life of the aligner.
+
+        `display` is what the alternative would have shown after the incomplete UTF-8
+        bytes held now: a character it completes, else its own bytes with any that make
+        no complete character as `<0xNN>`. Held bytes combine with any token in a byte
+        stream, and only with byte tokens inside byte-fallback runs (another token ends
+        the run)."""
         items = top.items() if isinstance(top, Mapping) else top
         out = []
         cache = self._alt_cache
+        held = self._dec.getstate()[0] if self._pending else b""
         for tid, lp in items:
             tid = int(tid)
             hit = cache.get(tid)
             if hit is None:
-                hit = (self.vocab.token_bytes(tid), self.vocab.token_text(tid))
+                hit = self._alt_entry(tid)
                 cache[tid] = hit
-            out.append(Alternative(tid, float(lp), hit[0], hit[1]))
+            raw, text, shown, joins = hit
+            if held and joins:
+                shown = _completed(held, raw, shown)
+            out.append(Alternative(tid, float(lp), raw, text, shown))
         return tuple(out)
+
+    def _alt_entry(self, tid: int) -> tuple[bytes, str, str, bool]:
+        """(bytes, text, display with nothing held, whether held bytes join it)."""
+        v = self.vocab
+        raw, text = v.token_bytes(tid), v.token_text(tid)
+        shown = show_bytes(raw) if raw and tid not in v.hidden else text
+        joins = bool(raw) and tid not in self._skipped and (
+            self._mode == "stream" or tid in v.byte_ids
+        )
+        return raw, text, shown, joins
 
     def _end_run(self, parts: list[str]) -> None:
         """Close a byte-fallback run (tokenizers' all-or-nothing rule)."""
@@ -404,7 +453,14 @@ class Aligner:
         else:
             piece = self._pieces[token_id]
             if self._first:
-                piece = v.first_pieces.get(token_id, piece)
+                first = v.first_pieces.get(token_id)
+                if first is not None:
+                    if self._strip:
+                        # A first piece already lacks the leading spaces a Strip removes
+                        # (`strip_leading`), so the span covers only the bytes the text
+                        # has; an all-space piece leaves the rest of the count.
+                        self._strip = self._strip - (len(piece) - len(first)) if not first else 0
+                    piece = first
                 # sentencepiece strips the dummy prefix of every piece until some text
                 # has come out (a lone "▁" first leaves the next piece first too).
                 self._first = v.first_until_text and not piece

@@ -20,7 +20,9 @@ import sys
 import time
 from typing import Any, NoReturn
 
+from .align import show_bytes
 from .engines import ENGINES
+from .segment import Alternative
 from .usage import abort, add_command
 
 log = logging.getLogger(__name__)
@@ -233,7 +235,7 @@ def _show(responses: Any) -> int:
         alts = ""
         if weakest is not None and weakest.top_logprobs:
             alts = ", ".join(
-                f"{a.text!r} {_pct(math.exp(a.logprob))}" for a in weakest.top_logprobs
+                f"{_alt_label(a)} {_pct(math.exp(a.logprob))}" for a in weakest.top_logprobs
             )
         table.add_row(
             Text(repr(text), style=_style(conf)),
@@ -242,3 +244,13 @@ def _show(responses: Any) -> int:
         )
     info.print(table)
     return 0
+
+
+def _alt_label(a: Alternative) -> str:
+    """An alternative as the table shows it: what choosing it would have shown (a
+    character it completes, `<0xC3>` for a byte of none), with its own bytes beside a
+    character that bytes held before it helped complete."""
+    shown = a.display or a.text
+    if a.bytes and shown != show_bytes(a.bytes):
+        return f"{shown!r} " + "".join(f"<0x{b:02X}>" for b in a.bytes)
+    return repr(shown)

@@ -53,12 +53,19 @@ def confidence_level(mean_logprob: float | None) -> int | None:
 
 @dataclass(slots=True)
 class Alternative:
-    """One candidate the model weighed at a step: its id, logprob, raw bytes and text."""
+    """One candidate the model weighed at a step: its id, logprob, raw bytes and text.
+
+    `text` is the token's bytes decoded alone (a partial character shows as U+FFFD).
+    `display` is what choosing it would have shown: with the incomplete UTF-8 bytes held
+    before that step, the character it completes (`'é'`); bytes that make no complete
+    character as `<0xC3>`, never U+FFFD. Empty where not computed (read `text`).
+    """
 
     id: int
     logprob: float
     bytes: bytes
     text: str
+    display: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -66,6 +73,7 @@ class Alternative:
             "logprob": self.logprob,
             "bytes": list(self.bytes),
             "text": self.text,
+            "display": self.display or self.text,
         }
 
 

@@ -124,7 +124,8 @@ class Formatter:
         }
         if self.req.top_logprobs and span.top_logprobs:
             out["top_logprobs"] = [
-                {"id": a.id, "logprob": _lp(a.logprob), "bytes": list(a.bytes), "text": a.text}
+                {"id": a.id, "logprob": _lp(a.logprob), "bytes": list(a.bytes), "text": a.text,
+                 "display": a.display or a.text}
                 for a in span.top_logprobs[: self.req.top_logprobs]
             ]
         return out

@@ -214,6 +214,19 @@
     }
     return wrap;
   }
+  // An alternative: what choosing it would have shown (`display`: a character it
+  // completes, <0xC3> for a byte of none), its raw bytes beside a completed character.
+  function altCode(a) {
+    const shown = a.display ?? a.text;
+    const code = el("code", {}, show(shown));
+    const wrap = el("span");
+    wrap.appendChild(code);
+    if (a.bytes && a.bytes.length && a.text.includes("\ufffd")) {
+      code.title = "bytes " + hex(a.bytes);
+      wrap.appendChild(el("span", { class: "part" }, " [" + hex(a.bytes) + "]"));
+    }
+    return wrap;
+  }
   const pct = (lp) => (100 * Math.exp(lp)).toFixed(1) + "%";
   const fmt = (lp) => (lp === null || lp === undefined ? "–" : lp.toFixed(3));
 
@@ -249,7 +262,7 @@
       const alts = el("td", { class: "alt" });
       for (const a of t.top_logprobs || []) {
         const item = el("div", { "data-alt-id": a.id });
-        item.appendChild(tokenCode(a.text, a.bytes));
+        item.appendChild(altCode(a));
         item.appendChild(document.createTextNode(` ${fmt(a.logprob)} (${pct(a.logprob)})`));
         alts.appendChild(item);
       }

@@ -145,7 +145,8 @@ class Vocab:
     space, Metaspace, WordPiece). `special` ids vanish with skip_special_tokens; `hidden`
     ids always decode to nothing (sentencepiece control pieces). `byte_ids` are byte
     fallback tokens, whose runs follow `byte_mode`. `strip_leading` spaces are removed
-    from the start of the text (tokenizers' Strip decoder after Fuse) and `cleanup`
+    from the start of the text (tokenizers' Strip decoder after Fuse; a first piece
+    already lacks the ones it would lose, see `hf_json`) and `cleanup`
     applies transformers' clean-up of spaces before punctuation.
     """
 

@@ -166,7 +166,31 @@ class _Pipeline:
 
         pieces = [None if s is None else as_bytes(s) for s in self.cur]
         first_b = {i: as_bytes(s) for i, s in self.first.items() if as_bytes(s) != pieces[i]}
+        if self.strip_leading:
+            first_b = self._stripped_first(pieces)
         return pieces, first_b, frozenset(self.byte_ids), self.mode, self.strip_leading
+
+    def _stripped_first(self, pieces: list[bytes | None]) -> dict[int, bytes]:
+        """First forms for a Strip of leading spaces after Fuse: a text token that starts
+        the text loses them there, so its bytes are what it really adds (the same bytes
+        sentencepiece's dummy-prefix rule gives it). A byte token's run is only decided
+        later (an invalid run keeps its space as U+FFFD), so the aligner strips the text
+        after those."""
+        if self.first:
+            # Which spaces the Strip removes from a Metaspace / WordPiece first form is
+            # not known per token; the generic path is exact.
+            raise _Unsupported("Strip after Fuse on top of first-token forms")
+        n = self.strip_leading
+        first: dict[int, bytes] = {}
+        for i, b in enumerate(pieces):
+            if b is None or i in self.byte_ids:
+                continue
+            k = 0
+            while k < n and k < len(b) and b[k] == 0x20:
+                k += 1
+            if k:
+                first[i] = b[k:]
+        return first
 
 
 _STEPS: dict[str, Any] = {

@@ -1,19 +1,27 @@
 """tiktoken: rank files (`base64 rank` lines) and `tiktoken.Encoding` objects.
 
 Every rank's bytes as they are, special tokens as their text; invalid UTF-8 is replaced
-over the whole byte stream (`stream`). Rank files that store no special tokens get the
+over the whole byte stream (`stream`). A rank file stores no special tokens: the file of
+an encoding in tiktoken's registry (cl100k_base, o200k_base, ...) is recognised by its
+hash, as tiktoken itself checks it, and built by the registry's own constructor, which
+brings its special tokens and pattern (`registered_encoding`); other files get the
 well-known ones of their family (`tiktoken_specials`).
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
+import logging
 import re
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from .core import TokenizerLoadError, Vocab
+
+log = logging.getLogger(__name__)
 
 TIKTOKEN_LINE = re.compile(rb"^[A-Za-z0-9+/=]+ \d+$")
 
@@ -57,9 +65,80 @@ def tiktoken_specials(n_ranks: int, path: Path | None = None) -> dict[str, int]:
     return {}
 
 
+class _NotThisFile(Exception):
+    """A registry constructor asked for a file other than the one being loaded."""
+
+
+_REGISTRY_LOCK = threading.Lock()
+
+
+def registered_encoding(data: bytes) -> Any | None:
+    """The `tiktoken.Encoding` of tiktoken's registry whose rank file is `data`, or None.
+
+    Each registry constructor (`tiktoken_ext.openai_public.cl100k_base`, ...) loads its
+    ranks through `tiktoken.load.read_file_cached(url, expected_hash)`. Every constructor
+    is run with that reader answering from `data` for the hash `data` has, and refusing
+    any other file, so nothing is downloaded and the encoding is the registry's own: its
+    special tokens, pattern and size, never a copy of them. Where several encodings
+    share the file (p50k_base and p50k_edit, o200k_base and o200k_harmony), the one the
+    file is named after in its URL wins.
+    """
+    import tiktoken
+    import tiktoken.load
+    import tiktoken.registry
+
+    if not hasattr(tiktoken.load, "read_file_cached"):
+        log.warning("this tiktoken has no read_file_cached: registered rank files not recognised")
+        return None
+    digest = hashlib.sha256(data).hexdigest()
+    names = tiktoken.registry.list_encoding_names()  # runs the registry's plugin scan
+    constructors = tiktoken.registry.ENCODING_CONSTRUCTORS or {}
+    found: list[tuple[bool, dict[str, Any]]] = []
+    # The registry's own lock: get_encoding() in another thread cannot see the reader.
+    with getattr(tiktoken.registry, "_lock", _REGISTRY_LOCK):
+        real = tiktoken.load.read_file_cached
+        urls: list[str] = []
+
+        def read_file_cached(blobpath: str, expected_hash: str | None = None) -> bytes:
+            if expected_hash != digest:
+                raise _NotThisFile(blobpath)
+            urls.append(blobpath)
+            return data
+
+        tiktoken.load.read_file_cached = read_file_cached  # type: ignore[assignment]
+        try:
+            for name in names:
+                urls.clear()
+                try:
+                    spec = constructors[name]()
+                except _NotThisFile:
+                    continue
+                except Exception as e:  # a plugin's constructor failing is not this file
+                    log.debug("tiktoken encoding %s: %s", name, e)
+                    continue
+                named = any(u.rsplit("/", 1)[-1].split(".")[0] == name for u in urls)
+                found.append((named, spec))
+        finally:
+            tiktoken.load.read_file_cached = real  # type: ignore[assignment]
+    if not found:
+        return None
+    found.sort(key=lambda f: not f[0])  # stable: registry order among equals
+    return tiktoken.Encoding(**found[0][1])
+
+
 def vocab_from_tiktoken_file(path: Path, special_tokens: dict[str, int] | None = None) -> Vocab:
     import tiktoken
 
+    if special_tokens is None:
+        try:
+            data = path.read_bytes()
+        except OSError as e:
+            raise TokenizerLoadError(f"cannot read tiktoken file {path}: {e}") from e
+        enc = registered_encoding(data)
+        if enc is not None:
+            v = vocab_from_tiktoken(enc)
+            v.name = f"{path} ({enc.name})"
+            return v
     ranks: dict[bytes, int] = {}
     lineno = 0
     try:

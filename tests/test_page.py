@@ -7,18 +7,17 @@ when they are missing. Saves a screenshot to artifacts/page.png.
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
 import shutil
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from conftest import require
+
+from tests.helpers.env import require
 
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO / "artifacts"
@@ -41,26 +40,13 @@ from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
 from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
 
-
-def _server_helpers() -> Any:
-    """tests/test_server.py's server helpers, loaded by path (tests/ is not a package)."""
-    spec = importlib.util.spec_from_file_location(
-        "tokentrail_server_test_helpers", Path(__file__).with_name("test_server.py")
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-helpers = _server_helpers()
+from tests.helpers.servers import pick_model_dir, start_server  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    model_dir = helpers.pick_model_dir(tmp_path_factory)
-    srv = helpers.start_server(model_dir, tmp_path_factory.mktemp("logs") / "page.log")
+    model_dir = pick_model_dir(tmp_path_factory)
+    srv = start_server(model_dir, tmp_path_factory.mktemp("logs") / "page.log")
     yield srv
     srv.stop()
 

@@ -1,7 +1,7 @@
 """Record real llama.cpp `llama-server` streams for the realign tests, with ground truth.
 
-    python tests/data/realign/llamacpp/record_llamacpp.py --gguf SmolLM2-135M-Instruct.Q4_1.gguf \
-        [--server PATH/llama-server] [--out DIR]
+    python -m tests.data.realign.llamacpp.record_llamacpp --gguf SmolLM2-135M-Instruct.Q4_1.gguf \
+        [--server PATH/llama-server] [--out DIR]     (from the repository root)
 
 The server is llama.cpp's own `llama-server` as bundled in llama-cpp-python 0.3.36's sdist
 (`llama-server --version`: "version: 0.5.0-dev (build 0, commit unknown)", built by
@@ -29,7 +29,7 @@ vendor/llama.cpp/convert_hf_to_gguf.py, with `get_vocab_base_pre` answering "gpt
 the demo tokenizer is GPT-2-style byte-level and its hash is not in llama.cpp's list):
 
     python convert_hf_to_gguf.py src/tokentrail/demo_model --outtype f32 --outfile demo.gguf
-    python tests/data/realign/llamacpp/record_llamacpp.py --gguf demo.gguf \
+    python -m tests.data.realign.llamacpp.record_llamacpp --gguf demo.gguf \
         --out tests/data/realign/llamacpp_demo
 
 MANIFEST.json then lists, per recording: the ground-truth ids and per-token bytes
@@ -44,13 +44,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
+
+from tests.helpers.net import free_port
+from tests.helpers.recordings.tokens import gpt2_byte_alphabet
 
 HERE = Path(__file__).resolve().parent
 SERVER = Path.home() / ".cache/tokentrail/llama.cpp-0.3.36/build/bin/llama-server"
@@ -64,18 +66,6 @@ TEMPS = {"t0": 0.0, "t15": 1.5}
 SEED = 7
 N = 40
 TOP = 3
-
-
-def gpt2_byte_alphabet() -> dict[str, int]:
-    """GPT-2's byte-level alphabet, inverted: printable char -> byte."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
-    chars = {b: chr(b) for b in keep}
-    n = 0
-    for b in range(256):
-        if b not in chars:
-            chars[b] = chr(256 + n)
-            n += 1
-    return {c: b for b, c in chars.items()}
 
 
 def gguf_pieces(path: Path) -> list[bytes]:
@@ -93,12 +83,6 @@ def gguf_pieces(path: Path) -> list[bytes]:
         kind = int(types.parts[types.data[k]][0])
         out.append(b"" if kind == 3 else bytes(alphabet[c] for c in text))
     return out
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def sse(client: httpx.Client, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import tokentrail
 from tests.helpers.env import corpus_path
-from tests.helpers.tokenizer_specs import SAMPLES, SPECS, spec_aligner, takes_first_piece
+from tests.helpers.tokenizer_specs import SAMPLES, SPECS, own_bytes, spec_aligner
 from tokentrail import Aligner, Segment, TokenizerLoadError
 
 
@@ -72,7 +72,7 @@ def check_invariants(aligner: Aligner, ids: list[int]) -> None:
             assert t.start == seen.get(t.index, 0), "byte ranges continue where they stopped"
             assert t.start <= t.end
             seen[t.index] = t.end
-        seg_bytes = b"".join(_own_bytes(aligner, ids, t.index)[t.start : t.end] for t in seg.tokens)
+        seg_bytes = b"".join(own_bytes(aligner, ids, t.index)[t.start : t.end] for t in seg.tokens)
         if v.cleanup or v.generic is not None or "\ufffd" in seg.text:
             continue
         decoded = seg_bytes.decode("utf-8")
@@ -85,19 +85,7 @@ def check_invariants(aligner: Aligner, ids: list[int]) -> None:
         first = first and not seg.text
     assert sorted(seen) == list(range(len(ids)))
     for i in range(len(ids)):
-        assert seen[i] == len(_own_bytes(aligner, ids, i)), f"token {i} bytes not all attributed"
-
-
-def _own_bytes(aligner: Aligner, ids: list[int], index: int) -> bytes:
-    """The bytes token `index` contributes in this stream (first-token rules included)."""
-    v = aligner.vocab
-    skipped = v.hidden | (v.special if aligner.skip_special_tokens else frozenset())
-    if ids[index] in skipped:
-        return b""
-    is_first = takes_first_piece(v, skipped, ids[:index])
-    if is_first and ids[index] in v.first_pieces:
-        return v.first_pieces[ids[index]]
-    return v.pieces[ids[index]] or b""
+        assert seen[i] == len(own_bytes(aligner, ids, i)), f"token {i} bytes not all attributed"
 
 
 def _valid_ids(v: tokentrail.Vocab) -> list[int]:

@@ -33,7 +33,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.helpers.env import CORPUS, corpus_path, require
-from tests.helpers.tokenizer_specs import SAMPLES, SPECS, spec_aligner, takes_first_piece
+from tests.helpers.tokenizer_specs import (
+    SAMPLES,
+    SPECS,
+    own_bytes,
+    spec_aligner,
+)
 from tokentrail import Aligner, Segment
 
 GGUF = [
@@ -145,18 +150,6 @@ def check_continuation(a: Aligner, prompt: list[int], ids: list[int]) -> list[Se
     for index, end in ends.items():  # finish attributes every byte
         assert end == len(own_bytes(a, prompt + ids, len(prompt) + index))
     return segs
-
-
-def own_bytes(a: Aligner, ids: list[int], k: int) -> bytes:
-    """The bytes token k adds to the stream of `ids` (first-token rules included)."""
-    v = a.vocab
-    skipped = v.hidden | (v.special if a.skip_special_tokens else frozenset())
-    if ids[k] in skipped:
-        return b""
-    first = takes_first_piece(v, skipped, ids[:k])
-    if first and ids[k] in v.first_pieces:
-        return v.first_pieces[ids[k]]
-    return v.pieces[ids[k]] or b""
 
 
 SETTINGS = settings(

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.env import CORPUS, require
-from tests.helpers.models import build_tiny_llama
+from tests.helpers.env import require
+from tests.helpers.models import build_tiny_llama, gpt2_tokenizer_json
 
 mx = require("mlx.core")
 require("mlx_lm")
@@ -36,9 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if (DEMO_MODEL / "config.json").is_file():
         return DEMO_MODEL
-    tok = CORPUS / "tokenizers" / "gpt2" / "tokenizer.json"
-    if not tok.is_file():
-        pytest.skip(f"no demo model and no GPT-2 tokenizer at {tok} to build a tiny one")
+    tok = gpt2_tokenizer_json()
     return build_tiny_llama(
         tmp_path_factory.mktemp("tiny-llama"), tok, hidden_size=64, intermediate_size=128,
         context=256, lm_head_scale=4,

@@ -94,25 +94,14 @@ def js_fixed3(x: float) -> str:
     return f"{x:.3f}"
 
 
-@pytest.mark.parametrize("mode", ["chat", "completion"])
-def test_page_streams_shades_and_explains_segments(server: Any, browser: Any, mode: str) -> None:
-    prompt = "What is a Python dictionary?" if mode == "chat" else "A Python dictionary"
-    seed, temperature, max_tokens = 7, 0.8, 40
-    driver = browser
-    driver.get(server.url + "/")
+def _generate_on_page(driver: Any, url: str, mode: str, settings: dict[str, Any]) -> None:
+    """Open the page, fill in `settings` (by field id), pick `mode`, press Go and wait
+    until the generation ends."""
+    driver.get(url + "/")
     wait = WebDriverWait(driver, 60)
     wait.until(lambda d: d.find_element(By.ID, "output").get_attribute("data-models") == "1")
-
-    def fill(element_id: str, value: str) -> None:
-        box = driver.find_element(By.ID, element_id)
-        box.clear()
-        box.send_keys(value)
-
-    fill("prompt", prompt)
-    fill("seed", str(seed))
-    fill("temperature", str(temperature))
-    fill("max-tokens", str(max_tokens))
-    fill("top", "3")
+    for element_id, value in settings.items():
+        fill(driver, element_id, str(value))
     Select(driver.find_element(By.ID, "mode")).select_by_value(mode)
     driver.find_element(By.ID, "go").click()
     WebDriverWait(driver, 300).until(
@@ -121,23 +110,36 @@ def test_page_streams_shades_and_explains_segments(server: Any, browser: Any, mo
             in ("done", "error", "stopped")
         )
     )
-    output = driver.find_element(By.ID, "output")
-    assert output.get_attribute("data-state") == "done", driver.find_element(By.ID, "status").text
 
-    # The same request through the API, not streamed: the oracle for what the page shows.
+
+def _same_request_through_the_api(server: Any, mode: str, settings: dict[str, Any]) -> Any:
+    """The page's request through the API, not streamed: the oracle for what it shows."""
     body: dict[str, Any] = {
         "model": server.model,
-        "seed": seed,
-        "temperature": temperature,
-        "max_tokens": max_tokens,
+        "seed": settings["seed"],
+        "temperature": settings["temperature"],
+        "max_tokens": settings["max-tokens"],
     }
+    prompt = settings["prompt"]
     if mode == "chat":
         body.update(messages=[{"role": "user", "content": prompt}], logprobs=True, top_logprobs=3)
         path = "/v1/chat/completions"
     else:
         body.update(prompt=prompt, logprobs=3)
         path = "/v1/completions"
-    api = httpx.post(server.url + path, json=body, timeout=300).json()
+    return httpx.post(server.url + path, json=body, timeout=300).json()
+
+
+@pytest.mark.parametrize("mode", ["chat", "completion"])
+def test_page_streams_shades_and_explains_segments(server: Any, browser: Any, mode: str) -> None:
+    prompt = "What is a Python dictionary?" if mode == "chat" else "A Python dictionary"
+    driver = browser
+    settings = {"prompt": prompt, "seed": 7, "temperature": 0.8, "max-tokens": 40, "top": 3}
+    _generate_on_page(driver, server.url, mode, settings)
+    output = driver.find_element(By.ID, "output")
+    assert output.get_attribute("data-state") == "done", driver.find_element(By.ID, "status").text
+
+    api = _same_request_through_the_api(server, mode, settings)
     choice = api["choices"][0]
     content = choice["message"]["content"] if mode == "chat" else choice["text"]
     segments = api["tokentrail"]["segments"]

@@ -34,23 +34,15 @@ from tests.helpers.responses import (  # noqa: E402
 from tests.helpers.servers import pick_model_dir, start_server  # noqa: E402
 
 CLIENT_TIMEOUT = 2.0
+#: Both servers: four sequences decode together; a client that stops reading is dropped.
+BATCH = ("--max-batch", "4", "--client-timeout", str(CLIENT_TIMEOUT), "--log-level", "info")
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     model_dir = pick_model_dir(tmp_path_factory)
-    srv = start_server(
-        model_dir,
-        tmp_path_factory.mktemp("logs") / "batch.log",
-        "--max-batch",
-        "4",
-        "--max-queue",
-        "8",
-        "--client-timeout",
-        str(CLIENT_TIMEOUT),
-        "--log-level",
-        "info",
-    )
+    log = tmp_path_factory.mktemp("logs") / "batch.log"
+    srv = start_server(model_dir, log, *BATCH, "--max-queue", "8")
     yield srv
     srv.stop()
 
@@ -59,16 +51,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 def long_context(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A tiny random model with a context long enough for an endless stream."""
     model_dir = build_tiny_llama(tmp_path_factory.mktemp("tiny-long"), context=1 << 20)
-    srv = start_server(
-        model_dir,
-        tmp_path_factory.mktemp("logs") / "long.log",
-        "--max-batch",
-        "4",
-        "--client-timeout",
-        str(CLIENT_TIMEOUT),
-        "--log-level",
-        "info",
-    )
+    srv = start_server(model_dir, tmp_path_factory.mktemp("logs") / "long.log", *BATCH)
     yield srv
     srv.stop()
 

@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.env import CORPUS, require
-from tests.helpers.models import build_tiny_llama
+from tests.helpers.env import require
+from tests.helpers.models import build_tiny_llama, gpt2_tokenizer_json
 from tokentrail.engines import vllm_engine as ve
 from tokentrail.generate import DEMO_MODEL
 from tokentrail.sampling import make_params
@@ -92,9 +92,7 @@ def gpu() -> None:
 def model_dir(gpu: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
     if (DEMO_MODEL / "model.safetensors").is_file():
         return DEMO_MODEL
-    tok = CORPUS / "tokenizers" / "gpt2" / "tokenizer.json"
-    if not tok.is_file():
-        pytest.skip(f"no demo model and no GPT-2 tokenizer at {tok} to build a tiny one")
+    tok = gpt2_tokenizer_json()
     # 64-wide heads: every vLLM attention backend has them.
     return build_tiny_llama(
         tmp_path_factory.mktemp("tiny-llama-vllm"), tok, framework="torch", hidden_size=128,

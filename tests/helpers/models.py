@@ -14,6 +14,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from tests.helpers.env import CORPUS
+
 #: A plain chat template for a GPT-2 style tokenizer.
 CHAT_TEMPLATE = (
     "{% for m in messages %}{{ m['role'] + ': ' + m['content'] + '\\n' }}{% endfor %}"
@@ -26,6 +30,15 @@ CHATML = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 BYTE_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+def gpt2_tokenizer_json() -> Path:
+    """GPT-2's tokenizer.json from the corpus, for a tiny model where the demo model is
+    absent; skip the calling test when it is not there either."""
+    tok = CORPUS / "tokenizers" / "gpt2" / "tokenizer.json"
+    if not tok.is_file():
+        pytest.skip(f"no demo model and no GPT-2 tokenizer at {tok} to build a tiny one")
+    return tok
 
 
 def write_tokenizer_files(

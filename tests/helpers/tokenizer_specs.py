@@ -149,3 +149,16 @@ def takes_first_piece(v: tokentrail.Vocab, skipped: frozenset[int], before: list
         if not (v.first_until_text and not v.first_pieces.get(i, v.pieces[i])):
             return False
     return True
+
+
+def own_bytes(aligner: Aligner, ids: list[int], index: int) -> bytes:
+    """The bytes token `index` contributes in the stream of `ids` (first-token rules
+    included)."""
+    v = aligner.vocab
+    skipped = v.hidden | (v.special if aligner.skip_special_tokens else frozenset())
+    if ids[index] in skipped:
+        return b""
+    is_first = takes_first_piece(v, skipped, ids[:index])
+    if is_first and ids[index] in v.first_pieces:
+        return v.first_pieces[ids[index]]
+    return v.pieces[ids[index]] or b""

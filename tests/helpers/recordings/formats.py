@@ -213,6 +213,27 @@ def vllm_completions(tok: Tok, *, token_ids: bool, as_ids: bool) -> tuple[list[d
     return chunks, {"ids": ids, "content": tok.decode(ids), "refused": []}
 
 
+def llama_probability(tok: Tok, tid: int, k: int, text: bytes) -> dict[str, Any]:
+    """A /completion frame's `completion_probabilities` entry for step `k`'s token `tid`,
+    whose frame carries the bytes `text`."""
+    alts = tok.plain_alternatives(tid, k)
+    return {
+        "id": tid,
+        "token": valid_prefix(text).decode("utf-8", "replace"),
+        "bytes": list(text),
+        "logprob": logprob(k),
+        "top_logprobs": [
+            {
+                "id": a,
+                "token": valid_prefix(tok.piece(a)).decode("utf-8", "replace"),
+                "bytes": list(tok.piece(a)),
+                "logprob": logprob(k, r),
+            }
+            for r, a in enumerate(alts)
+        ],
+    }
+
+
 def llama_completion(
     tok: Tok, *, stream: bool, return_tokens: bool, rel_model: str
 ) -> tuple[list[dict], dict]:
@@ -238,22 +259,7 @@ def llama_completion(
             continue
         text = generated[sent:]
         sent = len(generated)
-        alts = tok.plain_alternatives(tid, k)
-        prob = {
-            "id": tid,
-            "token": valid_prefix(text).decode("utf-8", "replace"),
-            "bytes": list(text),
-            "logprob": logprob(k),
-            "top_logprobs": [
-                {
-                    "id": a,
-                    "token": valid_prefix(tok.piece(a)).decode("utf-8", "replace"),
-                    "bytes": list(tok.piece(a)),
-                    "logprob": logprob(k, r),
-                }
-                for r, a in enumerate(alts)
-            ],
-        }
+        prob = llama_probability(tok, tid, k, text)
         probs_sent.append(prob)
         frame: dict[str, Any] = {"index": 0, "content": text.decode("utf-8")}
         if return_tokens:

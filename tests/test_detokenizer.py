@@ -6,8 +6,7 @@ import copy
 import tempfile
 from pathlib import Path
 
-from conftest import corpus_path
-
+from tests.helpers.env import corpus_path
 from tokentrail import load_vocab
 from tokentrail.detokenizer import StreamingDetokenizer, install
 

@@ -39,7 +39,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import EXTRA_OF, install_hint
+
+from tests.helpers.env import EXTRA_OF, install_hint
 
 REPO = Path(__file__).resolve().parents[1]
 DOC_FILES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]

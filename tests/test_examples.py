@@ -15,7 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, corpus_path, require
+
+from tests.helpers.env import REPO, corpus_path, require
 
 EXAMPLES = REPO / "examples"
 DEMO = REPO / "src" / "tokentrail" / "demo_model"

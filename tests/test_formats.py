@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import CORPUS, corpus_path, require
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from test_align import takes_first_piece
 
+from tests.helpers.env import CORPUS, corpus_path, require
+from tests.helpers.tokenizer_specs import takes_first_piece
 from tokentrail import Aligner, Segment, TokenizerLoadError, Vocab
 from tokentrail.vocab.gguf_file import vocab_from_gguf
 from tokentrail.vocab.llama2c import try_llama2c

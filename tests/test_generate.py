@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import CORPUS, require
-from tiny_models import write_tokenizer_files
+
+from tests.helpers.env import require
+from tests.helpers.models import build_tiny_llama, gpt2_tokenizer_json
 
 mx = require("mlx.core")
 require("mlx_lm")
@@ -26,55 +27,20 @@ import tokentrail  # noqa: E402
 from tokentrail import GenerationResponse, confidence_of, load, stream_generate  # noqa: E402
 from tokentrail.engines import Step, engine_for  # noqa: E402
 from tokentrail.generate import DEMO_MODEL  # noqa: E402
-from tokentrail.prompting import vocab_for as _vocab  # noqa: E402
+from tokentrail.prompting import vocab_for  # noqa: E402
 from tokentrail.sampling import SamplingParams  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-
-TINY_CONFIG = {
-    "model_type": "llama",
-    "architectures": ["LlamaForCausalLM"],
-    "hidden_size": 64,
-    "num_hidden_layers": 2,
-    "intermediate_size": 128,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "rms_norm_eps": 1e-5,
-    "vocab_size": 50257,
-    "max_position_embeddings": 256,
-    "tie_word_embeddings": False,
-    "rope_theta": 10000.0,
-    "bos_token_id": 50256,
-    "eos_token_id": 50256,
-    "torch_dtype": "float32",
-}
-
-
-def build_tiny_llama(out: Path, tokenizer_json: Path) -> Path:
-    """A 2-layer random-weight Llama over a real byte-level BPE tokenizer."""
-    from mlx.utils import tree_flatten
-    from mlx_lm.models import llama
-
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(TINY_CONFIG), encoding="utf-8")
-    mx.random.seed(0)
-    model = llama.Model(llama.ModelArgs.from_dict(TINY_CONFIG))
-    weights = dict(tree_flatten(model.parameters()))
-    # A larger output layer gives peaked but varied next-token distributions.
-    weights["lm_head.weight"] = weights["lm_head.weight"] * 4
-    mx.save_safetensors(str(out / "model.safetensors"), weights)
-    write_tokenizer_files(out, tokenizer_json)
-    return out
-
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if (DEMO_MODEL / "config.json").is_file():
         return DEMO_MODEL
-    tok = CORPUS / "tokenizers" / "gpt2" / "tokenizer.json"
-    if not tok.is_file():
-        pytest.skip(f"no demo model and no GPT-2 tokenizer at {tok} to build a tiny one")
-    return build_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), tok)
+    tok = gpt2_tokenizer_json()
+    return build_tiny_llama(
+        tmp_path_factory.mktemp("tiny-llama"), tok, hidden_size=64, intermediate_size=128,
+        context=256, lm_head_scale=4,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +94,7 @@ def test_text_tokens_and_logprobs_match_a_full_forward_pass(loaded: tuple[Any, A
         assert got == pytest.approx(want, abs=1e-4)
         for a in r.top_logprobs:
             assert a.logprob == pytest.approx(row[a.id].item(), abs=1e-4)
-            assert a.bytes == _vocab(tok).token_bytes(a.id)
+            assert a.bytes == vocab_for(tok).token_bytes(a.id)
         # The full vector is mlx-lm's: log-probabilities over the whole vocabulary.
         assert r.logprobs.shape == (row.shape[0],)
         assert mx.allclose(r.logprobs, row, atol=1e-4).item()
@@ -282,7 +248,7 @@ class Scripted:
 
 def test_padded_ids_are_left_out_of_alternatives(loaded: tuple[Any, Any]) -> None:
     _, tok = loaded
-    size = len(_vocab(tok).pieces)
+    size = len(vocab_for(tok).pieces)
     ids = tok.encode("hello there", add_special_tokens=False)
 
     class Padded(Scripted):  # a model whose embeddings run past the tokenizer's ids
@@ -305,7 +271,7 @@ def test_eos_flushes_a_partial_character(loaded: tuple[Any, Any]) -> None:
             break
     else:
         pytest.skip("this tokenizer splits none of the sample characters across tokens")
-    engine = Scripted([*body, eos], len(_vocab(tok).pieces))
+    engine = Scripted([*body, eos], len(vocab_for(tok).pieces))
     out = collect(engine, tok, [1], max_tokens=20, top_logprobs=1)
     assert "".join(r.text for r in out) == tok.decode(body)
     assert out[-1].finish_reason == "stop"
@@ -327,7 +293,7 @@ def test_stop_string_trims_text_and_tokens(loaded: tuple[Any, Any]) -> None:
     last = out[-1]
     assert (last.finish_reason, last.stop_string) == ("stop", stop)
     assert [r.token for r in out] == [r.token for r in full[: len(out)]]
-    pieces = _vocab(tok).pieces
+    pieces = vocab_for(tok).pieces
     carried = b"".join(pieces[t.id][t.start : t.end] for t in last.stop_tokens)
     assert carried.startswith(stop.encode())
     emitted = b"".join(
@@ -351,11 +317,11 @@ def test_an_engine_that_ends_early_is_an_error(loaded: tuple[Any, Any]) -> None:
 def test_stop_string_split_inside_a_token(loaded: tuple[Any, Any]) -> None:
     _, tok = loaded
     ids = tok.encode(" hello world, again", add_special_tokens=False)
-    engine = Scripted(ids, len(_vocab(tok).pieces))
+    engine = Scripted(ids, len(vocab_for(tok).pieces))
     out = collect(engine, tok, [1], stop="lo wo", top_logprobs=1)
     assert "".join(r.text for r in out) == " hel"
     assert out[-1].stop_string == "lo wo"
-    pieces = _vocab(tok).pieces
+    pieces = vocab_for(tok).pieces
     carried = b"".join(pieces[t.id][t.start : t.end] for t in out[-1].stop_tokens)
     assert carried.startswith(b"lo wo")
     emitted = [t for r in out for t in r.last_segment_tokens]
@@ -560,7 +526,7 @@ def test_cli_colours_segments_and_prints_model_text_verbatim(
     monkeypatch.setenv("COLUMNS", "200")
     text = "[bold red]not markup[/bold red] x"
     ids = tok.encode(text, add_special_tokens=False)
-    engine = Scripted(ids, len(_vocab(tok).pieces))
+    engine = Scripted(ids, len(vocab_for(tok).pieces))
     assert _show(stream_generate(engine, tok, [1], top_logprobs=2, max_tokens=len(ids))) == 0
     out = capsys.readouterr().out
     assert "\x1b[" in out  # coloured

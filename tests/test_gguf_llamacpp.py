@@ -23,14 +23,14 @@ import json
 import os
 import zipfile
 from pathlib import Path
-from typing import Any
 
 import pytest
-from conftest import CORPUS, corpus_path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tokentrail
+from tests.helpers.env import CORPUS, corpus_path, require
+from tests.helpers.gguf_files import finish, vocab_writer
 from tokentrail import Aligner, TokenizerLoadError
 from tokentrail.generate import DEMO_MODEL
 
@@ -90,40 +90,19 @@ def _smollm2(folder: Path) -> Path:
     return folder / SMOLLM2_MEMBER
 
 
-def _writer(path: Path, model: str) -> Any:
-    import gguf
-
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_uint32("llama.context_length", 512)
-    w.add_uint32("llama.embedding_length", 64)
-    w.add_uint32("llama.block_count", 1)
-    w.add_uint32("llama.feed_forward_length", 64)
-    w.add_uint32("llama.attention.head_count", 1)
-    w.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
-    w.add_tokenizer_model(model)
-    return w
-
-
-def _close(w: Any) -> None:
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-
-
 def _write_t5(path: Path) -> Path:
     """T5's sentencepiece (unigram) model as a `t5` (UGM) GGUF vocabulary."""
     import sentencepiece as spm
 
     sp = spm.SentencePieceProcessor(model_file=str(corpus_path("tokenizers", "t5", "spiece.model")))
     n = sp.get_piece_size()
-    w = _writer(path, "t5")
+    w = vocab_writer(path, "t5")
     w.add_token_list([sp.id_to_piece(i) for i in range(n)])
     w.add_token_types([3 if sp.is_control(i) else 2 if sp.is_unknown(i) else 1 for i in range(n)])
     w.add_token_scores([sp.get_score(i) for i in range(n)])
     w.add_eos_token_id(1)
     w.add_unk_token_id(2)
-    _close(w)
+    finish(w)
     return path
 
 
@@ -160,14 +139,14 @@ def _write_bpe_quirks(path: Path) -> Path:
         tokens.append(t)
         types.append(kind)
     merges = [m if isinstance(m, str) else " ".join(m) for m in spec["model"]["merges"]]
-    w = _writer(path, "gpt2")
+    w = vocab_writer(path, "gpt2")
     w.add_tokenizer_pre("gpt-2")
     w.add_token_list(tokens)
     w.add_token_types(types)
     w.add_token_merges(merges)
     w.add_bos_token_id(0)
     w.add_eos_token_id(0)
-    _close(w)
+    finish(w)
     return path
 
 
@@ -371,8 +350,8 @@ def test_bpe_quirk_tokens_follow_llama_cpp() -> None:
 
 def test_reference_transformers_keeps_the_old_decode() -> None:
     path = gguf_path("deepseek-coder")
-    pytest.importorskip("transformers")
-    pytest.importorskip("torch")
+    require("transformers")
+    require("torch")
     v = tokentrail.load_vocab(path, reference="transformers")
     assert "(transformers)" in v.name
     ids = [32000, 32001]  # user-defined: transformers gives lone bytes, llama.cpp text

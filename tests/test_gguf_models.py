@@ -18,12 +18,11 @@ import numpy as np
 import pytest
 
 import tokentrail
+from tests.helpers.env import require
 from tokentrail import models, stream_generate
 from tokentrail.engines.gguf_models import GGUFError, check_gguf, gguf_source
 
-pytest_plugins = ("llamacpp_support",)  # fixtures: llama_cpp, smollm2_gguf, demo_gguf
-
-gguf = pytest.importorskip("gguf")
+gguf = require("gguf")
 
 
 def write_gguf(path: Path, arch: str, *, raw_dtype: Any = None) -> Path:
@@ -175,8 +174,8 @@ PROMPT = "Once upon a time"
 
 
 def test_torch_engine_runs_a_gguf_like_its_folder(demo_gguf: Path) -> None:
-    pytest.importorskip("torch")
-    pytest.importorskip("accelerate")
+    require("torch")
+    require("accelerate")
     model, tok = tokentrail.load(str(demo_gguf), engine="torch")
     ref_model, ref_tok = tokentrail.load(None, engine="torch")
     a = [r.token for r in stream_generate(model, tok, PROMPT, max_tokens=16)]
@@ -187,8 +186,8 @@ def test_torch_engine_runs_a_gguf_like_its_folder(demo_gguf: Path) -> None:
 def test_mlx_engine_runs_a_gguf_converted_once_with_rope_theta(
     demo_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    pytest.importorskip("mlx_lm")
-    pytest.importorskip("torch")
+    require("mlx_lm")
+    require("torch")
     from tokentrail.engines.gguf_models import mlx_folder_from_gguf
 
     monkeypatch.setenv("TOKENTRAIL_CACHE", str(tmp_path))
@@ -209,8 +208,8 @@ def test_mlx_engine_runs_a_gguf_converted_once_with_rope_theta(
 def test_smollm2_answers_on_torch_like_the_issue_says(smollm2_gguf: Path) -> None:
     """Issue #11: transformers loads the Q4_1 GGUF (dequantized) and answers "The capital
     of France is Paris." greedily."""
-    pytest.importorskip("torch")
-    pytest.importorskip("accelerate")
+    require("torch")
+    require("accelerate")
     model, tok = tokentrail.load("smollm2", engine="torch")
     msgs = [{"role": "user", "content": "What is the capital of France?"}]
     text = "".join(r.text for r in stream_generate(model, tok, msgs, max_tokens=12))

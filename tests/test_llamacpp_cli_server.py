@@ -9,21 +9,18 @@ llama-cpp-python's own chat completion on a separate `Llama` over the same file.
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
+from tests.helpers.env import require
+from tests.helpers.net import free_port
+from tests.helpers.servers import launch
 from tokentrail import stream_generate
-
-pytest_plugins = ("llamacpp_support",)  # fixtures: smollm2_gguf, smol, smol_ref
 
 REPO = Path(__file__).resolve().parents[1]
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]
@@ -83,12 +80,6 @@ def test_generate_cli_bad_gguf_exits_2_with_one_line(
 # -- the server -------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 SERVE = (
     "import sys, uvicorn\n"
     "from tokentrail.server import create_app\n"
@@ -100,43 +91,19 @@ SERVE = (
 
 @pytest.fixture(scope="module")
 def server(smollm2_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    pytest.importorskip("uvicorn")
+    require("uvicorn")
     port = free_port()
     log = tmp_path_factory.mktemp("llamacpp-serve") / "server.log"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", SERVE, str(smollm2_gguf), str(port)],
-            stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO,
-        )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + STARTUP_TIMEOUT
-    try:
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"server exited with {proc.returncode}:\n{log.read_text()}")
-            try:
-                if httpx.get(url + "/health", timeout=5).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"server did not start in {STARTUP_TIMEOUT} s:\n{log.read_text()}")
-            time.sleep(0.2)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+    cmd = [sys.executable, "-c", SERVE, str(smollm2_gguf), str(port)]
+    srv = launch(cmd, log, f"http://127.0.0.1:{port}", timeout=STARTUP_TIMEOUT)
+    yield srv.url
+    srv.stop()
 
 
 def test_openai_chat_on_smollm2_answers_and_attributes_every_token(
     server: str, smol_ref: Any
 ) -> None:
-    openai = pytest.importorskip("openai")
+    openai = require("openai")
     client = openai.OpenAI(base_url=server + "/v1", api_key="unused", max_retries=0)
     kw: dict[str, Any] = {"model": "smollm2", "messages": CHAT, "temperature": 0,
                           "max_tokens": 24, "logprobs": True, "top_logprobs": 3}

@@ -6,7 +6,7 @@ llama.cpp's `llama_token_to_piece` joined as llama-server streams it, and the to
 cases on llama.cpp's SPM vocabulary
 (ported from abetlen/llama-cpp-python tests/test_llama.py::test_llama_cpp_tokenization).
 Models: SmolLM2-135M-Instruct Q4_1 (`smollm2`) and the demo model converted by llama.cpp's
-own convert_hf_to_gguf.py; see tests/llamacpp_support.py.
+own convert_hf_to_gguf.py; see tests/helpers/llamacpp.py (the fixtures are in tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -22,10 +22,9 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from tests.helpers.env import require
 from tokentrail import Aligner, load_vocab, stream_generate
 from tokentrail.sampling import make_params
-
-pytest_plugins = ("llamacpp_support",)  # its fixtures: smol, smol_ref, demo, demo_ref...
 
 PROMPTS = [
     "The capital of France is",
@@ -126,7 +125,7 @@ def test_greedy_ids_equal_llama_cpp_python_demo_gguf(demo: Any, demo_ref: Any, p
 
 def test_demo_gguf_greedy_equals_the_demo_model_on_torch(demo: Any) -> None:
     """The f32 GGUF holds the demo model's weights: the same greedy ids as transformers."""
-    pytest.importorskip("torch")
+    require("torch")
     import tokentrail
 
     model, tokenizer = tokentrail.load(None, engine="torch")

@@ -12,15 +12,17 @@ from typing import Any
 
 import pytest
 
-mx = pytest.importorskip("mlx.core")
-pytest.importorskip("mlx_lm")
+from tests.helpers.env import require
+
+mx = require("mlx.core")
+require("mlx_lm")
 
 import mlx_lm  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
-from test_mlx_parity import check_exact  # noqa: E402
 
 import tokentrail  # noqa: E402
+from tests.helpers.generation import check_exact  # noqa: E402
 from tokentrail import batch_generate, stream_batch_generate, stream_generate  # noqa: E402
 from tokentrail.engines import engine_for  # noqa: E402
 from tokentrail.engines.batch import Batch, open_batch  # noqa: E402

@@ -10,13 +10,14 @@ runs the same call through `mlx_lm.stream_generate` / `generate_step` and compar
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import pytest
 
-mx = pytest.importorskip("mlx.core")
-pytest.importorskip("mlx_lm")
+from tests.helpers.env import require
+
+mx = require("mlx.core")
+require("mlx_lm")
 
 import mlx_lm  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
@@ -26,9 +27,9 @@ from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache  # noqa: E4
 from mlx_lm.sample_utils import make_logits_processors, make_sampler  # noqa: E402
 
 import tokentrail  # noqa: E402
+from tests.helpers.generation import check_exact  # noqa: E402
 from tokentrail import Aligner, GenerationResponse, stream_generate  # noqa: E402
 from tokentrail.generate import DEMO_MODEL  # noqa: E402
-from tokentrail.prompting import vocab_for as _vocab  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     not (DEMO_MODEL / "config.json").is_file(), reason="the built-in demo model is missing"
@@ -82,30 +83,6 @@ def ours(model: Any, tok: Any, prompt: Any, *args: Any, seed: int | None = None,
     if seed is not None:
         mx.random.seed(seed)
     return list(stream_generate(model, tok, prompt, *args, **kw))
-
-
-def check_exact(tok: Any, prompt_ids: Sequence[int], out: list[GenerationResponse]) -> None:
-    """prompt_text + the texts == decode(prompt + ids); every token attributed once, all
-    of its bytes, in order; EOS reported with no bytes."""
-    eos = set(tok.eos_token_ids)
-    ids = [r.token for r in out]
-    body = ids[:-1] if ids and ids[-1] in eos and out[-1].finish_reason == "stop" else ids
-    text = "".join(r.text for r in out)
-    full = tok.decode(list(prompt_ids) + body, skip_special_tokens=True)
-    prompt_text = Aligner(_vocab(tok), skip_special_tokens=True, prompt_ids=prompt_ids)
-    assert prompt_text.prompt_text + text == full
-    vocab = _vocab(tok)
-    spans = [t for r in out for t in r.last_segment_tokens if t.index >= 0]
-    covered: dict[int, int] = {}
-    for t in spans:
-        assert t.id == ids[t.index]
-        assert t.start == covered.get(t.index, 0), "each byte of a token is used once"
-        covered[t.index] = t.end
-    assert sorted(covered) == list(range(len(ids)))
-    for i, end in covered.items():
-        want = 0 if (i == len(body) and ids[i] in eos) else len(vocab.token_bytes(ids[i]))
-        assert end == want
-    assert [t.index for t in spans] == sorted(t.index for t in spans)
 
 
 def check_logprobs(out: list[GenerationResponse], k: int) -> None:
@@ -341,9 +318,9 @@ def test_sentencepiece_style_prompt_context_keeps_the_space() -> None:
     """Aligning in the prompt's context: a continuation that starts a new word keeps its
     space (the text is what the ids add to the prompt), unlike a context-free decode.
     sentencepiece itself is the oracle."""
-    from conftest import corpus_path
+    from tests.helpers.env import corpus_path
 
-    spm = pytest.importorskip("sentencepiece")
+    spm = require("sentencepiece")
     path = str(corpus_path("tokenizers", "llama2", "tokenizer.model"))
     sp = spm.SentencePieceProcessor(model_file=path)
     prompt, world = [1, sp.piece_to_id("▁Hello")], sp.piece_to_id("▁world")

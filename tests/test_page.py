@@ -7,18 +7,17 @@ when they are missing. Saves a screenshot to artifacts/page.png.
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
 import shutil
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from conftest import require
+
+from tests.helpers.env import require
 
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO / "artifacts"
@@ -41,26 +40,13 @@ from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
 from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
 
-
-def _server_helpers() -> Any:
-    """tests/test_server.py's server helpers, loaded by path (tests/ is not a package)."""
-    spec = importlib.util.spec_from_file_location(
-        "tokentrail_server_test_helpers", Path(__file__).with_name("test_server.py")
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-helpers = _server_helpers()
+from tests.helpers.servers import pick_model_dir, start_server  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    model_dir = helpers.pick_model_dir(tmp_path_factory)
-    srv = helpers.start_server(model_dir, tmp_path_factory.mktemp("logs") / "page.log")
+    model_dir = pick_model_dir(tmp_path_factory)
+    srv = start_server(model_dir, tmp_path_factory.mktemp("logs") / "page.log")
     yield srv
     srv.stop()
 
@@ -108,25 +94,14 @@ def js_fixed3(x: float) -> str:
     return f"{x:.3f}"
 
 
-@pytest.mark.parametrize("mode", ["chat", "completion"])
-def test_page_streams_shades_and_explains_segments(server: Any, browser: Any, mode: str) -> None:
-    prompt = "What is a Python dictionary?" if mode == "chat" else "A Python dictionary"
-    seed, temperature, max_tokens = 7, 0.8, 40
-    driver = browser
-    driver.get(server.url + "/")
+def _generate_on_page(driver: Any, url: str, mode: str, settings: dict[str, Any]) -> None:
+    """Open the page, fill in `settings` (by field id), pick `mode`, press Go and wait
+    until the generation ends."""
+    driver.get(url + "/")
     wait = WebDriverWait(driver, 60)
     wait.until(lambda d: d.find_element(By.ID, "output").get_attribute("data-models") == "1")
-
-    def fill(element_id: str, value: str) -> None:
-        box = driver.find_element(By.ID, element_id)
-        box.clear()
-        box.send_keys(value)
-
-    fill("prompt", prompt)
-    fill("seed", str(seed))
-    fill("temperature", str(temperature))
-    fill("max-tokens", str(max_tokens))
-    fill("top", "3")
+    for element_id, value in settings.items():
+        fill(driver, element_id, str(value))
     Select(driver.find_element(By.ID, "mode")).select_by_value(mode)
     driver.find_element(By.ID, "go").click()
     WebDriverWait(driver, 300).until(
@@ -135,23 +110,36 @@ def test_page_streams_shades_and_explains_segments(server: Any, browser: Any, mo
             in ("done", "error", "stopped")
         )
     )
-    output = driver.find_element(By.ID, "output")
-    assert output.get_attribute("data-state") == "done", driver.find_element(By.ID, "status").text
 
-    # The same request through the API, not streamed: the oracle for what the page shows.
+
+def _same_request_through_the_api(server: Any, mode: str, settings: dict[str, Any]) -> Any:
+    """The page's request through the API, not streamed: the oracle for what it shows."""
     body: dict[str, Any] = {
         "model": server.model,
-        "seed": seed,
-        "temperature": temperature,
-        "max_tokens": max_tokens,
+        "seed": settings["seed"],
+        "temperature": settings["temperature"],
+        "max_tokens": settings["max-tokens"],
     }
+    prompt = settings["prompt"]
     if mode == "chat":
         body.update(messages=[{"role": "user", "content": prompt}], logprobs=True, top_logprobs=3)
         path = "/v1/chat/completions"
     else:
         body.update(prompt=prompt, logprobs=3)
         path = "/v1/completions"
-    api = httpx.post(server.url + path, json=body, timeout=300).json()
+    return httpx.post(server.url + path, json=body, timeout=300).json()
+
+
+@pytest.mark.parametrize("mode", ["chat", "completion"])
+def test_page_streams_shades_and_explains_segments(server: Any, browser: Any, mode: str) -> None:
+    prompt = "What is a Python dictionary?" if mode == "chat" else "A Python dictionary"
+    driver = browser
+    settings = {"prompt": prompt, "seed": 7, "temperature": 0.8, "max-tokens": 40, "top": 3}
+    _generate_on_page(driver, server.url, mode, settings)
+    output = driver.find_element(By.ID, "output")
+    assert output.get_attribute("data-state") == "done", driver.find_element(By.ID, "status").text
+
+    api = _same_request_through_the_api(server, mode, settings)
     choice = api["choices"][0]
     content = choice["message"]["content"] if mode == "chat" else choice["text"]
     segments = api["tokentrail"]["segments"]

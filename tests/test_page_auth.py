@@ -8,16 +8,14 @@ Skipped, with the reason, where Chromium or selenium is missing (as tests/test_p
 from __future__ import annotations
 
 import os
-import re
 import shutil
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.helpers.env import require
 
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -33,32 +31,22 @@ if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):
         allow_module_level=True,
     )
 webdriver = pytest.importorskip("selenium.webdriver", reason="pip install selenium")
-pytest.importorskip("mlx_lm")
-pytest.importorskip("uvicorn")
+require("mlx_lm")
+require("uvicorn")
 
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support import expected_conditions  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
+from tests.helpers.servers import start_server  # noqa: E402
+
 
 @pytest.fixture(scope="module")
 def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     log = tmp_path_factory.mktemp("logs") / "page-auth.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tokentrail.server", "--port", "0", "--api-key", KEY],
-            stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-    deadline = time.monotonic() + 240
-    found = None
-    while found is None:
-        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
-        found = re.search(r"serving \S+ on (http://127\.0\.0\.1:\d+)", log.read_text())
-        time.sleep(0.1)
-    yield found.group(1)
-    proc.terminate()
-    proc.wait(timeout=20)
+    server = start_server(None, log, port=0, log_level=None, api_key=KEY)
+    yield server.url
+    server.stop()
 
 
 @pytest.fixture(scope="module")

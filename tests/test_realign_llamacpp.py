@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from smollm2 import smollm2_gguf
 
+from tests.helpers.llamacpp import find_smollm2
 from tokentrail import load_vocab
 from tokentrail.realign import Realigner, realign
 
@@ -32,8 +32,8 @@ DEMO = {
 
 
 @pytest.fixture(scope="module")
-def vocab(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    return load_vocab(smollm2_gguf(tmp_path_factory.mktemp("smollm2")))
+def vocab() -> Any:
+    return load_vocab(find_smollm2())
 
 
 def chunks(name: str) -> list[dict[str, Any]]:
@@ -124,8 +124,8 @@ def test_folded_chat_frames_keep_text_and_later_indices(vocab: Any) -> None:
 
 
 @pytest.fixture(scope="module")
-def gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return smollm2_gguf(tmp_path_factory.mktemp("smollm2-cli"))
+def gguf() -> Path:
+    return find_smollm2()
 
 
 def test_dropped_frames_without_a_count_are_still_refused(vocab: Any) -> None:

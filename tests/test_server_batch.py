@@ -9,57 +9,40 @@ hold anybody up and must be dropped after `--client-timeout`.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import socket
-import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-openai = pytest.importorskip("openai")
-pytest.importorskip("mlx_lm")
-pytest.importorskip("uvicorn")
-prometheus_parser = pytest.importorskip("prometheus_client.parser")
+from tests.helpers.env import require
+
+openai = require("openai")
+require("mlx_lm")
+require("uvicorn")
+prometheus_parser = require("prometheus_client.parser")
+
+from tests.helpers.models import build_tiny_llama, special_ids  # noqa: E402
+from tests.helpers.responses import (  # noqa: E402
+    check_attribution,
+    stream_raw,
+    wait_until_finished,
+)
+from tests.helpers.servers import pick_model_dir, start_server  # noqa: E402
 
 CLIENT_TIMEOUT = 2.0
-
-
-def _server_helpers() -> Any:
-    """tests/test_server.py's server helpers, loaded by path (tests/ is not a package)."""
-    name = "tokentrail_server_test_helpers"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("test_server.py"))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-helpers = _server_helpers()
+#: Both servers: four sequences decode together; a client that stops reading is dropped.
+BATCH = ("--max-batch", "4", "--client-timeout", str(CLIENT_TIMEOUT), "--log-level", "info")
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    model_dir = helpers.pick_model_dir(tmp_path_factory)
-    srv = helpers.start_server(
-        model_dir,
-        tmp_path_factory.mktemp("logs") / "batch.log",
-        "--max-batch",
-        "4",
-        "--max-queue",
-        "8",
-        "--client-timeout",
-        str(CLIENT_TIMEOUT),
-        "--log-level",
-        "info",
-    )
+    model_dir = pick_model_dir(tmp_path_factory)
+    log = tmp_path_factory.mktemp("logs") / "batch.log"
+    srv = start_server(model_dir, log, *BATCH, "--max-queue", "8")
     yield srv
     srv.stop()
 
@@ -67,17 +50,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 @pytest.fixture(scope="module")
 def long_context(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A tiny random model with a context long enough for an endless stream."""
-    model_dir = helpers.build_tiny_llama(tmp_path_factory.mktemp("tiny-long"), context=1 << 20)
-    srv = helpers.start_server(
-        model_dir,
-        tmp_path_factory.mktemp("logs") / "long.log",
-        "--max-batch",
-        "4",
-        "--client-timeout",
-        str(CLIENT_TIMEOUT),
-        "--log-level",
-        "info",
-    )
+    model_dir = build_tiny_llama(tmp_path_factory.mktemp("tiny-long"), context=1 << 20)
+    srv = start_server(model_dir, tmp_path_factory.mktemp("logs") / "long.log", *BATCH)
     yield srv
     srv.stop()
 
@@ -85,7 +59,7 @@ def long_context(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 @pytest.fixture(scope="module")
 def no_eos(server: Any) -> dict[str, float]:
     """logit_bias that keeps the model from ending (special tokens, EOS among them)."""
-    return {str(i): -100 for i in helpers.special_ids(server.model_dir)}
+    return {str(i): -100 for i in special_ids(server.model_dir)}
 
 
 def metrics(server: Any) -> dict[str, float]:
@@ -170,7 +144,7 @@ def test_concurrent_clients_never_mix(server: Any, no_eos: dict[str, float]) -> 
     assert server.health()["batch_kind"]  # SerialBatch, or the engine's own
     for (_, body), a, b in zip(jobs, solo, both, strict=True):
         # Every generated token is attributed exactly once, in order, in every stream.
-        helpers.check_attribution(b["exts"], len(b["ids"]))
+        check_attribution(b["exts"], len(b["ids"]))
         assert len(b["ids"]) == (body["max_tokens"] if b["finish"] == "length" else len(b["ids"]))
         if body["temperature"] == 0:  # greedy: the same tokens whatever runs beside it
             assert b["ids"] == a["ids"], body
@@ -238,7 +212,7 @@ def _timed(server: Any, n: int) -> tuple[float, int]:
 
 def test_stalled_client_delays_nobody_and_is_dropped(long_context: Any) -> None:
     server = long_context
-    no_eos = {str(i): -100 for i in helpers.special_ids(server.model_dir)}
+    no_eos = {str(i): -100 for i in special_ids(server.model_dir)}
     _timed(server, 8)
     alone, n = _timed(server, 8)
     per_token = alone / n
@@ -338,7 +312,7 @@ def test_a_hang_up_stops_only_its_own_sequence(server: Any, no_eos: dict[str, fl
 
     (solo, _), (_, left_id), (kept, _) = asyncio.run(scenario())
     assert kept == solo and len(kept) == 64
-    job, _ = helpers.wait_until_finished(server, left_id)
+    job, _ = wait_until_finished(server, left_id)
     assert job["outcome"] == "cancelled"
     assert job["generated_tokens"] < 400
 
@@ -352,10 +326,10 @@ def test_text_is_aligned_in_the_prompts_context(long_context: Any) -> None:
     server = long_context
     tok = Tokenizer.from_file(str(server.model_dir / "tokenizer.json"))
     prompt = tok.encode("caf\u00e9").ids[:-1]  # "caf" and the lead byte of "é"
-    no_eos = {str(i): -100 for i in helpers.special_ids(server.model_dir)}
+    no_eos = {str(i): -100 for i in special_ids(server.model_dir)}
     body = {"model": server.model, "prompt": prompt, "max_tokens": 8, "temperature": 0,
             "logit_bias": no_eos, "stream": True}
-    _, chunks = helpers.stream_raw(server.url, "/v1/completions", body)
+    _, chunks = stream_raw(server.url, "/v1/completions", body)
     ids = [c["tokentrail"]["token"]["id"] for c in chunks]
     text = "".join(c["choices"][0]["text"] for c in chunks)
     assert text == tok.decode(prompt + ids)[len("caf"):]

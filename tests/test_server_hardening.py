@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import socket
 import subprocess
 import sys
@@ -25,9 +24,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-openai = pytest.importorskip("openai")
-pytest.importorskip("mlx_lm")
-pytest.importorskip("uvicorn")
+from tests.helpers.env import require
+from tests.helpers.servers import spawn, start_server
+
+openai = require("openai")
+require("mlx_lm")
+require("uvicorn")
 
 REPO = Path(__file__).resolve().parents[1]
 KEY = "sk-test-4f1c"
@@ -53,37 +55,23 @@ class Served:
         return httpx.post(self.url + path, json=body, headers=self.auth(), timeout=60, **kw)
 
 
-def _serve(log: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "tokentrail.server", *args]
-    with log.open("wb") as out:
-        return subprocess.Popen(
-            cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
-        )
+def _serve(log: Path, *args: str) -> subprocess.Popen[bytes]:
+    return spawn([sys.executable, "-m", "tokentrail.server", *args], log)
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     log = tmp_path_factory.mktemp("logs") / "hardening.log"
-    proc = _serve(
-        log, "--port", "0", "--api-key", KEY, "--allowed-host", "tokentrail.test",
+    server = start_server(
+        None, log, "--allowed-host", "tokentrail.test",
         "--read-timeout", str(READ_TIMEOUT), "--keep-alive-timeout", str(KEEP_ALIVE),
-        "--max-connections", str(MAX_CONNECTIONS), "--log-level", "info",
+        "--max-connections", str(MAX_CONNECTIONS), port=0, log_level="info", api_key=KEY,
     )
-    deadline = time.monotonic() + 240
-    found = None
-    while found is None:
-        assert proc.poll() is None, log.read_text()
-        assert time.monotonic() < deadline, log.read_text()
-        found = re.search(r"serving \S+ on http://127\.0\.0\.1:(\d+)", log.read_text())
-        time.sleep(0.1)
-    port = int(found.group(1))
-    assert port != 0  # --port 0: the real port is logged
-    srv = Served(proc, f"http://127.0.0.1:{port}", port, log)
+    assert server.port != 0  # --port 0: the real port is logged
+    srv = Served(server.proc, server.url, server.port, log)
     assert httpx.get(srv.url + "/health", timeout=30).status_code == 200  # listening
     yield srv
-    proc.terminate()
-    proc.wait(timeout=20)
+    server.stop()
 
 
 # -- access ---------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Skips tell a newcomer what is missing and how to get it (tests/conftest.py)."""
+"""Skips tell a newcomer what is missing and how to get it (tests/helpers/env.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 import tomllib
 from pathlib import Path
 
-from conftest import EXTRA_OF, REPO, install_hint
+from tests.helpers.env import EXTRA_OF, REPO, install_hint
 
 
 def test_every_install_hint_names_a_real_extra() -> None:

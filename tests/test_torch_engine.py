@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import CORPUS, require
-from tiny_models import write_tokenizer_files
+
+from tests.helpers.env import require
+from tests.helpers.models import build_tiny_llama, gpt2_tokenizer_json
 
 torch = require("torch")
 require("transformers")
@@ -26,7 +27,7 @@ from tokentrail.engines import ENGINES, Engine  # noqa: E402
 from tokentrail.engines import torch_engine as te  # noqa: E402
 from tokentrail.engines.torch_engine import TorchEngine  # noqa: E402
 from tokentrail.generate import DEMO_MODEL, GenerationResponse  # noqa: E402
-from tokentrail.prompting import vocab_for as _vocab  # noqa: E402
+from tokentrail.prompting import vocab_for  # noqa: E402
 from tokentrail.sampling import SamplingParams, make_params  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -36,46 +37,15 @@ EXTRA_EOS = 50255
 PROMPTS = ["The quick brown fox", "def main():\n    ", "Zürich ist schön, 東京も"]
 
 
-def build_tiny_llama(out: Path, tokenizer_json: Path) -> Path:
-    """A 2-layer random-weight Llama saved with transformers over GPT-2's tokenizer."""
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        vocab_size=50257,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=False,
-        bos_token_id=GPT2_EOS,
-        eos_token_id=GPT2_EOS,
-    )
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        model = LlamaForCausalLM(config)
-        with torch.no_grad():
-            # Larger weights give peaked, varied next-token distributions.
-            model.model.embed_tokens.weight.normal_(0.0, 1.0)
-            model.lm_head.weight.normal_(0.0, 0.5)
-    model.generation_config = GenerationConfig(
-        bos_token_id=GPT2_EOS, eos_token_id=[GPT2_EOS, EXTRA_EOS]
-    )
-    model.save_pretrained(out)
-    write_tokenizer_files(out, tokenizer_json)
-    return out
-
-
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if (DEMO_MODEL / "config.json").is_file() and (DEMO_MODEL / "model.safetensors").is_file():
         return DEMO_MODEL
-    tok = CORPUS / "tokenizers" / "gpt2" / "tokenizer.json"
-    if not tok.is_file():
-        pytest.skip(f"no demo model and no GPT-2 tokenizer at {tok} to build a tiny one")
-    return build_tiny_llama(tmp_path_factory.mktemp("tiny-llama-torch"), tok)
+    tok = gpt2_tokenizer_json()
+    return build_tiny_llama(
+        tmp_path_factory.mktemp("tiny-llama-torch"), tok, framework="torch", hidden_size=64,
+        intermediate_size=128, context=256, extra_eos=EXTRA_EOS,
+    )
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -440,7 +410,7 @@ def test_stream_generate_end_to_end(engine: TorchEngine, loaded: tuple[Any, Any]
         check_attribution(tok, out)
         ids = tok.encode(prompt)
         ref = reference_logprobs(model, list(ids) + [r.token for r in out])
-        vocab = _vocab(tok)
+        vocab = vocab_for(tok)
         for i, r in enumerate(out):
             assert r.token_logprob == pytest.approx(ref[len(ids) - 1 + i, r.token].item(), abs=1e-4)
             assert [a.logprob for a in r.top_logprobs] == sorted(

@@ -7,19 +7,21 @@ client is the official `openai` package, against the proxy.
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import httpx
 import pytest
-from smollm2 import LlamaServer, free_port, llama_server_binary, smollm2_gguf
 
-pytest.importorskip("uvicorn")
-openai = pytest.importorskip("openai")
+from tests.helpers.env import require
+from tests.helpers.llamacpp import find_smollm2, llama_server_binary
+from tests.helpers.net import free_port
+from tests.helpers.servers import Server, launch, start_llama_server, start_server
+
+require("uvicorn")
+openai = require("openai")
 
 DEMO = Path(__file__).resolve().parents[1] / "src" / "tokentrail" / "demo_model"
 PROMPTS = [
@@ -27,19 +29,6 @@ PROMPTS = [
     "用中文写一句关于春天的话。",
     "Write a Python function that reverses a string. Only code.",
 ]
-
-
-def _helpers() -> ModuleType:
-    path = Path(__file__).with_name("test_server.py")
-    spec = importlib.util.spec_from_file_location("tokentrail_upstream_server_helpers", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-H = _helpers()
 
 
 def ext(obj: Any) -> dict[str, Any]:
@@ -64,27 +53,26 @@ def attributed(exts: list[dict[str, Any]]) -> tuple[list[int], list[int], str]:
 
 
 @pytest.fixture(scope="module")
-def llama(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
+def llama(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     llama_server_binary()
-    gguf = smollm2_gguf(tmp_path_factory.mktemp("smollm2"))
-    server = LlamaServer(gguf, tmp_path_factory.mktemp("logs") / "llama-server.log")
-    server.gguf = gguf  # type: ignore[attr-defined]
+    gguf = find_smollm2()
+    server = start_llama_server(gguf, tmp_path_factory.mktemp("logs") / "llama-server.log")
     yield server
-    server.close()
+    server.stop()
 
 
 @pytest.fixture(scope="module")
-def proxy(llama: LlamaServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+def proxy(llama: Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     log = tmp_path_factory.mktemp("logs") / "proxy.log"
-    gguf = llama.gguf  # type: ignore[attr-defined]
-    server = H.start_server(None, log, "--upstream", llama.url, "--tokenizer", str(gguf))
+    gguf = llama.model_dir
+    server = start_server(None, log, "--upstream", llama.url, "--tokenizer", str(gguf))
     yield server
     server.stop()
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_chat_stream_through_the_proxy_attributes_every_token_once(
-    proxy: Any, llama: LlamaServer, prompt: str
+    proxy: Any, llama: Server, prompt: str
 ) -> None:
     client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="x")
     messages = [{"role": "user", "content": prompt}]
@@ -145,7 +133,7 @@ def test_chat_stream_through_the_proxy_attributes_every_token_once(
         assert (e.logprob is None) == (i in refused)
 
 
-def test_completion_whole_response_through_the_proxy(proxy: Any, llama: LlamaServer) -> None:
+def test_completion_whole_response_through_the_proxy(proxy: Any, llama: Server) -> None:
     client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="x")
     out = client.completions.create(
         model=proxy.model, prompt="def reverse(s):", max_tokens=24, temperature=0, logprobs=2
@@ -162,14 +150,14 @@ def test_completion_whole_response_through_the_proxy(proxy: Any, llama: LlamaSer
 
 
 def test_upstream_gone_is_an_openai_shaped_502(
-    llama: LlamaServer, tmp_path_factory: pytest.TempPathFactory
+    llama: Server, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    gguf = llama.gguf  # type: ignore[attr-defined]
-    other = LlamaServer(gguf, tmp_path_factory.mktemp("logs") / "doomed.log")
+    gguf = llama.model_dir
+    other = start_llama_server(gguf, tmp_path_factory.mktemp("logs") / "doomed.log")
     log = tmp_path_factory.mktemp("logs") / "proxy-doomed.log"
-    server = H.start_server(None, log, "--upstream", other.url, "--tokenizer", str(gguf))
+    server = start_server(None, log, "--upstream", other.url, "--tokenizer", str(gguf))
     try:
-        other.close()
+        other.stop()
         r = httpx.post(
             server.url + "/v1/completions",
             json={"model": server.model, "prompt": "hi", "max_tokens": 4},
@@ -205,8 +193,8 @@ def test_bad_upstream_flags_exit_2_with_one_line(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def tt_upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    pytest.importorskip("mlx_lm", reason="the demo upstream needs MLX (pip install mlx-lm)")
-    server = H.start_server(None, tmp_path_factory.mktemp("logs") / "tt-upstream.log")
+    require("mlx_lm", "the demo upstream runs on MLX")
+    server = start_server(None, tmp_path_factory.mktemp("logs") / "tt-upstream.log")
     yield server
     server.stop()
 
@@ -215,7 +203,7 @@ def test_tokentrail_serve_as_the_upstream(
     tt_upstream: Any, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     log = tmp_path_factory.mktemp("logs") / "proxy-tt.log"
-    server = H.start_server(None, log, "--upstream", tt_upstream.url, "--tokenizer", str(DEMO))
+    server = start_server(None, log, "--upstream", tt_upstream.url, "--tokenizer", str(DEMO))
     try:
         body = {"prompt": "Once upon a time", "max_tokens": 24, "temperature": 0}
         theirs = httpx.post(
@@ -247,46 +235,21 @@ def test_tokentrail_serve_as_the_upstream(
 
 @pytest.fixture(scope="module")
 def mlx_upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    pytest.importorskip("mlx_lm", reason="mlx_lm.server needs mlx-lm")
-    import subprocess
-    import time
-
+    require("mlx_lm", "mlx_lm.server is the upstream here")
     port = free_port()
-    log = (tmp_path_factory.mktemp("logs") / "mlx.log").open("wb")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "mlx_lm.server",
-            "--model",
-            str(DEMO),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            httpx.get(url + "/v1/models", timeout=2)
-            break
-        except httpx.TransportError:
-            time.sleep(0.3)
-    yield url
-    proc.terminate()
-    proc.wait(20)
-    log.close()
+    cmd = [sys.executable, "-m", "mlx_lm.server", "--model", str(DEMO)]
+    cmd += ["--host", "127.0.0.1", "--port", str(port)]
+    log = tmp_path_factory.mktemp("logs") / "mlx.log"
+    server = launch(cmd, log, f"http://127.0.0.1:{port}", path="/v1/models", any_status=True)
+    yield server.url
+    server.stop()
 
 
 def test_mlx_lm_server_as_the_upstream_says_what_it_cannot_do(
     mlx_upstream: str, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     log = tmp_path_factory.mktemp("logs") / "proxy-mlx.log"
-    server = H.start_server(None, log, "--upstream", mlx_upstream, "--tokenizer", str(DEMO))
+    server = start_server(None, log, "--upstream", mlx_upstream, "--tokenizer", str(DEMO))
     try:
         # It says, once, that mlx_lm.server streams no logprobs and takes no id prompts.
         assert "streams carry no logprobs" in log.read_text()
@@ -318,25 +281,25 @@ def test_mlx_lm_server_as_the_upstream_says_what_it_cannot_do(
     "server's, tested in test_server_batch.py",
 )
 def test_client_hanging_up_stops_the_upstream(
-    llama: LlamaServer, tmp_path_factory: pytest.TempPathFactory
+    llama: Server, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     """Closing the stream to the proxy closes the proxy's stream to llama-server, which
     stops generating (its /slots says so) long before its token limit. (A llama-server
     and a proxy of its own, so no earlier test's streams share its slot.)"""
     import time
 
-    gguf = llama.gguf  # type: ignore[attr-defined]
-    own = LlamaServer(gguf, tmp_path_factory.mktemp("logs") / "hang-up.log")
+    gguf = llama.model_dir
+    own = start_llama_server(gguf, tmp_path_factory.mktemp("logs") / "hang-up.log")
     log = tmp_path_factory.mktemp("logs") / "proxy-hang-up.log"
-    proxy = H.start_server(None, log, "--upstream", own.url, "--tokenizer", str(gguf))
+    proxy = start_server(None, log, "--upstream", own.url, "--tokenizer", str(gguf))
     try:
         _hang_up_and_watch(proxy, own, time)
     finally:
         proxy.stop()
-        own.close()
+        own.stop()
 
 
-def _hang_up_and_watch(proxy: Any, llama: LlamaServer, time: Any) -> None:
+def _hang_up_and_watch(proxy: Any, llama: Server, time: Any) -> None:
 
     def busy() -> bool:
         slots = httpx.get(llama.url + "/slots", timeout=10)
@@ -413,7 +376,7 @@ def test_upstream_timeout_is_an_openai_shaped_504(tmp_path_factory: pytest.TempP
     threading.Thread(target=slow.serve_forever, daemon=True).start()
     log = tmp_path_factory.mktemp("logs") / "proxy-slow.log"
     url = f"http://127.0.0.1:{slow.server_address[1]}"
-    server = H.start_server(
+    server = start_server(
         None, log, "--upstream", url, "--tokenizer", str(DEMO), "--upstream-timeout", "1"
     )
     try:

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import CORPUS, require
-from tiny_models import write_tokenizer_files
 
+from tests.helpers.env import require
+from tests.helpers.models import build_tiny_llama, gpt2_tokenizer_json
 from tokentrail.engines import vllm_engine as ve
 from tokentrail.generate import DEMO_MODEL
 from tokentrail.sampling import make_params
@@ -80,27 +80,6 @@ def test_step_with_no_alternatives_and_with_ties() -> None:
 # -- on a GPU with vLLM ------------------------------------------------------------------
 
 
-def build_tiny_llama(out: Path, tokenizer_json: Path) -> Path:
-    """A random-weight Llama with 64-wide heads (every vLLM attention backend has them)."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        vocab_size=50257, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
-        tie_word_embeddings=False, bos_token_id=50256, eos_token_id=50256,
-    )  # fmt: skip
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        model = LlamaForCausalLM(config)
-        with torch.no_grad():
-            model.model.embed_tokens.weight.normal_(0.0, 1.0)
-            model.lm_head.weight.normal_(0.0, 0.5)
-    model.save_pretrained(out)
-    write_tokenizer_files(out, tokenizer_json, chat_template=None)
-    return out
-
-
 @pytest.fixture(scope="module")
 def gpu() -> None:
     require("vllm", "it needs a Linux machine with a CUDA GPU")
@@ -113,10 +92,13 @@ def gpu() -> None:
 def model_dir(gpu: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
     if (DEMO_MODEL / "model.safetensors").is_file():
         return DEMO_MODEL
-    tok = CORPUS / "tokenizers" / "gpt2" / "tokenizer.json"
-    if not tok.is_file():
-        pytest.skip(f"no demo model and no GPT-2 tokenizer at {tok} to build a tiny one")
-    return build_tiny_llama(tmp_path_factory.mktemp("tiny-llama-vllm"), tok)
+    tok = gpt2_tokenizer_json()
+    # 64-wide heads: every vLLM attention backend has them.
+    return build_tiny_llama(
+        tmp_path_factory.mktemp("tiny-llama-vllm"), tok, framework="torch", hidden_size=128,
+        intermediate_size=256, heads=2, kv_heads=1, context=512, rms_norm_eps=1e-6,
+        chat_template=None,
+    )
 
 
 @pytest.fixture(scope="module")

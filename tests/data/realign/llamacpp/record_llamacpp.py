@@ -1,7 +1,7 @@
 """Record real llama.cpp `llama-server` streams for the realign tests, with ground truth.
 
-    python tests/data/realign/llamacpp/record_llamacpp.py --gguf SmolLM2-135M-Instruct.Q4_1.gguf \
-        [--server PATH/llama-server] [--out DIR]
+    python -m tests.data.realign.llamacpp.record_llamacpp --gguf SmolLM2-135M-Instruct.Q4_1.gguf \
+        [--server PATH/llama-server] [--out DIR]     (from the repository root)
 
 The server is llama.cpp's own `llama-server` as bundled in llama-cpp-python 0.3.36's sdist
 (`llama-server --version`: "version: 0.5.0-dev (build 0, commit unknown)", built by
@@ -29,7 +29,7 @@ vendor/llama.cpp/convert_hf_to_gguf.py, with `get_vocab_base_pre` answering "gpt
 the demo tokenizer is GPT-2-style byte-level and its hash is not in llama.cpp's list):
 
     python convert_hf_to_gguf.py src/tokentrail/demo_model --outtype f32 --outfile demo.gguf
-    python tests/data/realign/llamacpp/record_llamacpp.py --gguf demo.gguf \
+    python -m tests.data.realign.llamacpp.record_llamacpp --gguf demo.gguf \
         --out tests/data/realign/llamacpp_demo
 
 MANIFEST.json then lists, per recording: the ground-truth ids and per-token bytes
@@ -44,13 +44,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
+
+from tests.helpers.net import free_port
+from tests.helpers.recordings.tokens import gpt2_byte_alphabet
 
 HERE = Path(__file__).resolve().parent
 SERVER = Path.home() / ".cache/tokentrail/llama.cpp-0.3.36/build/bin/llama-server"
@@ -64,18 +66,6 @@ TEMPS = {"t0": 0.0, "t15": 1.5}
 SEED = 7
 N = 40
 TOP = 3
-
-
-def gpt2_byte_alphabet() -> dict[str, int]:
-    """GPT-2's byte-level alphabet, inverted: printable char -> byte."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
-    chars = {b: chr(b) for b in keep}
-    n = 0
-    for b in range(256):
-        if b not in chars:
-            chars[b] = chr(256 + n)
-            n += 1
-    return {c: b for b, c in chars.items()}
 
 
 def gguf_pieces(path: Path) -> list[bytes]:
@@ -93,12 +83,6 @@ def gguf_pieces(path: Path) -> list[bytes]:
         kind = int(types.parts[types.data[k]][0])
         out.append(b"" if kind == 3 else bytes(alphabet[c] for c in text))
     return out
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def sse(client: httpx.Client, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
@@ -147,6 +131,120 @@ def dropped_openai(entries: list[dict[str, Any]], truth: list[tuple[int, bytes]]
     return sorted(set(range(len(truth))) - set(sent))
 
 
+def streams(client: httpx.Client, prompt: str, messages: list[Any], temp: float) -> dict:
+    """The same generation streamed from the three endpoints: kind -> parsed chunks."""
+    return {
+        "completion": sse(
+            client,
+            "/completion",
+            {"prompt": prompt, "n_predict": N, "n_probs": TOP, "stream": True, **sampling(temp)},
+        ),
+        "v1_completions": sse(
+            client,
+            "/v1/completions",
+            {
+                "prompt": prompt,
+                "max_tokens": N,
+                "logprobs": TOP,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+                **sampling(temp),
+            },
+        ),
+        "v1_chat": sse(
+            client,
+            "/v1/chat/completions",
+            {
+                "messages": messages,
+                "max_tokens": N,
+                "logprobs": True,
+                "top_logprobs": TOP,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+                **sampling(temp),
+            },
+        ),
+    }
+
+
+def read_stream(
+    kind: str, chunks: list[dict[str, Any]], pairs: list[tuple[int, bytes]]
+) -> tuple[str, int | None, list[int]]:
+    """(content, completion token count, dropped indices) of one recorded stream."""
+    if kind == "completion":
+        content = "".join(c.get("content", "") for c in chunks)
+        return content, chunks[-1]["tokens_predicted"], dropped_native(chunks, len(pairs))
+    content = ""
+    entries: list[dict[str, Any]] = []
+    total = None
+    for c in chunks:
+        for ch in c.get("choices") or []:
+            content += ch.get("text") or (ch.get("delta") or {}).get("content") or ""
+            entries += ((ch.get("logprobs") or {}).get("content")) or []
+        if c.get("usage"):
+            total = c["usage"]["completion_tokens"]
+    return content, total, dropped_openai(entries, pairs)
+
+
+def record(
+    client: httpx.Client, vocab: list[bytes], out: Path, pname: str, text: str
+) -> list[dict[str, Any]]:
+    """Record prompt `text` at every temperature into `out`; return its manifest entries."""
+    manifest = []
+    messages = [{"role": "user", "content": text}]
+    prompt = client.post("/apply-template", json={"messages": messages}).json()["prompt"]
+    for tname, temp in TEMPS.items():
+        truth = client.post(
+            "/completion",
+            json={
+                "prompt": prompt,
+                "n_predict": N,
+                "n_probs": 1,
+                "return_tokens": True,
+                "stream": False,
+                **sampling(temp),
+            },
+        ).json()
+        ids = truth["tokens"]
+        # Not from completion_probabilities: llama.cpp folds those even here.
+        pieces = [vocab[i] for i in ids]
+        pairs = list(zip(ids, pieces, strict=True))
+        for kind, chunks in streams(client, prompt, messages, temp).items():
+            content, total, dropped = read_stream(kind, chunks, pairs)
+            name = f"llamacpp_{kind}_{pname}_{tname}"
+            # The ids' own bytes; a length-limited stream never sends an incomplete
+            # last character.
+            expected = b"".join(pieces).decode("utf-8", "ignore")
+            if content != expected or total != len(ids):
+                print(
+                    f"skipped {name}: not the ground truth's generation:"
+                    f" {content[-12:]!r} vs {truth['content'][-12:]!r}, {total}"
+                )
+                continue
+            (out / f"{name}.jsonl").write_text(
+                "".join(json.dumps(c, ensure_ascii=False) + "\n" for c in chunks),
+                encoding="utf-8",
+            )
+            manifest.append(
+                {
+                    "name": name,
+                    "file": f"{name}.jsonl",
+                    "endpoint": kind,
+                    "prompt": text,
+                    "temperature": temp,
+                    "seed": SEED,
+                    "ids": ids,
+                    "bytes": [list(p) for p in pieces],
+                    "content": content,
+                    "completion_tokens": total,
+                    "stop_type": truth.get("stop_type"),
+                    "dropped": dropped,
+                }
+            )
+            print(f"{name}: {len(ids)} tokens, {len(dropped)} dropped")
+    return manifest
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--gguf", required=True, type=Path)
@@ -171,112 +269,7 @@ def main() -> None:
                 pass
             time.sleep(0.1)
         for pname, text in PROMPTS.items():
-            messages = [{"role": "user", "content": text}]
-            prompt = client.post("/apply-template", json={"messages": messages}).json()["prompt"]
-            for tname, temp in TEMPS.items():
-                truth = client.post(
-                    "/completion",
-                    json={
-                        "prompt": prompt,
-                        "n_predict": N,
-                        "n_probs": 1,
-                        "return_tokens": True,
-                        "stream": False,
-                        **sampling(temp),
-                    },
-                ).json()
-                ids = truth["tokens"]
-                # Not from completion_probabilities: llama.cpp folds those even here.
-                pieces = [vocab[i] for i in ids]
-                pairs = list(zip(ids, pieces, strict=True))
-                runs = {
-                    "completion": sse(
-                        client,
-                        "/completion",
-                        {
-                            "prompt": prompt,
-                            "n_predict": N,
-                            "n_probs": TOP,
-                            "stream": True,
-                            **sampling(temp),
-                        },
-                    ),
-                    "v1_completions": sse(
-                        client,
-                        "/v1/completions",
-                        {
-                            "prompt": prompt,
-                            "max_tokens": N,
-                            "logprobs": TOP,
-                            "stream": True,
-                            "stream_options": {"include_usage": True},
-                            **sampling(temp),
-                        },
-                    ),
-                    "v1_chat": sse(
-                        client,
-                        "/v1/chat/completions",
-                        {
-                            "messages": messages,
-                            "max_tokens": N,
-                            "logprobs": True,
-                            "top_logprobs": TOP,
-                            "stream": True,
-                            "stream_options": {"include_usage": True},
-                            **sampling(temp),
-                        },
-                    ),
-                }
-                for kind, chunks in runs.items():
-                    if kind == "completion":
-                        content = "".join(c.get("content", "") for c in chunks)
-                        entries = []
-                        total = chunks[-1]["tokens_predicted"]
-                        dropped = dropped_native(chunks, len(ids))
-                    else:
-                        content = ""
-                        entries = []
-                        total = None
-                        for c in chunks:
-                            for ch in c.get("choices") or []:
-                                content += (
-                                    ch.get("text") or (ch.get("delta") or {}).get("content") or ""
-                                )
-                                entries += ((ch.get("logprobs") or {}).get("content")) or []
-                            if c.get("usage"):
-                                total = c["usage"]["completion_tokens"]
-                        dropped = dropped_openai(entries, pairs)
-                    name = f"llamacpp_{kind}_{pname}_{tname}"
-                    # The ids' own bytes; a length-limited stream never sends an incomplete
-                    # last character.
-                    expected = b"".join(pieces).decode("utf-8", "ignore")
-                    if content != expected or total != len(ids):
-                        print(
-                            f"skipped {name}: not the ground truth's generation:"
-                            f" {content[-12:]!r} vs {truth['content'][-12:]!r}, {total}"
-                        )
-                        continue
-                    (args.out / f"{name}.jsonl").write_text(
-                        "".join(json.dumps(c, ensure_ascii=False) + "\n" for c in chunks),
-                        encoding="utf-8",
-                    )
-                    manifest.append(
-                        {
-                            "name": name,
-                            "file": f"{name}.jsonl",
-                            "endpoint": kind,
-                            "prompt": text,
-                            "temperature": temp,
-                            "seed": SEED,
-                            "ids": ids,
-                            "bytes": [list(p) for p in pieces],
-                            "content": content,
-                            "completion_tokens": total,
-                            "stop_type": truth.get("stop_type"),
-                            "dropped": dropped,
-                        }
-                    )
-                    print(f"{name}: {len(ids)} tokens, {len(dropped)} dropped")
+            manifest += record(client, vocab, args.out, pname, text)
     finally:
         proc.terminate()
         proc.wait(10)

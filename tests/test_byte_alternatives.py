@@ -88,7 +88,7 @@ def test_display_is_what_the_alternative_adds(corpus: Path, key: str, data: st.D
 def test_the_completed_character_and_the_byte(corpus: Path) -> None:
     """`é` as two byte-level tokens: after `C3`, the alternative `A9` shows `é`; `C3`
     alone shows `<0xC3>`; in the CLI table, the character with its raw byte beside."""
-    from tokentrail.generate_cli import _alt_label
+    from tokentrail.generate_cli import alt_label
 
     a = _get(corpus, "gpt2-json")
     v = a.vocab
@@ -101,8 +101,8 @@ def test_the_completed_character_and_the_byte(corpus: Path) -> None:
     assert (alt.text, alt.display) == ("\ufffd", "é") and v.decode([c3, a9]) == "é"
     assert other.display == "<0xC3>"  # C3 C3 completes nothing
     assert alt.to_dict()["display"] == "é" and alt.to_dict()["text"] == "\ufffd"
-    assert _alt_label(alt) == "'é' <0xA9>"
-    assert _alt_label(other) == "'<0xC3>'"
+    assert alt_label(alt) == "'é' <0xA9>"
+    assert alt_label(other) == "'<0xC3>'"
 
 
 @pytest.mark.corpus

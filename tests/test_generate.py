@@ -519,7 +519,7 @@ def test_cli_colours_segments_and_prints_model_text_verbatim(
 ) -> None:
     import re
 
-    from tokentrail.generate_cli import _show
+    from tokentrail.generate_cli import show
 
     _, tok = loaded
     monkeypatch.setenv("FORCE_COLOR", "1")
@@ -527,7 +527,7 @@ def test_cli_colours_segments_and_prints_model_text_verbatim(
     text = "[bold red]not markup[/bold red] x"
     ids = tok.encode(text, add_special_tokens=False)
     engine = Scripted(ids, len(vocab_for(tok).pieces))
-    assert _show(stream_generate(engine, tok, [1], top_logprobs=2, max_tokens=len(ids))) == 0
+    assert show(stream_generate(engine, tok, [1], top_logprobs=2, max_tokens=len(ids))) == 0
     out = capsys.readouterr().out
     assert "\x1b[" in out  # coloured
     plain = re.sub(r"\x1b\[[0-9;]*m", "", out)

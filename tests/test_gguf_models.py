@@ -57,7 +57,7 @@ def test_named_model_resolves_from_env_cache_or_says_how_to_fetch(
 ) -> None:
     monkeypatch.setenv("TOKENTRAIL_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("TOKENTRAIL_SMOLLM2", raising=False)
-    monkeypatch.setattr(models, "_installed", lambda model: None)
+    monkeypatch.setattr(models, "installed_path", lambda model: None)
     with pytest.raises(models.ModelNotAvailable, match=r"python -m tokentrail\.models fetch"):
         models.resolve("smollm2")
     cached = tmp_path / "cache" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"

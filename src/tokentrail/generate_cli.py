@@ -145,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
                 sys.stdout.write(json.dumps(r.to_dict()) + "\n")
                 sys.stdout.flush()
             return 0
-        return _show(responses)
+        return show(responses)
     except KeyboardInterrupt:
         responses.close()
         return 130
@@ -183,7 +183,7 @@ def _style(confidence: Any) -> str:
     return "" if level is None else LEVEL_STYLES[level]
 
 
-def _show(responses: Any) -> int:
+def show(responses: Any) -> int:
     """Stream coloured text to the terminal, then a summary of the least sure segments."""
     from rich.console import Console
     from rich.table import Table
@@ -235,7 +235,7 @@ def _show(responses: Any) -> int:
         alts = ""
         if weakest is not None and weakest.top_logprobs:
             alts = ", ".join(
-                f"{_alt_label(a)} {_pct(math.exp(a.logprob))}" for a in weakest.top_logprobs
+                f"{alt_label(a)} {_pct(math.exp(a.logprob))}" for a in weakest.top_logprobs
             )
         table.add_row(
             Text(repr(text), style=_style(conf)),
@@ -246,7 +246,7 @@ def _show(responses: Any) -> int:
     return 0
 
 
-def _alt_label(a: Alternative) -> str:
+def alt_label(a: Alternative) -> str:
     """An alternative as the table shows it: what choosing it would have shown (a
     character it completes, `<0xC3>` for a byte of none), with its own bytes beside a
     character that bytes held before it helped complete."""

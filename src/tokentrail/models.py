@@ -79,7 +79,7 @@ def is_named(name: object) -> bool:
     return isinstance(name, str) and name.lower() in MODELS
 
 
-def _installed(model: NamedModel) -> Path | None:
+def installed_path(model: NamedModel) -> Path | None:
     """The file inside an installed wheel, found without importing the package."""
     try:
         spec = importlib.util.find_spec(model.package)
@@ -109,7 +109,7 @@ def resolve(name: str) -> Path:
     cached = cache_dir() / model.filename
     if cached.is_file():
         return cached
-    installed = _installed(model)
+    installed = installed_path(model)
     if installed is not None:
         return installed
     raise ModelNotAvailable(

@@ -16,7 +16,7 @@ from typing import Any
 from .align import Aligner
 from .engines.base import Step
 from .segment import Alternative, Confidence, Segment, TokenSpan, confidence_of
-from .stops import StopMatcher, merge_spans
+from .stops import StopMatcher, drop_first_space, merge_spans
 
 __all__ = ["GenerationResponse", "Sequence", "SequenceState"]
 
@@ -29,8 +29,9 @@ class GenerationResponse:
     say where `text` came from: `last_segment_tokens` are the tokens (with the byte
     range of each that went into `text`) behind it, `confidence` aggregates their
     logprobs, `token_logprob` and `top_logprobs` describe this step's token, and, when a
-    stop string ended generation, `stop_string` names it and `stop_tokens` are the
-    tokens from its first byte to the end of what was generated.
+    stop string ended generation (on the final response only), `stop_string` names it
+    and `stop_tokens` are the spans that carried it: from its first byte to the end of
+    what was generated (an EOS right after it included), none of them in `text`.
     """
 
     text: str
@@ -84,11 +85,21 @@ class SequenceState:
     `feed(step)` turns the next engine step into its `GenerationResponse`; `done` is
     set once a response carries a `finish_reason`. `padded_size` (the model's vocabulary
     when it runs past the tokenizer's) makes alternatives without text drop out.
+
+    `whole_tokens`: each token is listed once, in the response whose text completes it
+    (its span then covers all of its bytes), rather than in every response its bytes
+    reach. `drop_first_space`: the reply's first leading space is dropped, as mlx-lm's
+    byte-level BPE detokenizer does.
     """
 
     __slots__ = (
+        "_carry",
+        "_drafted",
+        "_first_pieces",
+        "_open",
         "_pieces",
         "_size",
+        "_texted",
         "aligner",
         "done",
         "eos",
@@ -100,6 +111,7 @@ class SequenceState:
         "peak_memory",
         "prompt_tps",
         "tic",
+        "whole",
     )
 
     def __init__(
@@ -111,8 +123,17 @@ class SequenceState:
         limit: int | None,
         model_vocab_size: int | None,
         peak_memory: Callable[[], float],
+        *,
+        whole_tokens: bool = False,
+        drop_first_space: bool = False,
     ) -> None:
         self.aligner = aligner
+        self.whole = whole_tokens
+        self._open = drop_first_space
+        self._carry: dict[int, TokenSpan] = {}
+        self._drafted: set[int] = set()
+        self._first_pieces = aligner.vocab.first_pieces
+        self._texted = bool(aligner.prompt_text)
         self.matcher = matcher
         self.eos = eos
         self.n_prompt = n_prompt
@@ -151,11 +172,15 @@ class SequenceState:
             # EOS ends the text: it adds no characters but is still reported.
             segs = aligner.finish()
             top = aligner.alternatives(pairs) if pairs else None
-            eos_span = TokenSpan(n, token, 0, 0, step.logprob, top)
+            eos_span = TokenSpan(n, token, 0, 0, step.logprob, top, step.from_draft)
         else:
             segs = aligner.push(token, step.logprob, pairs or None)
             if last:
                 segs += aligner.finish()
+        if self._open and segs:
+            segs, self._open = drop_first_space(segs)
+        if step.from_draft:
+            self._drafted.add(n)
 
         stop_string = None
         stop_tokens: list[TokenSpan] = []
@@ -181,6 +206,11 @@ class SequenceState:
             spans = merge_spans(segs)
         if eos_span is not None:
             spans.append(eos_span)
+        if self._drafted:
+            spans = self._mark_drafted(spans)
+            stop_tokens = self._mark_drafted(stop_tokens)
+        if self.whole:
+            spans, stop_tokens = self._whole(spans, stop_tokens, last, bool(text))
 
         if not pairs:
             top_list: list[Alternative] = []
@@ -212,6 +242,57 @@ class SequenceState:
             stop_string=stop_string,
             stop_tokens=stop_tokens,
         )
+
+
+    def _mark_drafted(self, spans: list[TokenSpan]) -> list[TokenSpan]:
+        """`spans` with `from_draft` set on the tokens a draft model proposed."""
+        drafted = self._drafted
+        return [t._replace(from_draft=True) if t.index in drafted else t for t in spans]
+
+    def _complete(self, t: TokenSpan) -> bool:
+        """Whether span `t` reaches the end of its token's bytes (the first piece's, for
+        a token that may still be decoded as the stream's first)."""
+        piece = self._pieces[t.id] if 0 <= t.id < self._size else None
+        if t.end >= len(piece or b""):
+            return True
+        first = None if self._texted else self._first_pieces.get(t.id)
+        return first is not None and t.end >= len(first)
+
+    def _whole(
+        self, spans: list[TokenSpan], stop_tokens: list[TokenSpan], last: bool, texted: bool
+    ) -> tuple[list[TokenSpan], list[TokenSpan]]:
+        """Whole-token mode: each token once, in the response that completes it.
+
+        A span that stops short of its token's end is held (`_carry`) and joined to the
+        token's next span; a held token is released once a later token is listed, and
+        everything at the last response. A token that also carried the stop string is
+        listed only in `stop_tokens`."""
+        carry = self._carry
+        in_stop = {t.index for t in stop_tokens}
+        out: list[TokenSpan] = []
+        for t in spans:
+            if carry:
+                for k in sorted(k for k in carry if k < t.index):
+                    out.append(carry.pop(k))
+            held = carry.pop(t.index, None)
+            if held is not None:
+                t = t._replace(start=held.start)
+            if t.index in in_stop or not (last or self._complete(t)):
+                carry[t.index] = t
+            else:
+                out.append(t)
+        if texted:
+            self._texted = True
+        if not last:
+            return out, stop_tokens
+        stops: list[TokenSpan] = []
+        for t in stop_tokens:
+            held = carry.pop(t.index, None)
+            stops.append(t if held is None else t._replace(start=held.start))
+        out.extend(carry[k] for k in sorted(carry))
+        out.sort(key=lambda t: t.index)
+        carry.clear()
+        return out, stops
 
 
 #: The old name, kept importable (it shadowed `collections.abc.Sequence`).

@@ -69,10 +69,33 @@ def split_segment(segment: Segment, k: int) -> tuple[Segment, Segment] | None:
             right.append(t)
         else:
             mid = t.start + (cut - pos)
-            left.append(TokenSpan(t.index, t.id, t.start, mid, t.logprob, t.top_logprobs))
-            right.append(TokenSpan(t.index, t.id, mid, t.end, t.logprob, t.top_logprobs))
+            left.append(t._replace(end=mid))
+            right.append(t._replace(start=mid))
         pos += n
     return Segment(text[:k], tuple(left)), Segment(text[k:], tuple(right))
+
+
+def drop_first_space(segments: list[Segment], open_: bool = True) -> tuple[list[Segment], bool]:
+    """`segments` with the stream's first character dropped if it is a space, as mlx-lm's
+    byte-level BPE detokenizer drops a reply's first leading space; `open_` says no text
+    has come out yet. Returns the segments and whether that is still so.
+
+    The token that carried the space keeps its span, one byte shorter at the start (a
+    lone-space token keeps an empty one), so every token is still listed. A space
+    dropped leaves the stream open, as in mlx-lm (its text is still empty)."""
+    out = []
+    for seg in segments:
+        if open_ and seg.text:
+            if seg.text[0] == " ":
+                tokens = list(seg.tokens)
+                for i, t in enumerate(tokens):
+                    if t.end > t.start:
+                        tokens[i] = t._replace(start=t.start + 1)
+                        break
+                seg = Segment(seg.text[1:], tuple(tokens))
+            open_ = not seg.text
+        out.append(seg)
+    return out, open_
 
 
 def merge_spans(segments: Iterable[Segment]) -> list[TokenSpan]:
@@ -83,9 +106,7 @@ def merge_spans(segments: Iterable[Segment]) -> list[TokenSpan]:
             if out:
                 prev = out[-1]
                 if prev.index == t.index and prev.end == t.start:
-                    out[-1] = TokenSpan(
-                        t.index, t.id, prev.start, t.end, prev.logprob, prev.top_logprobs
-                    )
+                    out[-1] = prev._replace(end=t.end)
                     continue
             out.append(t)
     return out

@@ -30,7 +30,7 @@ from typing import Any
 
 from .align import Aligner
 from .segment import Segment, TokenSpan
-from .stops import drop_first_space
+from .stops import WholeTokens, drop_first_space
 
 
 class StreamingDetokenizer:
@@ -42,11 +42,17 @@ class StreamingDetokenizer:
     text (each with index, id and the byte range it contributed), and
     `last_segment_spans` to the segments themselves. `add_token(token, logprob,
     top_logprobs)` also takes the token's logprob and (id, logprob) alternatives, which
-    the spans then carry. `like_mlx_lm`: see the module's docstring.
+    the spans then carry. `like_mlx_lm`: see the module's docstring. `whole_tokens=True`:
+    each token is listed once, in the read whose text completes it (a token whose bytes
+    reach two reads is listed in the later one, with its whole byte range).
     """
 
     def __init__(
-        self, tokenizer: Any, skip_special_tokens: bool = False, like_mlx_lm: bool = False
+        self,
+        tokenizer: Any,
+        skip_special_tokens: bool = False,
+        like_mlx_lm: bool = False,
+        whole_tokens: bool = False,
     ) -> None:
         self._aligner = (
             tokenizer
@@ -57,6 +63,7 @@ class StreamingDetokenizer:
         #: whether this one does (`like_mlx_lm`).
         self.replaced_bpe = mlx_lm_drops_first_space(tokenizer)
         self.drops_first_space = like_mlx_lm and self.replaced_bpe
+        self.whole_tokens = whole_tokens
         #: The detokenizer this one was copied from (the installed template), or None.
         self._root: StreamingDetokenizer | None = None
         self.reset()
@@ -71,6 +78,7 @@ class StreamingDetokenizer:
         clone._text = list(self._text)
         clone._unread = list(self._unread)
         clone.segments = list(self.segments)
+        clone._whole = copy.copy(self._whole)
         return clone
 
     def reset(self) -> None:
@@ -84,6 +92,8 @@ class StreamingDetokenizer:
         self._unread: list[Segment] = []
         self.segments: list[Segment] = []
         self._open = self.drops_first_space  # no text yet, and a first space to drop
+        self._whole = WholeTokens(self._aligner.vocab) if self.whole_tokens else None
+        self._finished = False
         self.last_segment_tokens: list[TokenSpan] = []
         self.last_segment_spans: list[Segment] = []
         root = self._root
@@ -107,6 +117,7 @@ class StreamingDetokenizer:
 
     def finalize(self) -> None:
         self._take(self._aligner.finish())
+        self._finished = True
 
     @property
     def text(self) -> str:
@@ -118,6 +129,9 @@ class StreamingDetokenizer:
     def last_segment(self) -> str:
         segments, self._unread = self._unread, []
         tokens = [t for seg in segments for t in seg.tokens]
+        text = "".join(seg.text for seg in segments)
+        if self._whole is not None:
+            tokens, _ = self._whole.take(tokens, [], self._finished, bool(text))
         self.last_segment_spans = segments
         self.last_segment_tokens = tokens
         self.offset = self._length
@@ -125,7 +139,7 @@ class StreamingDetokenizer:
         if root is not None:  # mlx-lm reads a copy: let the installed template know
             root.last_segment_spans = segments
             root.last_segment_tokens = tokens
-        return "".join(seg.text for seg in segments)
+        return text
 
 
 def mlx_lm_drops_first_space(tokenizer: Any) -> bool:
@@ -146,7 +160,10 @@ def mlx_lm_drops_first_space(tokenizer: Any) -> bool:
 
 
 def install(
-    target: Any, skip_special_tokens: bool = False, like_mlx_lm: bool = False
+    target: Any,
+    skip_special_tokens: bool = False,
+    like_mlx_lm: bool = False,
+    whole_tokens: bool = False,
 ) -> StreamingDetokenizer:
     """Make an mlx-lm TokenizerWrapper hand out tokentrail detokenizers; returns the
     template, which every copy mlx-lm takes of it reports its `last_segment` reads to.
@@ -154,7 +171,7 @@ def install(
     `target` is the wrapper, or an object holding it as `tokenizer` (an mlx-engine model
     kit): then a `detokenizer` it keeps to copy per request (`BatchedVisionModelKit`,
     `ModelKit`) is replaced by the template too. `like_mlx_lm=True` keeps mlx-lm's text
-    (see the module's docstring)."""
+    (see the module's docstring); `whole_tokens`: see `StreamingDetokenizer`."""
     own = getattr(target, "__dict__", {})
     wrapper = own.get("tokenizer")
     if wrapper is None or not hasattr(wrapper, "_detokenizer"):
@@ -162,7 +179,7 @@ def install(
     else:
         kit = target
     detok = StreamingDetokenizer(
-        wrapper, skip_special_tokens=skip_special_tokens, like_mlx_lm=like_mlx_lm
+        wrapper, skip_special_tokens, like_mlx_lm=like_mlx_lm, whole_tokens=whole_tokens
     )
     wrapper._detokenizer = detok
     if kit is not None and hasattr(kit, "detokenizer"):

@@ -16,7 +16,7 @@ from typing import Any
 from .align import Aligner
 from .engines.base import Step
 from .segment import Alternative, Confidence, Segment, TokenSpan, confidence_of
-from .stops import StopMatcher, drop_first_space, merge_spans
+from .stops import StopMatcher, WholeTokens, drop_first_space, merge_spans
 
 __all__ = ["GenerationResponse", "Sequence", "SequenceState"]
 
@@ -93,13 +93,10 @@ class SequenceState:
     """
 
     __slots__ = (
-        "_carry",
         "_drafted",
-        "_first_pieces",
         "_open",
         "_pieces",
         "_size",
-        "_texted",
         "aligner",
         "done",
         "eos",
@@ -128,12 +125,9 @@ class SequenceState:
         drop_first_space: bool = False,
     ) -> None:
         self.aligner = aligner
-        self.whole = whole_tokens
+        self.whole = WholeTokens(aligner.vocab, bool(aligner.prompt_text)) if whole_tokens else None
         self._open = drop_first_space
-        self._carry: dict[int, TokenSpan] = {}
         self._drafted: set[int] = set()
-        self._first_pieces = aligner.vocab.first_pieces
-        self._texted = bool(aligner.prompt_text)
         self.matcher = matcher
         self.eos = eos
         self.n_prompt = n_prompt
@@ -209,8 +203,8 @@ class SequenceState:
         if self._drafted:
             spans = self._mark_drafted(spans)
             stop_tokens = self._mark_drafted(stop_tokens)
-        if self.whole:
-            spans, stop_tokens = self._whole(spans, stop_tokens, last, bool(text))
+        if self.whole is not None:
+            spans, stop_tokens = self.whole.take(spans, stop_tokens, last, bool(text))
 
         if not pairs:
             top_list: list[Alternative] = []
@@ -248,51 +242,6 @@ class SequenceState:
         """`spans` with `from_draft` set on the tokens a draft model proposed."""
         drafted = self._drafted
         return [t._replace(from_draft=True) if t.index in drafted else t for t in spans]
-
-    def _complete(self, t: TokenSpan) -> bool:
-        """Whether span `t` reaches the end of its token's bytes (the first piece's, for
-        a token that may still be decoded as the stream's first)."""
-        piece = self._pieces[t.id] if 0 <= t.id < self._size else None
-        if t.end >= len(piece or b""):
-            return True
-        first = None if self._texted else self._first_pieces.get(t.id)
-        return first is not None and t.end >= len(first)
-
-    def _whole(
-        self, spans: list[TokenSpan], stop_tokens: list[TokenSpan], last: bool, texted: bool
-    ) -> tuple[list[TokenSpan], list[TokenSpan]]:
-        """Whole-token mode: each token once, in the response that completes it.
-
-        A span that stops short of its token's end is held (`_carry`) and joined to the
-        token's next span; a held token is released once a later token is listed, and
-        everything at the last response. A token that also carried the stop string is
-        listed only in `stop_tokens`."""
-        carry = self._carry
-        in_stop = {t.index for t in stop_tokens}
-        out: list[TokenSpan] = []
-        for t in spans:
-            if carry:
-                for k in sorted(k for k in carry if k < t.index):
-                    out.append(carry.pop(k))
-            held = carry.pop(t.index, None)
-            if held is not None:
-                t = t._replace(start=held.start)
-            if t.index in in_stop or not (last or self._complete(t)):
-                carry[t.index] = t
-            else:
-                out.append(t)
-        if texted:
-            self._texted = True
-        if not last:
-            return out, stop_tokens
-        stops: list[TokenSpan] = []
-        for t in stop_tokens:
-            held = carry.pop(t.index, None)
-            stops.append(t if held is None else t._replace(start=held.start))
-        out.extend(carry[k] for k in sorted(carry))
-        out.sort(key=lambda t: t.index)
-        carry.clear()
-        return out, stops
 
 
 #: The old name, kept importable (it shadowed `collections.abc.Sequence`).

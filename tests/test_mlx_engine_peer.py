@@ -37,8 +37,9 @@ JSON_SCHEMA = (
     '"required": ["name"]}'
 )
 METAL_ONLY = (
-    "batched json_schema runs mlx-vlm's structured-output kernel, which needs Metal: it "
-    "fails on Linux inside mlx-vlm, with or without tokentrail"
+    "batched json_schema runs mlx-vlm's llguidance mask kernel (mx.fast.metal_kernel): "
+    "on Linux it fails inside mlx-vlm with 'RuntimeError: [metal_kernel] No Metal "
+    "back-end', with or without tokentrail"
 )
 
 

@@ -85,8 +85,8 @@ def drop_first_space(segments: list[Segment], open_: bool = True) -> tuple[list[
     has come out yet. Returns the segments and whether that is still so.
 
     The token that carried the space keeps its span, one byte shorter at the start (a
-    lone-space token keeps an empty one), so every token is still listed. A space
-    dropped leaves the stream open, as in mlx-lm (its text is still empty)."""
+    lone-space token keeps an empty one), so every token is still listed. One space at
+    most: mlx-lm holds a lone space back and trims the text it then flushes once."""
     out = []
     for seg in segments:
         if open_ and seg.text:
@@ -97,7 +97,7 @@ def drop_first_space(segments: list[Segment], open_: bool = True) -> tuple[list[
                         tokens[i] = t._replace(start=t.start + 1)
                         break
                 seg = Segment(seg.text[1:], tuple(tokens))
-            open_ = not seg.text
+            open_ = False
         out.append(seg)
     return out, open_
 

@@ -373,15 +373,7 @@ def test_unlimited_max_tokens_is_allowed(loaded: tuple[Any, Any]) -> None:
         assert first.generation_tokens == 1
 
 
-def test_prompt_longer_than_the_context_raises(loaded: tuple[Any, Any]) -> None:
-    model, tok = loaded
-    ctx = engine_for(model).context_length
-    assert ctx is not None
-    with pytest.raises(ValueError, match="context"):
-        stream_generate(model, tok, [1] * ctx, max_tokens=1)
-    # One token short of the context leaves room for exactly one token.
-    out = collect(model, tok, [1] * (ctx - 1), max_tokens=10)
-    assert len(out) == 1 and out[0].finish_reason in ("length", "stop")
+# The context cap (only where the model would fail past its positions): test_context_cap.py
 
 
 def test_unknown_model_path_and_architecture(tmp_path: Path) -> None:

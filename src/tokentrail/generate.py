@@ -6,7 +6,8 @@ On MLX, generation is mlx-lm's own `generate_step` / `speculative_generate_step`
 (torch, vLLM) yield `Step`s through the `Engine` protocol. Either way each step goes
 through a `tokentrail.sequence.Sequence` (aligner, stop strings, EOS) and becomes one
 `GenerationResponse`. Text is aligned in the prompt's context, so it is exactly what the
-continuation adds to the prompt's decoded text.
+continuation adds to the prompt's decoded text (or, with `align_to_prompt=False`, the
+reply's own text, as mlx-lm's detokenizer gives it).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .detokenizer import mlx_lm_drops_first_space
 from .engines import Engine, engine_for, load_model
 from .engines.base import Step
 from .prompting import aligner_for, eos_ids, prompt_ids, room, stop_matcher, vocab_for
@@ -116,6 +118,33 @@ def _cache_offset(prompt_cache: Any) -> int | None:
     return offset if isinstance(offset, int) else 0
 
 
+#: Names mlx-lm (and Hugging Face) models give a learned table of absolute positions.
+_POSITION_TABLES = frozenset(
+    {"wpe", "embed_positions", "position_embeddings", "position_embedding", "pos_emb"}
+)
+
+
+def _position_limit(engine: Engine, mlx: bool) -> int | None:
+    """The most positions the model can take, where going past them breaks it; None when
+    nothing does.
+
+    mlx-lm's caches grow as needed and rotary positions have no end, so an MLX model
+    runs past `max_position_embeddings` (as `mlx_lm.stream_generate` does) unless it
+    looks positions up in a learned table (GPT-2's `wpe`): its size is the limit. Other
+    engines' runtimes refuse or fail past their context (llama.cpp's `n_ctx`, vLLM's
+    `max_model_len`), so their `context_length` is."""
+    if not mlx:
+        return engine.context_length
+    model = getattr(engine, "model", None)
+    named = getattr(model, "named_modules", None)
+    if named is None:
+        return None
+    for name, module in named():
+        if name.rsplit(".", 1)[-1] in _POSITION_TABLES and type(module).__name__ == "Embedding":
+            return int(module.weight.shape[0])
+    return None
+
+
 def stream_generate(
     model: Any,
     tokenizer: Any,
@@ -136,6 +165,9 @@ def stream_generate(
     skip_special_tokens: bool = True,
     sampler: Callable[[Any], Any] | None = None,
     logits_processors: Sequence[Callable[[Any, Any], Any]] | None = None,
+    align_to_prompt: bool = True,
+    whole_tokens: bool = False,
+    cap_to_context: bool = True,
     **mlx_options: Any,
 ) -> Iterator[GenerationResponse]:
     """Generate from `prompt`, one `GenerationResponse` per token; the last has
@@ -155,10 +187,12 @@ def stream_generate(
 
     `prompt` is text, token ids, or chat messages (rendered with the tokenizer's chat
     template and a generation prompt). `max_tokens=None` (or -1) generates until EOS or
-    the model's context is full. Text is aligned in the prompt's context: the texts of
-    all responses are exactly what the generated ids add to the prompt's decoded text.
-    Every argument is checked here, before any model work; generation starts on the
-    first `next()`. Closing the iterator (or breaking out of the loop) stops it.
+    the model's context is full. `align_to_prompt`: the texts are what the ids add to the
+    prompt's decoded text; False: the reply's own text as mlx-lm's detokenizer gives it.
+    `whole_tokens`: each token listed once, in the response that completes it.
+    `cap_to_context`: where the model fails past its positions (`_position_limit`),
+    `max_tokens` is cut to the room left, ending with "length"; False turns that off.
+    Arguments are checked here; generation starts on the first `next()`, ends on close.
     """
     engine = engine_for(model)
     limit = check_max_tokens(max_tokens)
@@ -172,21 +206,16 @@ def stream_generate(
         repetition_penalty=repetition_penalty, logit_bias=logit_bias, seed=seed,
         top_logprobs=top_logprobs, vocab_size=engine.vocab_size,
     )
-    embeddings = mlx_options.get("input_embeddings")
-    if embeddings is not None and _empty(prompt):
-        ids: list[int] = []
-        n_prompt = len(embeddings)
-    else:
-        ids = prompt_ids(tokenizer, prompt, engine.vocab_size)
-        n_prompt = len(ids)
+    ids, n_prompt = _prompt(engine, tokenizer, prompt, mlx_options)
     cached = _cache_offset(mlx_options.get("prompt_cache"))
-    if mlx_options.get("max_kv_size") is None and cached is not None:
-        limit = room(engine.context_length, n_prompt, limit, cached)
+    if cap_to_context and mlx_options.get("max_kv_size") is None and cached is not None:
+        limit = room(_position_limit(engine, mlx), n_prompt, limit, cached)
     matcher = stop_matcher(stop)
-    aligner = aligner_for(tokenizer, ids, skip_special_tokens)
+    aligner = aligner_for(tokenizer, ids if align_to_prompt else None, skip_special_tokens)
     seq = SequenceState(
         aligner, matcher, eos_ids(tokenizer), n_prompt, limit, engine.vocab_size,
-        engine.peak_memory,
+        engine.peak_memory, whole_tokens=whole_tokens,
+        drop_first_space=not align_to_prompt and mlx_lm_drops_first_space(tokenizer),
     )
     if mlx:
         steps = _mlx_steps(
@@ -196,6 +225,17 @@ def stream_generate(
     else:
         steps = engine.generate(ids, params, limit)
     return _run(seq, steps, engine.name)
+
+
+def _prompt(
+    engine: Engine, tokenizer: Any, prompt: Any, mlx_options: Mapping[str, Any]
+) -> tuple[list[int], int]:
+    """The prompt's checked ids and its length (that of `input_embeddings` given alone)."""
+    embeddings = mlx_options.get("input_embeddings")
+    if embeddings is not None and _empty(prompt):
+        return [], len(embeddings)
+    ids = prompt_ids(tokenizer, prompt, engine.vocab_size)
+    return ids, len(ids)
 
 
 def _empty(prompt: Any) -> bool:

@@ -84,6 +84,8 @@ class TokenSpan(NamedTuple):
     `start`/`end` the byte offsets, within that token's own bytes, that this segment
     consumed. A token whose bytes are split across segments appears in each with its
     own range; a token with no bytes (a skipped special token) has ``start == end``.
+    `from_draft` says that a draft model proposed the token (speculative decoding) and
+    the target model accepted it, as mlx-lm's `GenerationResponse.from_draft` does.
 
     A named tuple (immutable), so that the aligner's hot path builds one with a single
     C call: reading every segment's tokens must cost no more than the text alone did.
@@ -95,6 +97,7 @@ class TokenSpan(NamedTuple):
     end: int
     logprob: float | None = None
     top_logprobs: tuple[Alternative, ...] | None = None
+    from_draft: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -107,6 +110,8 @@ class TokenSpan(NamedTuple):
             out["logprob"] = self.logprob
         if self.top_logprobs is not None:
             out["top_logprobs"] = [alt.to_dict() for alt in self.top_logprobs]
+        if self.from_draft:
+            out["from_draft"] = True
         return out
 
 
@@ -203,8 +208,15 @@ class Segment:
         return {"text": self.text, "tokens": [t.to_dict() for t in self.tokens]}
 
 
-#: Builds a TokenSpan from a 6-tuple without the Python-level __new__ (hot path).
-new_span = tuple.__new__
+_tuple_new = tuple.__new__
+_NOT_DRAFTED = (False,)
+
+
+def new_span(cls: type[TokenSpan], values: tuple[Any, ...]) -> TokenSpan:
+    """A TokenSpan from its first six fields (`from_draft` False) without the
+    Python-level `__new__` and its defaults handling (the aligner's hot path): one
+    tuple concatenation and one C call."""
+    return _tuple_new(cls, values + _NOT_DRAFTED)
 
 
 class OneTokenSegment(Segment):

@@ -16,7 +16,7 @@ from typing import Any
 from .align import Aligner
 from .engines.base import Step
 from .segment import Alternative, Confidence, Segment, TokenSpan, confidence_of
-from .stops import StopMatcher, merge_spans
+from .stops import StopMatcher, WholeTokens, drop_first_space, merge_spans
 
 __all__ = ["GenerationResponse", "Sequence", "SequenceState"]
 
@@ -29,8 +29,9 @@ class GenerationResponse:
     say where `text` came from: `last_segment_tokens` are the tokens (with the byte
     range of each that went into `text`) behind it, `confidence` aggregates their
     logprobs, `token_logprob` and `top_logprobs` describe this step's token, and, when a
-    stop string ended generation, `stop_string` names it and `stop_tokens` are the
-    tokens from its first byte to the end of what was generated.
+    stop string ended generation (on the final response only), `stop_string` names it
+    and `stop_tokens` are the spans that carried it: from its first byte to the end of
+    what was generated (an EOS right after it included), none of them in `text`.
     """
 
     text: str
@@ -84,9 +85,16 @@ class SequenceState:
     `feed(step)` turns the next engine step into its `GenerationResponse`; `done` is
     set once a response carries a `finish_reason`. `padded_size` (the model's vocabulary
     when it runs past the tokenizer's) makes alternatives without text drop out.
+
+    `whole_tokens`: each token is listed once, in the response whose text completes it
+    (its span then covers all of its bytes), rather than in every response its bytes
+    reach. `drop_first_space`: the reply's first leading space is dropped, as mlx-lm's
+    byte-level BPE detokenizer does.
     """
 
     __slots__ = (
+        "_drafted",
+        "_open",
         "_pieces",
         "_size",
         "aligner",
@@ -100,6 +108,7 @@ class SequenceState:
         "peak_memory",
         "prompt_tps",
         "tic",
+        "whole",
     )
 
     def __init__(
@@ -111,8 +120,14 @@ class SequenceState:
         limit: int | None,
         model_vocab_size: int | None,
         peak_memory: Callable[[], float],
+        *,
+        whole_tokens: bool = False,
+        drop_first_space: bool = False,
     ) -> None:
         self.aligner = aligner
+        self.whole = WholeTokens(aligner.vocab, bool(aligner.prompt_text)) if whole_tokens else None
+        self._open = drop_first_space
+        self._drafted: set[int] = set()
         self.matcher = matcher
         self.eos = eos
         self.n_prompt = n_prompt
@@ -151,11 +166,15 @@ class SequenceState:
             # EOS ends the text: it adds no characters but is still reported.
             segs = aligner.finish()
             top = aligner.alternatives(pairs) if pairs else None
-            eos_span = TokenSpan(n, token, 0, 0, step.logprob, top)
+            eos_span = TokenSpan(n, token, 0, 0, step.logprob, top, step.from_draft)
         else:
             segs = aligner.push(token, step.logprob, pairs or None)
             if last:
                 segs += aligner.finish()
+        if self._open and segs:
+            segs, self._open = drop_first_space(segs)
+        if step.from_draft:
+            self._drafted.add(n)
 
         stop_string = None
         stop_tokens: list[TokenSpan] = []
@@ -181,6 +200,11 @@ class SequenceState:
             spans = merge_spans(segs)
         if eos_span is not None:
             spans.append(eos_span)
+        if self._drafted:
+            spans = self._mark_drafted(spans)
+            stop_tokens = self._mark_drafted(stop_tokens)
+        if self.whole is not None:
+            spans, stop_tokens = self.whole.take(spans, stop_tokens, last, bool(text))
 
         if not pairs:
             top_list: list[Alternative] = []
@@ -212,6 +236,12 @@ class SequenceState:
             stop_string=stop_string,
             stop_tokens=stop_tokens,
         )
+
+
+    def _mark_drafted(self, spans: list[TokenSpan]) -> list[TokenSpan]:
+        """`spans` with `from_draft` set on the tokens a draft model proposed."""
+        drafted = self._drafted
+        return [t._replace(from_draft=True) if t.index in drafted else t for t in spans]
 
 
 #: The old name, kept importable (it shadowed `collections.abc.Sequence`).

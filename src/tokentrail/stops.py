@@ -12,8 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .segment import Segment, TokenSpan
+
+if TYPE_CHECKING:
+    from .vocab import Vocab
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,10 +73,33 @@ def split_segment(segment: Segment, k: int) -> tuple[Segment, Segment] | None:
             right.append(t)
         else:
             mid = t.start + (cut - pos)
-            left.append(TokenSpan(t.index, t.id, t.start, mid, t.logprob, t.top_logprobs))
-            right.append(TokenSpan(t.index, t.id, mid, t.end, t.logprob, t.top_logprobs))
+            left.append(t._replace(end=mid))
+            right.append(t._replace(start=mid))
         pos += n
     return Segment(text[:k], tuple(left)), Segment(text[k:], tuple(right))
+
+
+def drop_first_space(segments: list[Segment], open_: bool = True) -> tuple[list[Segment], bool]:
+    """`segments` with the stream's first character dropped if it is a space, as mlx-lm's
+    byte-level BPE detokenizer drops a reply's first leading space; `open_` says no text
+    has come out yet. Returns the segments and whether that is still so.
+
+    The token that carried the space keeps its span, one byte shorter at the start (a
+    lone-space token keeps an empty one), so every token is still listed. One space at
+    most: mlx-lm holds a lone space back and trims the text it then flushes once."""
+    out = []
+    for seg in segments:
+        if open_ and seg.text:
+            if seg.text[0] == " ":
+                tokens = list(seg.tokens)
+                for i, t in enumerate(tokens):
+                    if t.end > t.start:
+                        tokens[i] = t._replace(start=t.start + 1)
+                        break
+                seg = Segment(seg.text[1:], tuple(tokens))
+            open_ = False
+        out.append(seg)
+    return out, open_
 
 
 def merge_spans(segments: Iterable[Segment]) -> list[TokenSpan]:
@@ -83,12 +110,74 @@ def merge_spans(segments: Iterable[Segment]) -> list[TokenSpan]:
             if out:
                 prev = out[-1]
                 if prev.index == t.index and prev.end == t.start:
-                    out[-1] = TokenSpan(
-                        t.index, t.id, prev.start, t.end, prev.logprob, prev.top_logprobs
-                    )
+                    out[-1] = prev._replace(end=t.end)
                     continue
             out.append(t)
     return out
+
+
+class WholeTokens:
+    """Each token listed once, in the segment that completes it (its span then covers all
+    of its bytes), for a stream whose segments may split a token's bytes: a character
+    cut between tokens, a held-back space, a possible stop-string prefix held back.
+
+    A span that stops short of its token's end is held and joined to the token's next
+    span; a held token is also released once a later token is listed, and everything at
+    the stream's end. A token that also carried the stop string goes to `stop_tokens`
+    only. Text is not touched."""
+
+    def __init__(self, vocab: Vocab, texted: bool = False) -> None:
+        self._pieces = vocab.pieces
+        self._first_pieces = vocab.first_pieces
+        self._texted = texted  # some text has come out (the prompt's counts)
+        self._carry: dict[int, TokenSpan] = {}
+
+    def __copy__(self) -> WholeTokens:
+        clone = object.__new__(WholeTokens)
+        clone.__dict__.update(self.__dict__)
+        clone._carry = dict(self._carry)
+        return clone
+
+    def _complete(self, t: TokenSpan) -> bool:
+        """Whether span `t` reaches the end of its token's bytes (of its first piece, for
+        a token that may still be decoded as the stream's first)."""
+        pieces = self._pieces
+        piece = pieces[t.id] if 0 <= t.id < len(pieces) else None
+        if t.end >= len(piece or b""):
+            return True
+        first = None if self._texted else self._first_pieces.get(t.id)
+        return first is not None and t.end >= len(first)
+
+    def take(
+        self, spans: list[TokenSpan], stop_tokens: list[TokenSpan], last: bool, texted: bool
+    ) -> tuple[list[TokenSpan], list[TokenSpan]]:
+        """The spans to list for one response (`texted`: its text is not empty) and its
+        stop tokens; `last`: the stream ends with it."""
+        carry = self._carry
+        in_stop = {t.index for t in stop_tokens}
+        out: list[TokenSpan] = []
+        for t in spans:
+            if carry:
+                for k in sorted(k for k in carry if k < t.index):
+                    out.append(carry.pop(k))
+            held = carry.pop(t.index, None)
+            if held is not None:
+                t = t._replace(start=held.start)
+            if t.index in in_stop or not (last or self._complete(t)):
+                carry[t.index] = t
+            else:
+                out.append(t)
+        self._texted = self._texted or texted
+        if not last:
+            return out, stop_tokens
+        stops: list[TokenSpan] = []
+        for t in stop_tokens:
+            held = carry.pop(t.index, None)
+            stops.append(t if held is None else t._replace(start=held.start))
+        out.extend(carry[k] for k in sorted(carry))
+        out.sort(key=lambda t: t.index)
+        carry.clear()
+        return out, stops
 
 
 class StopMatcher:

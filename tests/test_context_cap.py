@@ -14,8 +14,10 @@ from typing import Any
 
 import pytest
 
-mx = pytest.importorskip("mlx.core", reason="mlx is not installed: pip install -e '.[mlx]'")
-mlx_lm = pytest.importorskip("mlx_lm", reason="mlx-lm is not installed: pip install -e '.[mlx]'")
+from tests.helpers.env import require
+
+mx = require("mlx.core")
+mlx_lm = require("mlx_lm")
 
 import tokentrail  # noqa: E402
 from tokentrail.generate import DEMO_MODEL  # noqa: E402

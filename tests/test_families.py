@@ -19,6 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.helpers.env import require
 from tokentrail import Aligner
 
 R50K_URL = "https://openaipublic.blob.core.windows.net/encodings/r50k_base.tiktoken"
@@ -47,7 +48,7 @@ def r50k(corpus: Path) -> Path:
 def registry_encoding(r50k: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """tiktoken.get_encoding('r50k_base') as tiktoken builds it offline: the file in its
     cache folder under the name it gives the URL (tiktoken/load.py, read_file_cached)."""
-    pytest.importorskip("tiktoken")
+    require("tiktoken")
     import tiktoken.registry
 
     cache = tmp_path / "tiktoken-cache"
@@ -111,7 +112,7 @@ def test_other_rank_file_is_not_taken_for_a_registered_one(
     r50k: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """One rank line fewer: another hash, so not r50k_base (and no special tokens)."""
-    pytest.importorskip("tiktoken")
+    require("tiktoken")
     _no_network(monkeypatch)
     lines = r50k.read_bytes().splitlines(keepends=True)
     other = tmp_path / "other.tiktoken"
@@ -129,7 +130,7 @@ def test_other_rank_file_is_not_taken_for_a_registered_one(
 def _llama2_folder(corpus: Path, tmp: Path, unk_special: bool) -> Path:
     """Llama 2's tokenizer.json (converted by transformers) with `<unk>` flagged as given,
     plus a non-special added token and a special one."""
-    transformers = pytest.importorskip("transformers")
+    transformers = require("transformers")
     from tokenizers import AddedToken, Tokenizer
 
     model = corpus / "tokenizers/llama2/tokenizer.model"
@@ -191,7 +192,7 @@ def test_unflagged_token_follows_tokenizers(unflagged: Path, how: str, skip: boo
 def test_unflagged_token_follows_transformers(unflagged: Path, skip: bool) -> None:
     """transformers loads the same folder and drops the `<unk>` its config names: a
     transformers object aligns to transformers' decode, not to the file's flag."""
-    transformers = pytest.importorskip("transformers")
+    transformers = require("transformers")
     tf = transformers.AutoTokenizer.from_pretrained(str(unflagged))
     a = Aligner(tf, skip_special_tokens=skip)
     unk = tf.convert_tokens_to_ids("<unk>")

@@ -27,6 +27,8 @@ from typing import Any
 
 import pytest
 
+from tests.helpers.env import require
+
 REPO = Path(__file__).resolve().parents[1]
 PEER = Path(
     os.environ.get("TOKENTRAIL_MLX_ENGINE", REPO.parent / "shared" / "peers" / "mlx-engine")
@@ -52,7 +54,7 @@ def _missing(reason: str) -> None:
 @pytest.fixture(scope="module")
 def peer() -> Iterator[Any]:
     """`mlx_engine.generate`, imported from the peer's checkout."""
-    pytest.importorskip("mlx_lm", reason="mlx-lm is not installed: pip install -e '.[mlx]'")
+    require("mlx_lm")
     if not (PEER / "mlx_engine" / "generate.py").is_file():
         _missing(
             f"LM Studio's mlx-engine is not at {PEER} (lmstudio-ai/mlx-engine; set "
@@ -81,9 +83,7 @@ def model_path(request: pytest.FixtureRequest) -> Path:
     from tokentrail.engines.gguf_models import mlx_folder_from_gguf
     from tokentrail.models import ModelNotAvailable, resolve
 
-    pytest.importorskip(
-        "torch", reason="converting the GGUF needs torch: pip install -e '.[torch]'"
-    )
+    require("torch")
     try:
         gguf = resolve("smollm2")
     except ModelNotAvailable as e:

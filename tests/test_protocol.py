@@ -6,11 +6,13 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("pydantic")
+from tests.helpers.env import require
 
-from tokentrail.errors import APIError
-from tokentrail.sampling import OPENAI_LIMITS, SamplingError, make_params
-from tokentrail.server.protocol import parse_chat, parse_completion
+require("pydantic")
+
+from tokentrail.errors import APIError  # noqa: E402
+from tokentrail.sampling import OPENAI_LIMITS, SamplingError, make_params  # noqa: E402
+from tokentrail.server.protocol import parse_chat, parse_completion  # noqa: E402
 
 CHAT, COMP = "chat", "completion"
 MSG = [{"role": "user", "content": "hi"}]

@@ -9,12 +9,14 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("mlx_lm", reason="mlx-lm is not installed: pip install -e '.[mlx]'")
+from tests.helpers.env import require
 
-from tokentrail.detokenizer import StreamingDetokenizer, mlx_lm_drops_first_space
-from tokentrail.engines.base import Step
-from tokentrail.prompting import aligner_for, stop_matcher
-from tokentrail.sequence import SequenceState
+require("mlx_lm")
+
+from tokentrail.detokenizer import StreamingDetokenizer, mlx_lm_drops_first_space  # noqa: E402
+from tokentrail.engines.base import Step  # noqa: E402
+from tokentrail.prompting import aligner_for, stop_matcher  # noqa: E402
+from tokentrail.sequence import SequenceState  # noqa: E402
 
 # (mlx-lm's naive detokenizer, which SentencePiece without a tokenizer.json gets, decodes
 # each line on its own, so a line after "\n" that starts with a word loses its space;

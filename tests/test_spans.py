@@ -20,6 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.helpers.env import require
 from tokentrail import Aligner, Segment
 
 MODELS = {
@@ -39,7 +40,7 @@ _CACHE: dict[str, tuple[Aligner, Aligner, Aligner, Aligner]] = {}
 def _aligners(corpus: Path, key: str, tmp: Path) -> tuple[Aligner, Aligner, Aligner, Aligner]:
     """(tokenizer.json keep, skip, sentencepiece keep, skip) for one model."""
     if key not in _CACHE:
-        transformers = pytest.importorskip("transformers")
+        transformers = require("transformers")
         model = corpus / MODELS[key]
         if not model.is_file():
             pytest.skip(f"{model} missing from the corpus")

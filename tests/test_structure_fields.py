@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from tests.helpers.env import require
 from tokentrail import Aligner, Segment, TokenSpan, confidence_of
 from tokentrail.errors import StructureError
 from tokentrail.structure import (
@@ -51,14 +52,14 @@ class Tok:
 
 @pytest.fixture(scope="module")
 def demo() -> Tok:
-    tokenizers = pytest.importorskip("tokenizers")
+    tokenizers = require("tokenizers")
     tok = tokenizers.Tokenizer.from_file(str(DEMO / "tokenizer.json"))
     return Tok(lambda s: tok.encode(s, add_special_tokens=False).ids, str(DEMO))
 
 
 @pytest.fixture(scope="module")
 def qwen2(corpus: Path) -> Tok:
-    transformers = pytest.importorskip("transformers")
+    transformers = require("transformers")
     folder = corpus / "tokenizers" / "qwen2"
     tok = transformers.AutoTokenizer.from_pretrained(folder)
     return Tok(lambda s: tok.encode(s, add_special_tokens=False), str(folder))
@@ -158,7 +159,7 @@ def serialise(value: Any, ws: Callable[[], str], ascii: bool) -> tuple[str, list
 
 
 def test_random_json_values_with_random_white_space(tok: Tok) -> None:
-    hypothesis = pytest.importorskip("hypothesis")
+    hypothesis = require("hypothesis")
     st = hypothesis.strategies
     keys = st.text(st.sampled_from('ab~/"\\é🙂 x\n'), max_size=4)
     leaves = (
@@ -310,8 +311,8 @@ def test_no_scorer_means_no_alternatives_and_a_reason(demo: Tok) -> None:
 
 @pytest.fixture(scope="module")
 def demo_lm() -> tuple[Any, Any]:
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
+    torch = require("torch")
+    transformers = require("transformers")
     model = transformers.AutoModelForCausalLM.from_pretrained(DEMO, dtype=torch.float32)
     return model.eval(), torch
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.env import require
 from tokentrail import Aligner, Segment
 from tokentrail.errors import StructureError
 from tokentrail.structure import (
@@ -51,14 +52,14 @@ class Tok:
 
 @pytest.fixture(scope="module")
 def demo() -> Tok:
-    tokenizers = pytest.importorskip("tokenizers")
+    tokenizers = require("tokenizers")
     tok = tokenizers.Tokenizer.from_file(str(DEMO / "tokenizer.json"))
     return Tok(lambda s: tok.encode(s, add_special_tokens=False).ids, str(DEMO))
 
 
 @pytest.fixture(scope="module")
 def qwen2(corpus: Path) -> Tok:
-    transformers = pytest.importorskip("transformers")
+    transformers = require("transformers")
     folder = corpus / "tokenizers" / "qwen2"
     tok = transformers.AutoTokenizer.from_pretrained(folder)
     return Tok(lambda s: tok.encode(s, add_special_tokens=False), str(folder))
@@ -404,7 +405,7 @@ FORMATS = [
 
 
 def test_random_texts_around_markers(tok: Tok) -> None:
-    hypothesis = pytest.importorskip("hypothesis")
+    hypothesis = require("hypothesis")
     st = hypothesis.strategies
 
     words = st.sampled_from(
@@ -432,8 +433,8 @@ def replies() -> list[list[Segment]]:
     try:
         model, tokenizer = tokentrail.load()
     except Exception:  # no MLX here: the torch engine runs the same model
-        pytest.importorskip("torch")
-        pytest.importorskip("transformers")
+        require("torch")
+        require("transformers")
         model, tokenizer = tokentrail.load(engine="torch")
     out = []
     for prompt in ["What is Python?", "Tell me about lists.", "Hello, how are you?"]:

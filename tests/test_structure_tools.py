@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from tests.helpers.env import require
 from tokentrail import Aligner, Segment
 from tokentrail.errors import StructureError
 from tokentrail.structure import (
@@ -30,7 +31,7 @@ DEMO = Path(__file__).resolve().parents[1] / "src" / "tokentrail" / "demo_model"
 
 @pytest.fixture(scope="module")
 def demo() -> tuple[Callable[[str], list[int]], Aligner]:
-    tokenizers = pytest.importorskip("tokenizers")
+    tokenizers = require("tokenizers")
     tok = tokenizers.Tokenizer.from_file(str(DEMO / "tokenizer.json"))
     return (lambda s: tok.encode(s, add_special_tokens=False).ids), Aligner(str(DEMO))
 

@@ -76,6 +76,8 @@ class Entry:
     #: The entry's bytes are more than its own token's (llama.cpp folds the bytes of
     #: tokens it sent no entry for into the next one): seen from its own alternative.
     folded: bool = False
+    #: The bytes its own alternative (same id) claims, when the server lists one.
+    own: bytes | None = None
 
     @property
     def data(self) -> bytes:
@@ -114,7 +116,8 @@ class Stream:
 def _entry(w: WireToken) -> Entry:
     own = [t for t in w.top or () if t.id is not None and t.id == w.id]
     folded = bool(own) and own[0].raw is not None and w.raw is not None and own[0].raw != w.raw
-    return Entry(w.token, w.raw, w.logprob, len(w.top or ()), w.id, folded)
+    mine = own[0].raw if own else None
+    return Entry(w.token, w.raw, w.logprob, len(w.top or ()), w.id, folded, mine)
 
 
 def _add_choice(s: Stream, ch: Mapping[str, Any], where: str) -> None:
@@ -326,12 +329,17 @@ def check_stop(probe: str, plan: StopPlan, s: Stream) -> list[Finding]:
         out.append(Finding("stop_tokens", probe, FAIL, f"listed {inside!r}, inside the stop "
                            f"string {plan.stop!r}, which the content does not have"))  # fmt: skip
     elif listed == plan.listed and joined == s.content.encode("utf-8"):
-        real, cut = plan.straddler, s.entries[-1].data
+        last = s.entries[-1]
         out.append(Finding("join", probe, FAIL, f"the token straddling the stop string "
-                           f"{plan.stop!r} is listed with its bytes cut to the content "
-                           f"({cut!r}; its real bytes are {real!r})"))  # fmt: skip
-        out.append(Finding("stop_tokens", probe, PASS, f"nothing of {plan.stop!r} is listed "
-                           "beyond the straddling token"))  # fmt: skip
+                           f"{plan.stop!r} is not listed with its real bytes "
+                           f"{plan.straddler!r}: the last entry has {last.data!r}"))  # fmt: skip
+        if last.folded:
+            out.append(Finding("stop_tokens", probe, FAIL, f"the last entry names token "
+                               f"{last.id} (bytes {last.own!r}, inside the stop string) with "
+                               f"text it did not produce ({last.data!r})"))  # fmt: skip
+        else:
+            out.append(Finding("stop_tokens", probe, PASS, f"nothing of {plan.stop!r} is "
+                               "listed beyond the straddling token"))  # fmt: skip
     else:
         at = _first_diff(joined, plan.joined)
         out.append(Finding("join", probe, FAIL, f"with stop {plan.stop!r}, the entries' bytes "

@@ -80,15 +80,11 @@ class Checker:
 
         url = url.rstrip("/")
         self.url = url[: -len("/v1")] if url.endswith("/v1") else url
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         # No kept-alive connections: llama-server was seen to drop a request sent on a
         # connection that had just carried a stream.
-        self.client = httpx.Client(
-            base_url=self.url,
-            headers=headers,
-            timeout=httpx.Timeout(timeout, connect=10.0),
-            limits=httpx.Limits(max_keepalive_connections=0),
-        )
+        limits = httpx.Limits(max_keepalive_connections=0)
+        self.client = httpx.Client(timeout=httpx.Timeout(timeout, connect=10.0), limits=limits)
         self.model = model
         self.tokenizer = tokenizer
         self.quick = quick
@@ -102,7 +98,7 @@ class Checker:
         import httpx
 
         try:
-            r = self.client.request(method, path, json=body)
+            r = self.client.request(method, self.url + path, json=body, headers=self.headers)
         except httpx.TimeoutException as e:
             return Answer(504, text=f"timed out: {e}")
         except httpx.HTTPError as e:

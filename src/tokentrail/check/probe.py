@@ -141,8 +141,8 @@ class Checker:
         try:
             self._discover()
             self._streams()
+            self._errors()
             if not self.quick:
-                self._errors()
                 self._extras()
             self._capabilities()
             if self.tokenizer is not None:

@@ -94,10 +94,12 @@ class Realigner:
         # Gaps whose token count the server did not say (llama.cpp's OpenAI endpoints):
         # the stream index at each, and its refused marker. Segments after the first
         # are held until the end, when usage.completion_tokens may settle the counts.
-        self._open_gaps: list[tuple[int, RefusedToken, bytes]] = []
+        self._open_gaps: list[tuple[int, RefusedToken, bytes, bool]] = []
         self._deferred: list[Segment] = []
         self._total: int | None = None
         self._multi = False
+        self._cut_gap = False  # the next gap's last token was cut short by a stop string
+        self._trailing: list[TokenSpan] = []
 
     # -- public ------------------------------------------------------------------------------
 
@@ -162,6 +164,7 @@ class Realigner:
             )
         released = self._feeder.finish()
         self._refused = list(self._feeder.refused)
+        self._trailing = list(self._feeder.trailing)
         released = self._settle_counts(self._deferred + released)
         self._deferred = []
         if self._ext is not None:
@@ -195,7 +198,7 @@ class Realigner:
             content=self._feeder.content,
             tokens=self._n,
             refused=list(self._refused),
-            trailing=list(self._feeder.trailing),
+            trailing=list(self._trailing),
             ambiguous=self._ambiguous,
             warnings=list(self._warnings),
             errors=list(self._errors),
@@ -328,10 +331,17 @@ class Realigner:
                 if len(raw) > len(own) and raw.endswith(own):
                     gap = raw[: len(raw) - len(own)]
                 elif raw not in (own, self.vocab.pieces[tid]):
+                    # At a stop string llama.cpp puts the text it held back (the part of
+                    # the straddling token before the stop) on the entry of the token
+                    # that completed the stop: those bytes are the held tokens', and this
+                    # token's own bytes are past the content (the feeder cuts them off).
                     self._warn(
                         f"{where}: llama.cpp sent bytes {list(raw)} for token {tid}, whose "
-                        f"bytes are {list(own)}"
+                        f"bytes are {list(own)}: taken as the bytes of tokens it sent no "
+                        "entry for (a stop string cut this token off?)"
                     )
+                    gap = raw
+                    self._cut_gap = True
             if gap:
                 self._gap(gap, dropped)
                 dropped = []
@@ -367,7 +377,8 @@ class Realigner:
         shown = data.decode("utf-8", "backslashreplace")
         refused = tuple(RefusedToken(r.index, r.reason, shown) for r in refused)
         if not dropped:
-            self._open_gaps.append((self._n, refused[0], data))
+            self._open_gaps.append((self._n, refused[0], data, self._cut_gap))
+        self._cut_gap = False
         self._feeder.add(Obs("gap", None, raw=data, refused=refused))
 
     def _settle_counts(self, segments: list[Segment]) -> list[Segment]:
@@ -387,13 +398,13 @@ class Realigner:
             return self._count_tail(segments, total)
         gaps = self._open_gaps
         self._open_gaps = []
-        options = [spellings(data, self._rev) for _, _, data in gaps]
+        options = [spellings(data, self._rev, cut) for _, _, data, cut in gaps]
         missing = None if total is None else total - self._n
         counts = settle(options, missing, frozenset({0, 1}))
         renamed: dict[int, tuple[RefusedToken, ...]] = {}
         shifts: list[tuple[int, int | None]] = []
         offset = 0
-        for (at, ref, _), c in zip(gaps, counts, strict=True):
+        for (at, ref, _, _), c in zip(gaps, counts, strict=True):
             if c is None:
                 why = f"{ref.reason}; how many tokens it held cannot be told"
                 renamed[id(ref)] = (RefusedToken(None, why, ref.reported),)
@@ -412,6 +423,8 @@ class Realigner:
                 f"index {unknown_from} on are unknown (index null)"
             )
         out = [self._renumber(seg, shifts, renamed, unknown_from) for seg in segments]
+        cut = self._renumber(RealignedSegment("", tuple(self._trailing)), shifts, {}, unknown_from)
+        self._trailing = list(cut.tokens)
         self._refused = [r for x in self._refused for r in renamed.get(id(x), (x,))]
         if unknown_from is None:
             self._n += offset

@@ -15,19 +15,25 @@ from collections.abc import Sequence
 from .vocabmap import Reverse
 
 
-def spellings(data: bytes, rev: Reverse) -> frozenset[int]:
+def spellings(data: bytes, rev: Reverse, open_end: bool = False) -> frozenset[int]:
     """The numbers of (non-special) vocabulary tokens whose pieces, concatenated, are
-    `data` (special tokens add no bytes to a llama.cpp frame)."""
+    `data` (special tokens add no bytes to a llama.cpp frame). `open_end`: `data` is
+    only a prefix of their bytes (a stop string cut the last one short)."""
     n = len(data)
     counts: list[set[int]] = [set() for _ in range(n + 1)]
     counts[0].add(0)
+    ends: set[int] = set()
     for i in range(n):
         if not counts[i]:
             continue
         for j in range(i + 1, min(n, i + rev.longest) + 1):
             if data[i:j] in rev.plain:
                 counts[j].update(c + 1 for c in counts[i])
-    return frozenset(counts[n])
+        if open_end and any(
+            len(p) > n - i and p.startswith(data[i:]) for p in rev.plain
+        ):
+            ends.update(c + 1 for c in counts[i])
+    return frozenset(counts[n] | ends)
 
 
 def _sums(options: Sequence[frozenset[int]]) -> set[int]:

@@ -5,7 +5,7 @@ inside a possible stop string) and fold its bytes into the next entry, without s
 how many tokens they were. The realigner settles each fold's count from its bytes and
 ``usage.completion_tokens`` when only one count fits; otherwise the positions from there
 on are unknown (index None), never shifted. Recordings: ``tests/data/realign/llamacpp``
-(record_llamacpp.py) and ``tests/data/realign/llamacpp_folds`` (record_folds.py), real
+(record_llamacpp.py) and ``tests/data/realign/llamacpp_folds`` (`record_llamacpp.py --folds`), real
 llama-server streams on SmolLM2-135M-Instruct.
 """
 

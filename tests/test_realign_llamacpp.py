@@ -67,21 +67,32 @@ def check_recording(rec: dict[str, Any], stream: list[dict[str, Any]], vocab: An
     assert result.content == rec["content"]
     assert result.text == rec["content"], result.summary()
 
-    got: dict[int, int] = {}
+    # Each attributed token once, in stream order (a token split between segments
+    # continues its byte range in the next one); its index may be None (unknown).
+    order: list[tuple[int | None, int, int]] = []
     for seg in result.segments:
         for t in seg.tokens:
-            assert got.setdefault(t.index, t.id) == t.id
+            if order and order[-1][1] == t.id and order[-1][2] == t.start > 0:
+                order[-1] = (t.index, t.id, t.end)
+            else:
+                order.append((t.index, t.id, t.end))
+    got = {i: tid for i, tid, _ in order if i is not None}
     sent = [i for i in range(len(ids)) if i not in set(rec["dropped"])]
     # Ids, in order: exactly those of the tokens llama.cpp sent, never a guessed one.
-    assert [got[i] for i in sorted(got)] == [ids[i] for i in sent], result.summary()
+    assert [tid for _, tid, _ in order] == [ids[i] for i in sent], result.summary()
     assert result.tokens == len(ids) == rec["completion_tokens"]
     assert result.exact == (not rec["dropped"])
     refused = [r.index for r in result.refused]
-    if any("provisional" in w for w in result.warnings):
+    # A stated index is always the true one (a wrong index is worse than none).
+    assert {i: ids[i] for i in got} == got, result.summary()
+    if any("unknown (index null)" in w for w in result.warnings):
         # llama.cpp's OpenAI endpoints folded frames without saying how many tokens each
-        # held, and usage cannot settle it: the refusals have no index, and it says so.
+        # held, and neither the bytes nor usage tell it: from the first such fold on,
+        # positions are unknown (index None), refusals included, and it says so.
         assert rec["endpoint"] != "completion" and rec["dropped"]
-        assert len(refused) < len(rec["dropped"]) and None in refused
+        assert None in refused
+        first = next(k for k, (i, _, _) in enumerate(order) if i is None)
+        assert all(i is None for i, _, _ in order[first:])
         return
     # Indices: every attributed token has its true id at its true index...
     assert {i: ids[i] for i in got} == got, result.summary()

@@ -119,9 +119,11 @@ def test_chat_stream_equals_non_stream_with_logprobs(server: Server, client: Any
     assert [c.choices[0].finish_reason for c in token_chunks] == [None] * (n - 1) + [
         full.choices[0].finish_reason
     ]
-    streamed = [c.choices[0].logprobs.content for c in token_chunks]
-    assert all(len(s) == 1 for s in streamed)
-    for a, b in zip([s[0] for s in streamed], lps, strict=True):
+    # Each token is listed once, in the chunk whose content its text went into (a
+    # held-back token later, with its neighbours): the entries join to the content.
+    streamed = [e for c in token_chunks for e in c.choices[0].logprobs.content]
+    assert b"".join(bytes(e.bytes) for e in streamed) == content.encode()
+    for a, b in zip(streamed, lps, strict=True):
         assert (a.token, a.bytes) == (b.token, b.bytes)
         assert a.logprob == pytest.approx(b.logprob, abs=1e-5)
         assert [t.token for t in a.top_logprobs] == [t.token for t in b.top_logprobs]
@@ -138,7 +140,6 @@ def test_chat_stream_equals_non_stream_with_logprobs(server: Server, client: Any
     assert tok.decode(ids, skip_special_tokens=True) == content
     for c, e in zip(token_chunks, exts, strict=True):
         assert "".join(s["text"] for s in e["segments"]) == c.choices[0].delta.content
-        assert bytes(e["token"]["bytes"]) == bytes(c.choices[0].logprobs.content[0].bytes)
     check_attribution(exts, n)
     whole = ext(full)
     assert [s["text"] for s in whole["segments"]] == [
@@ -178,8 +179,11 @@ def test_eos_token_is_reported_with_empty_text(server: Server, client: Any, tok:
     (c,) = chunks
     assert c.choices[0].delta.content == ""
     assert c.choices[0].finish_reason == "stop"
+    # Listed with the text it produced (none), not with '<|im_end|>' the content omits;
+    # the extension still names it exactly.
     (entry,) = c.choices[0].logprobs.content
-    assert entry.token == tok.id_to_token(eos)
+    assert (entry.token, entry.bytes) == ("", [])
+    assert str(ext(c)["token"]["text"]) == tok.id_to_token(eos)
     e = ext(c)
     assert e["token"]["id"] == eos
     assert e["segments"] == [
@@ -232,11 +236,12 @@ def test_completion_stream_equals_non_stream_with_logprobs(
 
     assert len(chunks) == n
     assert "".join(c.choices[0].text for c in chunks) == text
-    assert [c.choices[0].logprobs.tokens[0] for c in chunks] == lp.tokens
-    assert [c.choices[0].logprobs.text_offset[0] for c in chunks] == lp.text_offset
-    assert [c.choices[0].logprobs.token_logprobs[0] for c in chunks] == pytest.approx(
-        lp.token_logprobs, abs=1e-5
-    )
+    # Tokens are listed in the chunk whose text they went into (see the chat test).
+    assert [t for c in chunks for t in c.choices[0].logprobs.tokens] == lp.tokens
+    assert [o for c in chunks for o in c.choices[0].logprobs.text_offset] == lp.text_offset
+    assert [
+        v for c in chunks for v in c.choices[0].logprobs.token_logprobs
+    ] == pytest.approx(lp.token_logprobs, abs=1e-5)
     exts = [ext(c) for c in chunks]
     ids = [e["token"]["id"] for e in exts]
     assert tok.decode(ids, skip_special_tokens=True) == text
@@ -244,7 +249,7 @@ def test_completion_stream_equals_non_stream_with_logprobs(
     # A token whose text is final at once starts where its offset says.
     for c, e in zip(chunks, exts, strict=True):
         segs = e["segments"]
-        if segs and segs[0]["tokens"][0]["index"] == e["token"]["index"]:
+        if segs and c.choices[0].logprobs.text_offset:
             off = c.choices[0].logprobs.text_offset[0]
             assert text[off : off + len(segs[0]["text"])] == segs[0]["text"]
 

@@ -1,4 +1,4 @@
-"""Command line: `tokentrail align | generate | serve | realign | bench`.
+"""Command line: `tokentrail align | generate | serve | realign | check | bench`.
 
 Each command lives with the code it drives; this module only builds the parser. Errors
 in input exit with status 2 and one line on stderr.
@@ -218,7 +218,12 @@ def _register_bench(sub: argparse._SubParsersAction) -> None:
 # -- entry point -----------------------------------------------------------------------
 
 # Modules that add their own sub-command through `register(subparsers)`.
-_PLUGINS = ("tokentrail.generate_cli", "tokentrail.server", "tokentrail.realign")
+_PLUGINS = (
+    "tokentrail.generate_cli",
+    "tokentrail.server",
+    "tokentrail.realign",
+    "tokentrail.check",
+)
 
 
 _VERBOSE_HELP = "log progress (INFO level) to stderr"

@@ -17,11 +17,13 @@ from typing import Any
 
 from ..segment import Segment, TokenSpan
 from ..vocab import Vocab
+from .counts import settle, spellings
 from .dialects import parse_chunk, tokentrail
 from .dialects import token_ids as token_id_strings
 from .feeding import Feeder
 from .placement import Obs
 from .result import (
+    POSITION_UNKNOWN,
     RealignedSegment,
     RealignError,
     RealignResult,
@@ -92,10 +94,12 @@ class Realigner:
         # Gaps whose token count the server did not say (llama.cpp's OpenAI endpoints):
         # the stream index at each, and its refused marker. Segments after the first
         # are held until the end, when usage.completion_tokens may settle the counts.
-        self._open_gaps: list[tuple[int, RefusedToken]] = []
+        self._open_gaps: list[tuple[int, RefusedToken, bytes, bool]] = []
         self._deferred: list[Segment] = []
         self._total: int | None = None
         self._multi = False
+        self._cut_gap = False  # the next gap's last token was cut short by a stop string
+        self._trailing: list[TokenSpan] = []
 
     # -- public ------------------------------------------------------------------------------
 
@@ -160,6 +164,7 @@ class Realigner:
             )
         released = self._feeder.finish()
         self._refused = list(self._feeder.refused)
+        self._trailing = list(self._feeder.trailing)
         released = self._settle_counts(self._deferred + released)
         self._deferred = []
         if self._ext is not None:
@@ -193,7 +198,7 @@ class Realigner:
             content=self._feeder.content,
             tokens=self._n,
             refused=list(self._refused),
-            trailing=list(self._feeder.trailing),
+            trailing=list(self._trailing),
             ambiguous=self._ambiguous,
             warnings=list(self._warnings),
             errors=list(self._errors),
@@ -326,10 +331,17 @@ class Realigner:
                 if len(raw) > len(own) and raw.endswith(own):
                     gap = raw[: len(raw) - len(own)]
                 elif raw not in (own, self.vocab.pieces[tid]):
+                    # At a stop string llama.cpp puts the text it held back (the part of
+                    # the straddling token before the stop) on the entry of the token
+                    # that completed the stop: those bytes are the held tokens', and this
+                    # token's own bytes are past the content (the feeder cuts them off).
                     self._warn(
                         f"{where}: llama.cpp sent bytes {list(raw)} for token {tid}, whose "
-                        f"bytes are {list(own)}"
+                        f"bytes are {list(own)}: taken as the bytes of tokens it sent no "
+                        "entry for (a stop string cut this token off?)"
                     )
+                    gap = raw
+                    self._cut_gap = True
             if gap:
                 self._gap(gap, dropped)
                 dropped = []
@@ -365,7 +377,8 @@ class Realigner:
         shown = data.decode("utf-8", "backslashreplace")
         refused = tuple(RefusedToken(r.index, r.reason, shown) for r in refused)
         if not dropped:
-            self._open_gaps.append((self._n, refused[0]))
+            self._open_gaps.append((self._n, refused[0], data, self._cut_gap))
+        self._cut_gap = False
         self._feeder.add(Obs("gap", None, raw=data, refused=refused))
 
     def _settle_counts(self, segments: list[Segment]) -> list[Segment]:
@@ -373,69 +386,95 @@ class Realigner:
 
         ``usage.completion_tokens`` says how many tokens there were. Without open gaps,
         the missing ones come after every entry (llama.cpp leaves the end-of-turn token
-        out of chat logprobs): they are refused at their indices. With open gaps, the
-        counts are settled when each gap held exactly one token (the indices after each
-        gap are shifted accordingly); otherwise the indices after the first gap stay
-        provisional and a warning says so.
+        out of chat logprobs): they are refused at their indices. With open gaps (folded
+        frames that did not say how many tokens they held), each gap's count is settled
+        when only one fits its bytes and the total (`tokentrail.realign.counts`); the
+        indices after each settled gap shift accordingly. From the first gap whose count
+        cannot be told on, positions are unknown: those tokens get index None, never a
+        shifted one.
         """
         total = None if self._multi else self._total
+        if not self._open_gaps:
+            return self._count_tail(segments, total)
         gaps = self._open_gaps
-        if total is None:
-            if gaps:
-                self._warn(
-                    f"the server folded {len(gaps)} frame(s) without saying how many tokens "
-                    "they held, and sent no usage: token indices after the first are "
-                    "provisional"
+        self._open_gaps = []
+        options = [spellings(data, self._rev, cut) for _, _, data, cut in gaps]
+        missing = None if total is None else total - self._n
+        counts = settle(options, missing, frozenset({0, 1}))
+        renamed: dict[int, tuple[RefusedToken, ...]] = {}
+        shifts: list[tuple[int, int | None]] = []
+        offset = 0
+        for (at, ref, _, _), c in zip(gaps, counts, strict=True):
+            if c is None:
+                why = f"{ref.reason}; how many tokens it held cannot be told"
+                renamed[id(ref)] = (RefusedToken(None, why, ref.reported),)
+            else:
+                base = at + offset
+                renamed[id(ref)] = tuple(
+                    RefusedToken(base + j, ref.reason, ref.reported) for j in range(c)
                 )
+                offset += c
+            shifts.append((at, c))
+        unknown_from = next((at for at, c in shifts if c is None), None)
+        if unknown_from is not None:
+            self._warn(
+                f"the server folded frames without saying how many tokens they held, and "
+                f"neither their bytes nor usage tell it: the positions of tokens from stream "
+                f"index {unknown_from} on are unknown (index null)"
+            )
+        out = [self._renumber(seg, shifts, renamed, unknown_from) for seg in segments]
+        cut = self._renumber(RealignedSegment("", tuple(self._trailing)), shifts, {}, unknown_from)
+        self._trailing = list(cut.tokens)
+        self._refused = [r for x in self._refused for r in renamed.get(id(x), (x,))]
+        if unknown_from is None:
+            self._n += offset
+            if total is not None and total > self._n:
+                out = self._count_tail(out, total)
+        self._n = max(self._n, total or 0)
+        return out
+
+    def _renumber(
+        self,
+        seg: Segment,
+        shifts: list[tuple[int, int | None]],
+        renamed: dict[int, tuple[RefusedToken, ...]],
+        unknown_from: int | None,
+    ) -> Segment:
+        """`seg` with its tokens at their true positions (None where not known)."""
+
+        def index(i: int) -> int | None:
+            if i < 0:
+                return i  # a prompt token
+            if unknown_from is not None and i >= unknown_from:
+                return None
+            return i + sum(c or 0 for at, c in shifts if at <= i)
+
+        spans = tuple(
+            TokenSpan(index(t.index), t.id, t.start, t.end, t.logprob, t.top_logprobs)  # type: ignore[arg-type]
+            for t in seg.tokens
+        )
+        refs = tuple(r for x in getattr(seg, "refused", ()) for r in renamed.get(id(x), (x,)))
+        unknown = POSITION_UNKNOWN if any(t.index is None for t in spans) else None
+        return RealignedSegment(seg.text, spans, refs, unknown)
+
+    def _count_tail(self, segments: list[Segment], total: int | None) -> list[Segment]:
+        """Tokens counted after every entry (no open gaps): refused at their indices."""
+        if total is None:
             return segments
         missing = total - self._n
-        if not gaps:
-            if missing > 0:
-                why = (
-                    "the server counted it (usage.completion_tokens) but sent no logprobs "
-                    "entry for it (llama.cpp leaves the end-of-turn token out of chat "
-                    "logprobs)"
-                )
-                extra = tuple(RefusedToken(i, why) for i in range(self._n, total))
-                self._refused.extend(extra)
-                segments.append(RealignedSegment("", (), extra))
-                self._n = total
-            elif missing < 0:
-                self._warn(f"usage.completion_tokens is {total}, but the stream held {self._n}")
-            return segments
-        if missing != len(gaps):
-            self._warn(
-                f"the server folded {len(gaps)} frame(s) without saying how many tokens they "
-                f"held; usage.completion_tokens says {missing} token(s) are missing, so token "
-                "indices after the first folded frame are provisional"
+        if missing > 0:
+            why = (
+                "the server counted it (usage.completion_tokens) but sent no logprobs "
+                "entry for it (llama.cpp leaves the end-of-turn token out of chat "
+                "logprobs)"
             )
-            self._n = max(self._n, total)
-            return segments
-        starts = [at for at, _ in gaps]
-        renamed = {
-            id(ref): RefusedToken(at + k, ref.reason, ref.reported)
-            for k, (at, ref) in enumerate(gaps)
-        }
-
-        def index(i: int) -> int:
-            return i + sum(1 for at in starts if at <= i)
-
-        def refs(rs: tuple[RefusedToken, ...]) -> tuple[RefusedToken, ...]:
-            return tuple(renamed.get(id(r), r) for r in rs)
-
-        out: list[Segment] = []
-        for seg in segments:
-            spans = tuple(
-                TokenSpan(index(t.index), t.id, t.start, t.end, t.logprob, t.top_logprobs)
-                if t.index >= 0
-                else t
-                for t in seg.tokens
-            )
-            out.append(RealignedSegment(seg.text, spans, refs(getattr(seg, "refused", ()))))
-        self._refused = list(refs(tuple(self._refused)))
-        self._n = total
-        self._open_gaps = []
-        return out
+            extra = tuple(RefusedToken(i, why) for i in range(self._n, total))
+            self._refused.extend(extra)
+            segments.append(RealignedSegment("", (), extra))
+            self._n = total
+        elif missing < 0:
+            self._warn(f"usage.completion_tokens is {total}, but the stream held {self._n}")
+        return segments
 
 
 def realign(

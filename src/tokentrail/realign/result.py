@@ -63,16 +63,31 @@ class TokenEvent:
 TokenHook = Callable[[TokenEvent], None]
 
 
+#: Why a realigned token's `index` is None (`RealignedSegment.position_unknown`).
+POSITION_UNKNOWN = (
+    "the server folded frames without saying how many tokens they held, so this "
+    "token's position in the stream cannot be told (its id and bytes are exact)"
+)
+
+
 @dataclass(slots=True)
 class RealignedSegment(Segment):
-    """A segment rebuilt from a stream; `refused` lists unidentified tokens behind its text."""
+    """A segment rebuilt from a stream; `refused` lists unidentified tokens behind its text.
+
+    A token whose position the stream does not tell has ``index`` None (its id and byte
+    range are still exact), and `position_unknown` says why: a wrong index is worse than
+    none.
+    """
 
     refused: tuple[RefusedToken, ...] = ()
+    position_unknown: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = Segment.to_dict(self)
         if self.refused:
             out["refused"] = [r.to_dict() for r in self.refused]
+        if self.position_unknown:
+            out["position_unknown"] = self.position_unknown
         return out
 
 

@@ -14,7 +14,9 @@ is not final yet (their chunk has empty content) and the end-of-sequence token. 
 chunk's content is exactly the text that became final with that token, so the
 concatenated content equals the non-streamed content for the same seed. Standard
 ``logprobs`` carry each token's text, logprob and *raw* ``bytes`` (never U+FFFD
-stand-ins) with ``top_logprobs`` alternatives.
+stand-ins) with ``top_logprobs`` alternatives, listed once the token's text is final and
+agreeing with the content: a stop string's own tokens are not listed, a skipped special
+token is listed with empty text and bytes (see `tokentrail.server.formatting`).
 
 The extension field
 -------------------
@@ -43,9 +45,8 @@ the extension appear only when the request asked for alternatives. Logprobs of
 ``-inf`` are sent as ``-9999.0`` (as OpenAI does) and non-finite confidence figures as
 ``null``, so that the JSON stays standard.
 
-Completions ``logprobs.text_offset`` gives, for each token, the length of the
-completion text that was final when the token was generated: where its text starts
-when it is final at once, where the held-back text starts when it is not.
+Completions ``logprobs.text_offset`` gives, for each listed token, where its text
+starts in the completion text.
 
 Concurrency: one thread owns the model and decodes up to ``max_batch`` sequences
 together (a continuous batch: requests join and leave between steps); more requests

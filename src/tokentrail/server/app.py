@@ -42,7 +42,7 @@ access_log = logging.getLogger("tokentrail.server.access")
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
 #: Paths the API key guards (the page, its files, the icon and /health stay open).
-_GUARDED = ("/v1/", "/metrics")
+_GUARDED = ("/v1/", "/metrics", "/tokentrail/")
 
 
 def _json_response(
@@ -165,7 +165,7 @@ class Guard:
 
 _ROUTES = frozenset(
     {"/", "/health", "/metrics", "/favicon.ico", "/v1/models", "/v1/completions",
-     "/v1/chat/completions"}
+     "/v1/chat/completions", "/tokentrail/upstream"}
 )
 
 
@@ -303,6 +303,14 @@ class _Server:
 
         body, media_type = self.metrics.exposition()
         return Response(body, headers={"Content-Type": media_type})
+
+    async def upstream(self, request: Request) -> Response:
+        """The proxy's startup check of its upstream (`tokentrail.server.proxy`)."""
+        report = getattr(request.app.state, "upstream_check", None)
+        if report is None:
+            raise APIError(404, "this server has no upstream (it is not `serve --upstream`)",
+                           type="not_found_error", code="not_found")  # fmt: skip
+        return _json_response(report)
 
     async def index(self, request: Request) -> Response:
         return self._static("index.html", "text/html")
@@ -507,6 +515,7 @@ def _routes(server: _Server) -> list[Any]:
         Route("/favicon.ico", server.favicon, methods=["GET"]),
         Route("/health", server.health, methods=["GET"]),
         Route("/metrics", server.metrics_page, methods=["GET"]),
+        Route("/tokentrail/upstream", server.upstream, methods=["GET"]),
         Route("/v1/models", server.models, methods=["GET"]),
         Route("/v1/models/{model:path}", server.model, methods=["GET"]),
         Route("/v1/completions", server.completions, methods=["POST"]),

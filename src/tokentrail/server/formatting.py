@@ -79,6 +79,7 @@ class Formatter:
         self.first = True
         self.finish_reason: str | None = None
         self.n_tokens = 0
+        self.n_listed = 0  # tokens listed in the standard logprobs so far (by index)
         self.prompt_tokens = 0
 
     # -- pieces --
@@ -148,25 +149,61 @@ class Formatter:
             return None
         return {"string": step.stop_string, "tokens": [self._span(s) for s in step.stop_tokens]}
 
-    def chat_logprob(self, step: StepRecord) -> dict[str, Any]:
+    # -- standard logprobs: what the content has (vLLM #57052) --
+    #
+    # A token is listed once its text is final, in the chunk whose content it went into
+    # (so held-back tokens are listed late, and several may share a chunk). Tokens the
+    # content never has are not listed with text they did not produce: a stop string's
+    # own tokens are left out (the extension's `stop` lists them; usage counts them), a
+    # special token the content skips is listed with empty text and bytes. The token that
+    # straddles a stop string keeps its real bytes.
+
+    def _silent(self, span: TokenSpan) -> bool:
+        """A special token that added no text to the content."""
+        v = self.vocab
+        return span.start == span.end and (span.id in v.special or span.id in v.hidden)
+
+    def listed(self, step: StepRecord, offset: int) -> list[tuple[TokenSpan, int]]:
+        """The tokens whose text became final with `step`, not listed before, each with
+        the text offset where its text starts."""
+        out: list[tuple[TokenSpan, int]] = []
+        raw = step.text.encode("utf-8")
+        pos = 0
+        for span in step.segment_tokens:
+            if span.index >= self.n_listed:
+                out.append((span, offset + len(raw[:pos].decode("utf-8", "ignore"))))
+                self.n_listed = span.index + 1
+            pos += span.end - span.start
+        return out
+
+    def chat_logprob(self, span: TokenSpan) -> dict[str, Any]:
+        silent = self._silent(span)
         return {
-            "token": self._token_text(step.token),
-            "logprob": _lp(step.logprob),
-            "bytes": self._token_bytes(step.token),
+            "token": "" if silent else self._token_text(span.id),
+            "logprob": _lp(span.logprob),
+            "bytes": [] if silent else self._token_bytes(span.id),
             "top_logprobs": [
                 {"token": a.text, "logprob": _lp(a.logprob), "bytes": list(a.bytes)}
-                for a in self._alternatives(step.top)
+                for a in self._alternatives(span.top_logprobs or ())
             ],
         }
 
-    def _completion_top(self, step: StepRecord) -> dict[str, float | None]:
+    def _completion_top(self, span: TokenSpan) -> dict[str, float | None]:
         top: dict[str, float | None] = {}
-        for a in self._alternatives(step.top):
+        for a in self._alternatives(span.top_logprobs or ()):
             top.setdefault(self._completion_token(a.id, a.bytes), _lp(a.logprob))
         return top
 
+    def completion_logprobs(self, listed: list[tuple[TokenSpan, int]]) -> dict[str, Any]:
+        return {
+            "tokens": ["" if self._silent(s) else self._completion_token(s.id) for s, _ in listed],
+            "token_logprobs": [_lp(s.logprob) for s, _ in listed],
+            "top_logprobs": [self._completion_top(s) for s, _ in listed],
+            "text_offset": [at for _, at in listed],
+        }
+
     def _note(self, step: StepRecord) -> int:
-        """Account for a step; return the text offset of its token (see module doc)."""
+        """Account for a step; return the text offset where its text starts."""
         offset = self.chars
         self.chars += len(step.text)
         self.n_tokens += 1
@@ -205,14 +242,16 @@ class Formatter:
         stop = self._stop(step)
         if stop is not None:
             ext["stop"] = stop
+        listed = self.listed(step, offset)
         if self.req.kind == "chat":
             delta: dict[str, Any] = {"content": step.text}
             if self.first:
                 delta = {"role": "assistant", **delta}
+            lps = [self.chat_logprob(s) for s, _ in listed]
             choice: dict[str, Any] = {
                 "index": self.choice,
                 "delta": delta,
-                "logprobs": {"content": [self.chat_logprob(step)]} if self.req.logprobs else None,
+                "logprobs": {"content": lps} if self.req.logprobs else None,
                 "finish_reason": step.finish_reason,
             }
             out = self._envelope("chat.completion.chunk")
@@ -220,14 +259,7 @@ class Formatter:
             choice = {
                 "index": self.choice,
                 "text": step.text,
-                "logprobs": {
-                    "tokens": [self._completion_token(step.token)],
-                    "token_logprobs": [_lp(step.logprob)],
-                    "top_logprobs": [self._completion_top(step)],
-                    "text_offset": [offset],
-                }
-                if self.req.logprobs
-                else None,
+                "logprobs": self.completion_logprobs(listed) if self.req.logprobs else None,
                 "finish_reason": step.finish_reason,
             }
             out = self._envelope("text_completion")
@@ -250,26 +282,15 @@ class Formatter:
     def response(self, steps: list[StepRecord]) -> dict[str, Any]:
         text_parts: list[str] = []
         segments: list[dict[str, Any]] = []
-        chat_lps: list[dict[str, Any]] = []
-        tokens: list[str] = []
-        token_lps: list[float | None] = []
-        tops: list[dict[str, float | None]] = []
-        offsets: list[int] = []
+        listed: list[tuple[TokenSpan, int]] = []
         stop = None
         for step in steps:
-            offsets.append(self._note(step))
+            listed.extend(self.listed(step, self._note(step)))
             text_parts.append(step.text)
             seg = self.segment(step)
             if seg is not None:
                 segments.append(seg)
             stop = self._stop(step) or stop
-            if self.req.logprobs:
-                if self.req.kind == "chat":
-                    chat_lps.append(self.chat_logprob(step))
-                else:
-                    tokens.append(self._completion_token(step.token))
-                    token_lps.append(_lp(step.logprob))
-                    tops.append(self._completion_top(step))
         text = "".join(text_parts)
         ext: dict[str, Any] = {"segments": segments}
         if stop is not None:
@@ -281,7 +302,9 @@ class Formatter:
                 {
                     "index": self.choice,
                     "message": {"role": "assistant", "content": text},
-                    "logprobs": {"content": chat_lps} if self.req.logprobs else None,
+                    "logprobs": {"content": [self.chat_logprob(s) for s, _ in listed]}
+                    if self.req.logprobs
+                    else None,
                     "finish_reason": finish,
                 }
             ]
@@ -291,14 +314,7 @@ class Formatter:
                 {
                     "index": self.choice,
                     "text": text,
-                    "logprobs": {
-                        "tokens": tokens,
-                        "token_logprobs": token_lps,
-                        "top_logprobs": tops,
-                        "text_offset": offsets,
-                    }
-                    if self.req.logprobs
-                    else None,
+                    "logprobs": self.completion_logprobs(listed) if self.req.logprobs else None,
                     "finish_reason": finish,
                 }
             ]

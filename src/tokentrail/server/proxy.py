@@ -8,6 +8,10 @@ tokens that come back are aligned here. Tokens the upstream did not identify are
 under ``refused`` in the extension's segments (never guessed); upstream errors, timeouts
 and disconnects are answered as OpenAI-shaped errors (502/504, or the upstream's 4xx).
 
+At startup the proxy runs a quick `tokentrail check` of the upstream (on a thread of its
+own, so startup does not wait): it logs what the upstream cannot give or where it breaks
+its own contract, and serves the report at ``GET /tokentrail/upstream``.
+
 Its `serve` flags are defined (`add_arguments`) and checked (`check_arguments`) here;
 `tokentrail.server.cli` adds them to its parser.
 """
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -58,12 +63,14 @@ def create_upstream_app(
     dialect: str = "auto",
     timeout: float = 60.0,
     model_name: str | None = None,
+    check_upstream: bool = True,
     **server_options: Any,
 ) -> Any:
     """The tokentrail ASGI app serving `url`'s model (see the module docstring).
 
     `tokenizer` is a path (`load_tokenizer`) or a loaded transformers tokenizer;
     `server_options` go to `tokentrail.server.create_app` (max_queue, max_body_bytes).
+    `check_upstream` runs the quick startup check (`check_upstream_now`) on a thread.
     """
     tok = load_tokenizer(tokenizer) if isinstance(tokenizer, str | Path) else tokenizer
     engine = UpstreamEngine(
@@ -79,7 +86,45 @@ def create_upstream_app(
     name = model_name or engine.model or "upstream"
     app = create_app(engine, tok, model_name=name, **server_options)
     app.state.upstream = engine
+    app.state.upstream_check = {"status": "not run"}
+    if check_upstream:
+        app.state.upstream_check = {"status": "running"}
+        threading.Thread(
+            target=check_upstream_now, args=(app, engine, upstream_api_key, timeout), daemon=True,
+            name="tokentrail-upstream-check",
+        ).start()  # fmt: skip
     return app
+
+
+def check_upstream_now(
+    app: Any, engine: UpstreamEngine, api_key: str | None = None, timeout: float = 60.0
+) -> None:
+    """The quick `tokentrail check` of the upstream: what it cannot give is logged, the
+    report is kept at ``app.state.upstream_check`` (served at ``/tokentrail/upstream``)."""
+    from ..check import Checker
+
+    try:
+        checker = Checker(
+            engine.url,
+            model=engine.model,
+            api_key=api_key,
+            tokenizer=engine.vocab,
+            timeout=min(timeout, 30.0),
+            quick=True,
+        )
+        report = checker.run()
+    except Exception as e:  # the check must never take the proxy down
+        log.warning("upstream %s: the startup check failed: %s", engine.url, e)
+        app.state.upstream_check = {"status": "failed", "error": str(e)}
+        return
+    for line in report.missing():
+        log.warning("upstream %s: %s", engine.url, line)
+    for name, r in report.realign.items():
+        if not r.get("exact"):
+            log.warning("upstream %s: realigning its %s stream: %s", engine.url, name, r["summary"])
+    if report.ok:
+        log.info("upstream %s keeps its contract (quick check)", engine.url)
+    app.state.upstream_check = {"status": "done", **report.to_dict()}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

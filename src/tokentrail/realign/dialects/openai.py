@@ -114,6 +114,8 @@ def _completion_tokens(usage: Any) -> int | None:
 def parse(chunk: Mapping[str, Any], choice: int, where: str) -> Frame | None:
     """The frame of choice `choice`; None when the chunk has no such choice (usage)."""
     ext = chunk.get("tokentrail")
+    if isinstance(ext, Mapping) and ext.get("choice", 0) != choice:
+        ext = None  # n > 1: another choice's extension
     ch = _pick_choice(chunk["choices"], choice, where)
     # usage counts all choices together: it speaks for choice 0 of a one-choice stream.
     total = _completion_tokens(chunk.get("usage")) if choice == 0 else None

@@ -95,7 +95,7 @@ def compare(theirs: Sequence[Segment], ours: Sequence[Segment]) -> str | None:
 
     a_keys = [key(s) for s in theirs]
     b_keys = [key(s) for s in ours]
-    if a_keys == b_keys:
+    if a_keys == b_keys or _coverage(theirs) == _coverage(ours):
         return None
     n = next(
         (k for k, (a, b) in enumerate(zip(a_keys, b_keys, strict=False)) if a != b),
@@ -107,6 +107,20 @@ def compare(theirs: Sequence[Segment], ours: Sequence[Segment]) -> str | None:
         f"the tokentrail extension disagrees with the realignment of its token ids at "
         f"segment {n}: extension {a}, realigned {b}"
     )
+
+
+def _coverage(segments: Sequence[Segment]) -> tuple[str, list[tuple[int, int, int]]]:
+    """The text and each token's (index, id, bytes given), whatever the segment
+    boundaries: a server holding text back for a stop string cuts segments where a
+    realignment without its stop strings does not."""
+    spans: list[tuple[int, int, int]] = []
+    for s in segments:
+        for t in s.tokens:
+            if spans and spans[-1][0] == t.index:
+                spans[-1] = (t.index, t.id, spans[-1][2] + t.end - t.start)
+            else:
+                spans.append((t.index, t.id, t.end - t.start))
+    return "".join(s.text for s in segments), spans
 
 
 def _ext_span(t: Any, where: str) -> TokenSpan:

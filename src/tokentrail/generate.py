@@ -24,6 +24,8 @@ from .engines.base import Step
 from .prompting import aligner_for, eos_ids, prompt_ids, room, stop_matcher, vocab_for
 from .sampling import SamplingParams, check_max_tokens, make_params
 from .sequence import GenerationResponse, SequenceState
+from .structure.pipeline import StructuredStream
+from .structure.reasoning import ReasoningFormat, reasoning_format
 
 log = logging.getLogger(__name__)
 
@@ -168,6 +170,8 @@ def stream_generate(
     align_to_prompt: bool = True,
     whole_tokens: bool = False,
     cap_to_context: bool = True,
+    reasoning: str | tuple[str, str] | ReasoningFormat | None = None,
+    fields: bool = False,
     **mlx_options: Any,
 ) -> Iterator[GenerationResponse]:
     """Generate from `prompt`, one `GenerationResponse` per token; the last has
@@ -192,10 +196,13 @@ def stream_generate(
     `whole_tokens`: each token listed once, in the response that completes it.
     `cap_to_context`: where the model fails past its positions (`_position_limit`),
     `max_tokens` is cut to the room left, ending with "length"; False turns that off.
-    Arguments are checked here; generation starts on the first `next()`, ends on close.
+    `reasoning` (a `structure.REASONING_PARSERS` name, (START, END), a `ReasoningFormat`)
+    and `fields=True` add channels and JSON fields (`structure.pipeline`). Arguments are
+    checked here; generation starts on the first `next()`, ends on close.
     """
     engine = engine_for(model)
     limit = check_max_tokens(max_tokens)
+    fmt = _structure_format(reasoning, fields, whole_tokens)
     mlx = _takes_mlx_options(engine)
     logits_processors = _check_engine_options(
         engine, mlx, mlx_options, sampler, logits_processors, draft_model, stream,
@@ -207,24 +214,91 @@ def stream_generate(
         top_logprobs=top_logprobs, vocab_size=engine.vocab_size,
     )
     ids, n_prompt = _prompt(engine, tokenizer, prompt, mlx_options)
-    cached = _cache_offset(mlx_options.get("prompt_cache"))
-    if cap_to_context and mlx_options.get("max_kv_size") is None and cached is not None:
-        limit = room(_position_limit(engine, mlx), n_prompt, limit, cached)
-    matcher = stop_matcher(stop)
+    if cap_to_context:
+        limit = _capped(engine, mlx, n_prompt, limit, mlx_options)
+    seq = _sequence(
+        engine, tokenizer, ids, n_prompt, limit, stop, align_to_prompt, skip_special_tokens,
+        whole_tokens,
+    )
+    steps = _steps(
+        engine, mlx, ids, params, limit, (draft_model, stream, sampler, logits_processors),
+        mlx_options,
+    )
+    return _structured(engine, tokenizer, ids, fmt, fields, mlx_options, seq, steps)
+
+
+def _capped(
+    engine: Engine, mlx: bool, n_prompt: int, limit: int | None, options: Mapping[str, Any]
+) -> int | None:
+    """`limit` cut to the room the model's positions leave (no cap with a KV size limit
+    or a rotating cache, which never run out of room)."""
+    cached = _cache_offset(options.get("prompt_cache"))
+    if options.get("max_kv_size") is not None or cached is None:
+        return limit
+    return room(_position_limit(engine, mlx), n_prompt, limit, cached)
+
+
+def _sequence(
+    engine: Engine,
+    tokenizer: Any,
+    ids: list[int],
+    n_prompt: int,
+    limit: int | None,
+    stop: Any,
+    align_to_prompt: bool,
+    skip_special_tokens: bool,
+    whole_tokens: bool,
+) -> SequenceState:
+    """The sequence's state: aligner (in the prompt's context or not), stops, EOS."""
     aligner = aligner_for(tokenizer, ids if align_to_prompt else None, skip_special_tokens)
-    seq = SequenceState(
-        aligner, matcher, eos_ids(tokenizer), n_prompt, limit, engine.vocab_size,
+    return SequenceState(
+        aligner, stop_matcher(stop), eos_ids(tokenizer), n_prompt, limit, engine.vocab_size,
         engine.peak_memory, whole_tokens=whole_tokens,
         drop_first_space=not align_to_prompt and mlx_lm_drops_first_space(tokenizer),
     )
-    if mlx:
-        steps = _mlx_steps(
-            engine, ids, params, limit, draft_model, stream, sampler, logits_processors,
-            mlx_options,
-        )
-    else:
-        steps = engine.generate(ids, params, limit)
-    return _run(seq, steps, engine.name)
+
+
+def _structure_format(
+    reasoning: str | tuple[str, str] | ReasoningFormat | None, fields: bool, whole_tokens: bool
+) -> ReasoningFormat | None:
+    """The checked reasoning format (None: no reasoning split)."""
+    if not isinstance(fields, bool):
+        raise TypeError(f"fields must be True or False, got {fields!r}")
+    if whole_tokens and (reasoning is not None or fields):
+        raise ValueError("reasoning and fields need each token's byte ranges: whole_tokens=False")
+    return None if reasoning is None else reasoning_format(reasoning)
+
+
+def _structured(
+    engine: Engine,
+    tokenizer: Any,
+    ids: list[int],
+    fmt: ReasoningFormat | None,
+    fields: bool,
+    options: Mapping[str, Any],
+    seq: SequenceState,
+    steps: Iterator[Step],
+) -> Iterator[GenerationResponse]:
+    """The responses of `steps` through the structure pipeline: channels, then fields
+    with a scorer (as they are when neither is asked for).
+
+    A constraint (`tokentrail.constrain`, a JSON schema or choices) passes its schema
+    here, so fields get its allowed values, and starts its mask once `channel` leaves
+    the reasoning.
+    """
+    responses = _run(seq, steps, engine.name)
+    if fmt is None and not fields:
+        return responses
+    output_ids: list[int] = []
+    scorer = None
+    if fields:
+        from .engines.scoring import scorer_for
+
+        scorer, why = scorer_for(engine, tokenizer, ids, output_ids, dict(options))
+        if scorer is None:
+            log.info("fields without alternatives: %s", why)
+    pipeline = StructuredStream(fmt, fields=fields, scorer=scorer, output_ids=output_ids)
+    return pipeline.wrap(responses)
 
 
 def _prompt(
@@ -243,6 +317,22 @@ def _empty(prompt: Any) -> bool:
         return len(prompt) == 0
     except TypeError:
         return False
+
+
+def _steps(
+    engine: Any,
+    mlx: bool,
+    ids: list[int],
+    params: SamplingParams,
+    limit: int | None,
+    mlx_args: tuple[Any, Any, Any, Any],
+    options: dict[str, Any],
+) -> Iterator[Step]:
+    """The engine's steps; on MLX, mlx-lm's step functions with (draft model, stream,
+    sampler, processors) `mlx_args` and the step `options`."""
+    if mlx:
+        return _mlx_steps(engine, ids, params, limit, *mlx_args, options)
+    return engine.generate(ids, params, limit)
 
 
 def _mlx_steps(

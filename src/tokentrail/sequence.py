@@ -32,6 +32,13 @@ class GenerationResponse:
     stop string ended generation (on the final response only), `stop_string` names it
     and `stop_tokens` are the spans that carried it: from its first byte to the end of
     what was generated (an EOS right after it included), none of them in `text`.
+
+    With `stream_generate(..., reasoning=...)` and/or `fields=True` the structure fields
+    are set (`tokentrail.structure.pipeline` says what each holds): `channel`,
+    `channels` (`ChannelSegment`s final at this step), `reasoning_text` and
+    `content_text` (this step's), and on the final response `reasoning`, `content` and
+    `channel_confidence`; `fields` (the `JsonField`s completed at this step), and on the
+    final response `all_fields` and `fields_error`. Without them they stay None / empty.
     """
 
     text: str
@@ -50,10 +57,20 @@ class GenerationResponse:
     top_logprobs: list[Alternative] = field(default_factory=list)
     stop_string: str | None = None
     stop_tokens: list[TokenSpan] = field(default_factory=list)
+    channel: str | None = None
+    channels: list[Any] = field(default_factory=list)
+    reasoning_text: str = ""
+    content_text: str = ""
+    reasoning: str | None = None
+    content: str | None = None
+    channel_confidence: dict[str, Confidence | None] | None = None
+    fields: list[Any] | None = None
+    all_fields: list[Any] | None = None
+    fields_error: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-safe dict (no device arrays) for logs, scripts and HTTP."""
-        return {
+        out: dict[str, Any] = {
             "text": self.text,
             "token": self.token,
             "token_logprob": self.token_logprob,
@@ -67,6 +84,29 @@ class GenerationResponse:
             "generation_tokens": self.generation_tokens,
             "generation_tps": self.generation_tps,
         }
+        if self.channel is not None or self.fields is not None:
+            structure_dict(self, out)
+        return out
+
+
+def structure_dict(r: GenerationResponse, out: dict[str, Any]) -> None:
+    """Add `r`'s structure fields (those that are set) to its dict `out`."""
+    if r.channel is not None:
+        out["channel"] = r.channel
+        out["channels"] = [c.to_dict() for c in r.channels]
+        out["reasoning_text"] = r.reasoning_text
+        out["content_text"] = r.content_text
+        if r.channel_confidence is not None:
+            out["reasoning"] = r.reasoning
+            out["content"] = r.content
+            out["channel_confidence"] = {
+                k: None if c is None else c.to_dict() for k, c in r.channel_confidence.items()
+            }
+    if r.fields is not None:
+        out["fields"] = [f.to_dict() for f in r.fields]
+        if r.all_fields is not None:
+            out["all_fields"] = [f.to_dict() for f in r.all_fields]
+            out["fields_error"] = r.fields_error
 
 
 def _confidence(spans: list[TokenSpan]) -> Confidence | None:

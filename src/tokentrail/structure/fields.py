@@ -398,6 +398,15 @@ class FieldStream:
     def error(self) -> str | None:
         return self._scanner.error
 
+    def trailing_error(self) -> str | None:
+        """Why the whole output is not one JSON value: `error`, or text after the value
+        (a stream yields the value's fields and ignores what follows it)."""
+        scanner = self._scanner
+        end = scanner.end
+        if scanner.error is None and end is not None and scanner.text[end:].strip():
+            return f"not JSON at char {scanner.end}: text after the JSON value"
+        return scanner.error
+
     def feed(self, segments: Segment | Iterable[Segment]) -> list[JsonField]:
         """Add one segment (or several); return the fields they completed."""
         new = [segments] if isinstance(segments, Segment) else list(segments)

@@ -1,0 +1,98 @@
+"""Continuation scorers for the in-process engines: the model's own logprob of a
+candidate continuation, from its full distribution (no sampling processors, no mask).
+
+`tokentrail.structure.ContinuationScorer` is what JSON fields need for `alternatives`:
+`continuation_logprobs(k, ids)` is the logprob of each of `ids`, teacher-forced after
+the prompt and the output's first `k` tokens. Here that is one forward pass of the model
+over prompt + output[:k] + ids (no cache is touched, so generation is unaffected); it
+runs only for a leaf with allowed values, and only when fields were asked for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+__all__ = ["ModelScorer", "scorer_for"]
+
+
+class ModelScorer:
+    """A `ContinuationScorer` over `logprobs(ids, n)`: the model's logprob (log_softmax
+    of its logits) of each of `ids[n:]` at its position in `ids`; `output_ids` is the
+    output so far (a live list the caller appends to)."""
+
+    def __init__(
+        self,
+        logprobs: Callable[[list[int], int], list[float]],
+        tokenizer: Any,
+        prompt_ids: Sequence[int],
+        output_ids: list[int],
+    ) -> None:
+        self._logprobs = logprobs
+        self._tokenizer = tokenizer
+        self.prompt_ids = list(prompt_ids)
+        self.output_ids = output_ids
+
+    def tokenize(self, text: str) -> list[int]:
+        return list(self._tokenizer.encode(text, add_special_tokens=False))
+
+    def continuation_logprobs(self, prefix_index: int, token_ids: Sequence[int]) -> list[float]:
+        if prefix_index > len(self.output_ids):
+            raise ValueError(
+                f"prefix_index {prefix_index} is past the {len(self.output_ids)} tokens output"
+            )
+        head = self.prompt_ids + self.output_ids[:prefix_index]
+        if not head:
+            raise ValueError("nothing before the continuation: the model has no position to score")
+        ids = list(token_ids)
+        if not ids:
+            return []
+        return [float(x) for x in self._logprobs(head + ids, len(head))]
+
+
+def _mlx_logprobs(model: Any) -> Callable[[list[int], int], list[float]]:
+    import mlx.core as mx
+
+    def logprobs(ids: list[int], n: int) -> list[float]:
+        logits = model(mx.array(ids)[None])[0, n - 1 : -1].astype(mx.float32)
+        rows = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        picked = mx.take_along_axis(rows, mx.array(ids[n:])[:, None], axis=-1)
+        return picked[:, 0].tolist()
+
+    return logprobs
+
+
+def _torch_logprobs(model: Any, device: Any) -> Callable[[list[int], int], list[float]]:
+    import torch
+
+    def logprobs(ids: list[int], n: int) -> list[float]:
+        with torch.inference_mode():
+            logits = model(input_ids=torch.tensor([ids], device=device)).logits[0, n - 1 : -1]
+            rows = torch.log_softmax(logits.float(), dim=-1)
+            want = torch.tensor(ids[n:], device=rows.device)[:, None]
+            return rows.gather(-1, want)[:, 0].cpu().tolist()
+
+    return logprobs
+
+
+def scorer_for(
+    engine: Any,
+    tokenizer: Any,
+    prompt_ids: Sequence[int],
+    output_ids: list[int],
+    options: dict[str, Any] | None = None,
+) -> tuple[ModelScorer | None, str | None]:
+    """A scorer for `engine` (MLX or torch), or (None, why not)."""
+    options = options or {}
+    if options.get("prompt_cache") is not None or options.get("input_embeddings") is not None:
+        return None, "a prompt cache or input embeddings hide the prompt's tokens from the scorer"
+    if not prompt_ids:
+        return None, "an empty prompt leaves the first token nothing to be scored after"
+    model = getattr(engine, "model", None)
+    if engine.name == "mlx" and model is not None:
+        return ModelScorer(_mlx_logprobs(model), tokenizer, prompt_ids, output_ids), None
+    if engine.name == "torch" and model is not None:
+        device = getattr(engine, "device", None)
+        fn = _torch_logprobs(model, device)
+        return ModelScorer(fn, tokenizer, prompt_ids, output_ids), None
+    return None, f"the {engine.name} engine does not score continuations (no logits in process)"

@@ -83,6 +83,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--system", "--system-prompt", metavar="TEXT", default=None,
         help="system message placed before PROMPT in the chat template (needs one)",
     )
+    reasoning = p.add_mutually_exclusive_group()
+    reasoning.add_argument(
+        "--reasoning-parser", metavar="NAME", default=None,
+        help="split the reply into reasoning and content with a named parser "
+        "(deepseek_r1, qwen3, mistral, granite)",
+    )
+    reasoning.add_argument(
+        "--reasoning-markers", nargs=2, metavar=("START", "END"), default=None,
+        help="split the reply at these markers; START may be '' (the reasoning then "
+        "starts with the reply)",
+    )
+    p.add_argument("--fields", action="store_true",
+                   help="when the content is JSON, list its fields with their tokens, "
+                   "confidence and alternatives")
     p.add_argument("--json", action="store_true", help="print one JSON object per token")
     p.set_defaults(func=run, chat="auto")
 
@@ -119,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
         _fail(str(e))
     if args.system is not None and args.chat == "off":
         _fail("--system needs the chat template, which --no-chat turns off")
+    reasoning = _reasoning(args)
     prompt_text = _read_prompt(args)
     try:
         from .generate import load, stream_generate
@@ -135,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
         responses = stream_generate(
             model, tokenizer, prompt, max_tokens=args.max_tokens, temp=args.temp,
             top_p=args.top_p, top_k=args.top_k, seed=args.seed, stop=args.stop,
-            top_logprobs=top,
+            top_logprobs=top, reasoning=reasoning, fields=wants_fields(args),
         )
     except (FileNotFoundError, ValueError, TypeError, TokenizerLoadError, ImportError) as e:
         _fail(str(e))
@@ -151,6 +166,33 @@ def run(args: argparse.Namespace) -> int:
         return 130
     except BrokenPipeError:
         return 0
+
+
+def _reasoning(args: argparse.Namespace) -> Any:
+    """The checked --reasoning-parser / --reasoning-markers (None: neither)."""
+    from .structure import reasoning_format
+
+    given = args.reasoning_parser
+    if args.reasoning_markers is not None:
+        given = tuple(args.reasoning_markers)
+    if given is None:
+        return None
+    try:
+        return reasoning_format(given)
+    except ValueError as e:
+        _fail(str(e))
+
+
+#: Options that constrain the output to JSON or choices (added with constrained
+#: decoding); any of them turns --fields on.
+CONSTRAINT_OPTIONS = ("json_schema", "regex", "choice")
+
+
+def wants_fields(args: argparse.Namespace) -> bool:
+    """Whether to find JSON fields: --fields, or a constraint option given."""
+    return bool(args.fields) or any(
+        getattr(args, name, None) is not None for name in CONSTRAINT_OPTIONS
+    )
 
 
 def has_chat_template(tokenizer: Any) -> bool:
@@ -195,9 +237,15 @@ def show(responses: Any) -> int:
     segments: list[tuple[str, Any, Any]] = []
     last = None
     start = time.perf_counter()
+    shown: list[str] = []  # the channel last printed
     for r in responses:
         last = r
-        if r.text:
+        if r.channel is not None:
+            for part in r.channels:
+                _print_part(out, part, shown)
+                if part.channel in ("reasoning", "content"):
+                    segments.append((part.text, part.confidence, part.tokens))
+        elif r.text:
             # Text objects are never parsed as markup, so model output prints verbatim.
             out.print(Text(r.text, style=_style(r.confidence)), end="")
             segments.append((r.text, r.confidence, r.last_segment_tokens))
@@ -220,6 +268,10 @@ def show(responses: Any) -> int:
             style="dim",
         )
     )
+    if last.all_fields:
+        info.print(field_table(last.all_fields))
+    elif last.fields_error is not None:
+        info.print(Text(f"no fields: {last.fields_error}", style="dim"))
     scored = [s for s in segments if s[1] is not None and s[0].strip()]
     scored.sort(key=lambda s: s[1].probability)
     if not scored:
@@ -244,6 +296,46 @@ def show(responses: Any) -> int:
         )
     info.print(table)
     return 0
+
+
+def _print_part(out: Any, part: Any, shown: list[str]) -> None:
+    """One channel segment: reasoning dimmed and italic, content plain, both coloured by
+    confidence; marker text is not shown, a line break stands between channels."""
+    from rich.text import Text
+
+    if part.channel == "markup" or not part.text:
+        return
+    if shown and shown[-1] != part.channel:
+        out.print()
+    if not shown or shown[-1] != part.channel:
+        shown.append(part.channel)
+    style = _style(part.confidence)
+    if part.channel != "content":
+        style = f"dim italic {style}".strip()
+    out.print(Text(part.text, style=style), end="")
+
+
+def field_table(fields: list[Any]) -> Any:
+    """A rich table of JSON fields: path, value, confidence, alternatives."""
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title="fields", title_justify="left", show_edge=False)
+    for name in ("path", "value", "p", "alternatives"):
+        table.add_column(name, justify="right" if name == "p" else "left")
+    for f in fields:
+        conf = f.confidence
+        if f.alternatives is not None:
+            alts = Text(", ".join(
+                f"{json.dumps(a.value)} {_pct(a.probability)}" for a in f.alternatives
+            ))
+        else:
+            alts = Text(f.reason or "", style="dim")
+        table.add_row(
+            Text(f.path or "/"), Text(json.dumps(f.value, ensure_ascii=False)),
+            Text("" if conf is None else _pct(conf.probability), style=_style(conf)), alts,
+        )
+    return table
 
 
 def alt_label(a: Alternative) -> str:

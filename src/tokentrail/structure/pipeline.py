@@ -15,8 +15,10 @@ fields say where each part of it went:
 - on the final response, `reasoning` and `content` (the whole texts) and
   `channel_confidence` (each channel that has tokens: its `Confidence`);
 - `fields`: the `JsonField`s whose last character arrived at this step (None when
-  fields are off); on the final response `all_fields` holds every field and
-  `fields_error` says why the content is not JSON (None when it is).
+  fields are off); on the final response `all_fields` holds every field, or none when
+  the content as a whole is not one JSON value, and `fields_error` says why (None when
+  it is). A streamed field is final once given: content that stops being JSON later
+  (text after the value) does not take it back, `fields_error` says so at the end.
 
 It works on the responses alone (duck-typed), so it never imports `generate` and runs
 the same wherever responses come from. A constraint (a JSON schema, later) applies to
@@ -111,8 +113,8 @@ class StructuredStream:
                 found += stream.finish()
             r.fields = found
             if final:
-                r.all_fields = list(stream.fields)
                 r.fields_error = stream.trailing_error()
+                r.all_fields = list(stream.fields) if r.fields_error is None else []
         return r
 
 

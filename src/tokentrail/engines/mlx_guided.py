@@ -1,0 +1,111 @@
+"""Constrained decoding and processed logprobs on the MLX engine: `GuidedRecorder`.
+
+A `Recorder` (see `mlx_sampling`) that, before drawing, masks the step's logprobs to the
+ids a `tokentrail.constrain.Guide` allows, and records next to the token the
+probability mass the model put on those ids. It draws the token itself, as mlx-lm's
+`make_sampler` does (argmax at temperature 0; else top-p, min-p, top-k, then
+`mx.random.categorical(x / temp)`), so with nothing masked it picks what mlx-lm would.
+
+It works unchanged in `mlx_steps` (mlx-lm's `generate_step`) and, one recorder per
+row, in `mlx_batch` (mlx-lm's `BatchGenerator`, which calls a row's own sampler on its
+row). Each call first schedules the step's logits (`mx.async_eval`), then reads the
+previous token (the one the guide must advance past), so llguidance computes the mask
+on the host while the device runs the forward pass.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import mlx.core as mx
+
+from ..sampling import SamplingParams
+from .mlx_sampling import Recorder, Sink, filters, top_k_ids
+
+__all__ = ["GuidedRecorder", "guided_recorder", "read_masses"]
+
+
+class GuidedRecorder(Recorder):
+    """A `Recorder` that applies `guide`'s mask (None: no constraint) and reports the
+    logprobs of `distribution` ("raw": the logprobs it is given; "processed": the
+    distribution the token is drawn from). Recorded per call: [token, logprob, (top-k
+    ids, top-k logprobs when k), (allowed mass when guided)]."""
+
+    __slots__ = ("distribution", "filters", "guide", "last")
+
+    def __init__(
+        self, params: SamplingParams, vocab_size: int | None, guide: Any = None,
+        k: int = 0, schedule: bool = True, sink: Sink | None = None,
+    ) -> None:
+        self.filters = filters(params, vocab_size)
+        super().__init__(self.filters, k, schedule, sink)
+        self.temp = params.temp
+        self.guide = guide
+        self.distribution = params.logprobs_mode
+        self.last: mx.array | None = None
+
+    def __call__(self, logprobs: mx.array) -> mx.array:
+        mass = None
+        masked = logprobs
+        if self.guide is not None:
+            mx.async_eval(logprobs)  # the forward pass runs while llguidance works
+            if self.last is not None:
+                self.guide.advance(self.last.item())
+            allowed = mx.array(self.guide.allowed(logprobs.shape[-1]))
+            kept = mx.where(allowed, logprobs, -mx.inf)
+            lse = mx.logsumexp(kept, axis=-1, keepdims=True)
+            masked = kept - lse
+            mass = lse  # its log: read on the host in float64, so it never underflows
+        if self.temp == 0:
+            drawn = masked
+            token = mx.argmax(masked, axis=-1)
+        else:
+            drawn = self.filters(masked) * (1.0 / self.temp)
+            if self.key is None:
+                token = mx.random.categorical(drawn)
+            else:
+                self.key, sub = mx.random.split(self.key)
+                token = mx.random.categorical(drawn, key=sub)
+            if self.distribution == "processed":
+                drawn = drawn - mx.logsumexp(drawn, axis=-1, keepdims=True)
+        self.last = token
+        source = drawn if self.distribution == "processed" else logprobs
+        rows = source if source.ndim == 2 else source.reshape(-1, source.shape[-1])
+        out = [token, mx.take_along_axis(rows, token.reshape(-1, 1), axis=-1)]
+        k = self.sink.k
+        if k:
+            ids = top_k_ids(rows, k)
+            out += [ids, mx.take_along_axis(rows, ids, axis=-1)]
+        if mass is not None:
+            out.append(mass)
+        if self.schedule:
+            mx.async_eval(*out)
+        self.sink.calls.append(out)
+        return token
+
+
+def guided_recorder(
+    params: SamplingParams, vocab_size: int | None, k: int = 0, schedule: bool = True,
+    sink: Sink | None = None,
+) -> GuidedRecorder | None:
+    """A `GuidedRecorder` for one sequence when `params` needs one (a constraint, or
+    processed logprobs), else None; its guide is a fresh matcher of the constraint."""
+    if params.constraint is None and params.logprobs_mode == "raw":
+        return None
+    guide = None if params.constraint is None else params.constraint.guide()
+    rec = GuidedRecorder(params, vocab_size, guide, k, schedule, sink)
+    if params.seed is not None and params.temp > 0:
+        rec.seed(params.seed, params.temp)
+    return rec
+
+
+def read_masses(arrays: list[mx.array], k: int | bool) -> list[float | None]:
+    """The allowed mass of each row of one recorded call (None per row when unguided);
+    the call holds its log."""
+    rows = arrays[0].size
+    if len(arrays) != (4 if k else 2) + 1:
+        return [None] * rows
+    values = arrays[-1].tolist()
+    flat: list[Any] = values if isinstance(values, list) else [values]
+    return [math.exp(v[0] if isinstance(v, list) else v) for v in flat]

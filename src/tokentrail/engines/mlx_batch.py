@@ -27,7 +27,7 @@ from ..sampling import SamplingParams
 from .base import Step
 from .batch import BaseBatch
 from .config import PREFILL_STEP_SIZE
-from .mlx_guided import guided_recorder, read_masses
+from .mlx_guided import guided_recorder, read_masses, shown_top
 from .mlx_sampling import Recorder, Sink, filters, read_rows, sampling_for
 
 log = logging.getLogger(__name__)
@@ -190,7 +190,8 @@ class MLXBatch(BaseBatch):
                 )
             k = self._live.get(r.uid, 0)
             dist = self._modes.get(r.uid, "raw")
-            step = Step(token, lp, top[:k] if k else [], r.logprobs, False, dist, mass)
+            top = shown_top(top[:k], dist) if k else []
+            step = Step(token, lp, top, r.logprobs, False, dist, mass)
             out.append((r.uid, step))
             if r.finish_reason is not None:
                 if r.prompt_cache is not None:

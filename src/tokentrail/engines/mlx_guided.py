@@ -23,7 +23,7 @@ import mlx.core as mx
 from ..sampling import SamplingParams
 from .mlx_sampling import Recorder, Sink, filters, top_k_ids
 
-__all__ = ["GuidedRecorder", "guided_recorder", "read_masses"]
+__all__ = ["GuidedRecorder", "guided_recorder", "read_masses", "shown_top"]
 
 
 class GuidedRecorder(Recorder):
@@ -109,3 +109,11 @@ def read_masses(arrays: list[mx.array], k: int | bool) -> list[float | None]:
     values = arrays[-1].tolist()
     flat: list[Any] = values if isinstance(values, list) else [values]
     return [math.exp(v[0] if isinstance(v, list) else v) for v in flat]
+
+
+def shown_top(top: list[tuple[int, float]], distribution: str) -> list[tuple[int, float]]:
+    """The top-k as reported: under the processed distribution, ids it rules out (-inf:
+    masked or filtered) are not alternatives, so they are left out."""
+    if distribution == "raw":
+        return top
+    return [(i, lp) for i, lp in top if lp > -math.inf]

@@ -23,7 +23,7 @@ from typing import Any
 import mlx.core as mx
 
 from .base import Step
-from .mlx_guided import read_masses
+from .mlx_guided import read_masses, shown_top
 from .mlx_sampling import Recorder, Row, read_rows
 
 log = logging.getLogger(__name__)
@@ -137,7 +137,7 @@ def _plain(gen: Iterator[Any], rec: Recorder, k: int) -> Iterator[Step]:
         if want != token:
             raise _mismatch(token, want)
         (mass,) = read_masses(call, k)
-        yield Step(token, lp, top, logprobs, False, distribution, mass)
+        yield Step(token, lp, shown_top(top, distribution), logprobs, False, distribution, mass)
 
 
 def _speculative(gen: Iterator[Any], rec: Recorder, k: int, processed: bool) -> Iterator[Step]:

@@ -314,6 +314,8 @@ class TorchEngine:
         def read(info: torch.Tensor) -> tuple[int, float, list[tuple[int, float]], float | None]:
             values = info.tolist()
             top = list(zip(map(int, values[2 : 2 + k]), values[2 + k : 2 + 2 * k], strict=True))
+            if processed:  # ids the processed distribution rules out are no alternatives
+                top = [(i, lp) for i, lp in top if lp > -math.inf]
             mass = math.exp(values[2 + 2 * k]) if guide is not None else None
             return int(values[0]), values[1], top, mass
 

@@ -19,8 +19,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-llg = pytest.importorskip("llguidance", reason="llguidance is not installed: pip install -e '.[constrain]'")
-jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is not installed: pip install -e '.[dev]'")
+llg = pytest.importorskip(
+    "llguidance", reason="llguidance is not installed: pip install -e '.[constrain]'"
+)
+jsonschema = pytest.importorskip(
+    "jsonschema", reason="jsonschema is not installed: pip install -e '.[dev]'"
+)
 
 from tokentrail.constrain import (  # noqa: E402
     ConstraintError,

@@ -15,6 +15,7 @@ on the host while the device runs the forward pass.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -32,7 +33,7 @@ class GuidedRecorder(Recorder):
     distribution the token is drawn from). Recorded per call: [token, logprob, (top-k
     ids, top-k logprobs when k), (allowed mass when guided)]."""
 
-    __slots__ = ("distribution", "filters", "guide", "last")
+    __slots__ = ("cache", "distribution", "filters", "guide", "last")
 
     def __init__(
         self, params: SamplingParams, vocab_size: int | None, guide: Any = None,
@@ -44,45 +45,69 @@ class GuidedRecorder(Recorder):
         self.guide = guide
         self.distribution = params.logprobs_mode
         self.last: mx.array | None = None
+        self.cache: dict[int, Any] = {}  # top-k -> the compiled step
 
     def __call__(self, logprobs: mx.array) -> mx.array:
-        mass = None
-        masked = logprobs
+        args = [logprobs]
         if self.guide is not None:
             mx.async_eval(logprobs)  # the forward pass runs while llguidance works
             if self.last is not None:
                 self.guide.advance(self.last.item())
-            allowed = mx.array(self.guide.allowed(logprobs.shape[-1]))
-            kept = mx.where(allowed, logprobs, -mx.inf)
-            lse = mx.logsumexp(kept, axis=-1, keepdims=True)
-            masked = kept - lse
-            mass = lse  # its log: read on the host in float64, so it never underflows
-        if self.temp == 0:
-            drawn = masked
-            token = mx.argmax(masked, axis=-1)
-        else:
-            drawn = self.filters(masked) * (1.0 / self.temp)
-            if self.key is None:
-                token = mx.random.categorical(drawn)
-            else:
-                self.key, sub = mx.random.split(self.key)
-                token = mx.random.categorical(drawn, key=sub)
-            if self.distribution == "processed":
-                drawn = drawn - mx.logsumexp(drawn, axis=-1, keepdims=True)
+            args.append(mx.array(self.guide.allowed(logprobs.shape[-1])))
+        if self.key is not None:  # a seeded sequence draws from its own key
+            self.key, sub = mx.random.split(self.key)
+            args.append(sub)
+        out = self._compiled(self.sink.k)(*args)
+        token = out[0]
         self.last = token
-        source = drawn if self.distribution == "processed" else logprobs
-        rows = source if source.ndim == 2 else source.reshape(-1, source.shape[-1])
-        out = [token, mx.take_along_axis(rows, token.reshape(-1, 1), axis=-1)]
-        k = self.sink.k
-        if k:
-            ids = top_k_ids(rows, k)
-            out += [ids, mx.take_along_axis(rows, ids, axis=-1)]
-        if mass is not None:
-            out.append(mass)
         if self.schedule:
             mx.async_eval(*out)
         self.sink.calls.append(out)
         return token
+
+    def _compiled(self, k: int) -> Any:
+        fn = self.cache.get(k)
+        if fn is None:
+            core = functools.partial(
+                _core, temp=self.temp, k=k, filters=self.filters, guided=self.guide is not None,
+                keyed=self.key is not None, processed=self.distribution == "processed",
+            )
+            # One compiled graph per step (as mlx-lm compiles its samplers): the random
+            # state goes in and out for unseeded draws.
+            fn = self.cache[k] = mx.compile(core, inputs=mx.random.state,
+                                            outputs=mx.random.state)
+        return fn
+
+
+def _core(
+    *args: mx.array, temp: float, k: int, filters: Any, guided: bool, keyed: bool,
+    processed: bool,
+) -> list[mx.array]:
+    """[token, logprob, (top-k ids, top-k logprobs), (log allowed mass)] of one step from
+    args [logprobs, (allowed), (key)]."""
+    logprobs = args[0]
+    masked = logprobs
+    if guided:
+        kept = mx.where(args[1], logprobs, -mx.inf)
+        log_mass = mx.logsumexp(kept, axis=-1, keepdims=True)
+        masked = kept - log_mass
+    if temp == 0:
+        drawn = masked
+        token = mx.argmax(masked, axis=-1)
+    else:
+        drawn = filters(masked) * (1.0 / temp)
+        token = mx.random.categorical(drawn, key=args[-1] if keyed else None)
+        if processed:
+            drawn = drawn - mx.logsumexp(drawn, axis=-1, keepdims=True)
+    source = drawn if processed else logprobs
+    rows = source if source.ndim == 2 else source.reshape(-1, source.shape[-1])
+    out = [token, mx.take_along_axis(rows, token.reshape(-1, 1), axis=-1)]
+    if k:
+        ids = top_k_ids(rows, k)
+        out += [ids, mx.take_along_axis(rows, ids, axis=-1)]
+    if guided:
+        out.append(log_mass)
+    return out
 
 
 def guided_recorder(

@@ -11,7 +11,7 @@ import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from ..errors import EngineError
 from ..prompting import check_ids
@@ -46,7 +46,7 @@ class Step:
     top_logprobs: list[tuple[int, float]]
     logprobs: Any
     from_draft: bool = False
-    distribution: Literal["raw", "processed"] = "raw"
+    distribution: str = "raw"  # "raw" or "processed"
     allowed_mass: float | None = None
 
 

@@ -38,7 +38,7 @@ def _logsumexp(x: np.ndarray) -> float:
     m = float(x.max())
     if m == -math.inf:
         return m
-    return m + math.log(float(np.exp(x - m, dtype=np.float64).sum()))
+    return m + math.log(float(np.exp(x - np.float32(m)).sum(dtype=np.float64)))
 
 
 class GuidedChain:

@@ -205,6 +205,10 @@ def test_regex_choice_and_json_object_outputs_match(rig: Rig, seed: int) -> None
     kw = {"temp": 1.0, "seed": seed}
     assert re.fullmatch(REGEX, rig.text(rig.run(ids, constraint_from(regex=REGEX), **kw)))
     assert rig.text(rig.run(ids, constraint_from(choice=CHOICES), **kw)) in CHOICES
+    gbnf = constraint_from(grammar='root ::= ("yes" | "no") " " [0-9]')
+    assert re.fullmatch(r"(yes|no) [0-9]", rig.text(rig.run(ids, gbnf, **kw)))
+    lark = constraint_from(grammar='start: /[ab]{1,6}/ "."\n%llguidance {}\n')
+    assert re.fullmatch(r"[ab]{1,6}\.", rig.text(rig.run(ids, lark, **kw)))
     # any object: unbounded, so greedy and asked for a short one (small models ramble on)
     short = _ids(rig.tok, 'Return the JSON object {"city": "Paris"} and nothing else.')
     obj = json.loads(rig.text(rig.run(short, constraint_from(json_object=True), 160)))

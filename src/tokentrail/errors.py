@@ -13,6 +13,8 @@ Each class also subclasses the builtin callers caught before it existed, so
     ├── RealignError (ValueError)           an upstream chunk that cannot be understood
     ├── StructureError (ValueError)         a reasoning or tool-call parser name that is not
     │                                       known, or output that is not in the expected format
+    ├── ConstraintError (ValueError)        a schema, regex, choice or grammar the grammar
+    │                                       library cannot compile; `param` names the field
     ├── ModelNotAvailable (FileNotFoundError)  a named model that is not on this machine
     ├── EngineError (RuntimeError)          an engine failure with an HTTP meaning
     │   └── UpstreamError                   a remote upstream that failed
@@ -34,6 +36,7 @@ from typing import Any, Literal
 __all__ = [
     "APIError",
     "ClientGone",
+    "ConstraintError",
     "ContextOverflow",
     "EngineError",
     "GGUFError",
@@ -96,6 +99,16 @@ class RealignError(TokentrailError, ValueError):
 class StructureError(TokentrailError, ValueError):
     """A reasoning or tool-call parser that is not known (the message lists the known
     names), or model output that is not in the format asked for (the message says where)."""
+
+
+class ConstraintError(TokentrailError, ValueError):
+    """A constraint (JSON schema, regex, choice list, grammar) that cannot be compiled, or
+    that is used in a way it cannot be: `param` names the request field (e.g.
+    "response_format") and the message gives the grammar library's reason."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class ModelNotAvailable(TokentrailError, FileNotFoundError):

@@ -16,12 +16,16 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from numbers import Integral, Real
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from .errors import SamplingError, SamplingTypeError
 
+if TYPE_CHECKING:
+    from .constrain import Constraint
+
 __all__ = [
     "LIBRARY_LIMITS",
+    "LOGPROBS_MODES",
     "MAX_TOP_LOGPROBS",
     "OPENAI_LIMITS",
     "RANGES",
@@ -46,6 +50,12 @@ class SamplingParams:
 
     `temp == 0` means greedy decoding. `top_p == 1`, `top_k == 0` and `min_p == 0`
     switch those filters off. `logit_bias` maps token ids to additive biases.
+
+    `constraint` (a bound `tokentrail.constrain.Constraint`) masks every step to the
+    tokens its grammar allows. `logprobs_mode` says which distribution each step's
+    logprob and top-k come from: "raw" (the model's, after logit bias and the repetition
+    penalty, before the grammar mask, temperature and filters) or "processed" (the one
+    the token was drawn from: after the mask, the filters and temperature).
     """
 
     temp: float = 0.0
@@ -56,6 +66,14 @@ class SamplingParams:
     logit_bias: Mapping[int, float] | None = None
     seed: int | None = None
     top_logprobs: int = 0
+    constraint: Constraint | None = None
+    logprobs_mode: Literal["raw", "processed"] = "raw"
+
+
+#: The values `SamplingParams.logprobs_mode` takes: which distribution a step's `logprob`
+#: and `top_logprobs` come from. "raw": the model's own before the grammar mask (vLLM's
+#: default `raw_logprobs`); "processed": the one the token was drawn from.
+LOGPROBS_MODES = ("raw", "processed")
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,6 +225,8 @@ def make_params(
     vocab_size: int | None = None,
     limits: Mapping[str, Range] = LIBRARY_LIMITS,
     labels: Mapping[str, str] | None = None,
+    constraint: Constraint | None = None,
+    logprobs_mode: str = "raw",
 ) -> SamplingParams:
     """Check every sampling setting against `limits` (default: `RANGES`, the library's)
     and return them as `SamplingParams`.
@@ -215,6 +235,8 @@ def make_params(
     wrong type) naming the parameter and the accepted range. `vocab_size`, when known,
     bounds the ids in `logit_bias`. `labels` renames settings in errors (and their
     `param`) to the names the caller's users know, e.g. {"temp": "temperature"}.
+    `constraint` (a bound `Constraint`) and `logprobs_mode` ("raw" or "processed") are
+    passed through; see `SamplingParams`.
     """
     names = labels or {}
     given = {"temp": temp, "top_p": top_p, "top_k": top_k, "min_p": min_p,
@@ -226,7 +248,19 @@ def make_params(
         for name, value in given.items()
     }
     bias = _logit_bias(logit_bias, vocab_size, limits, names.get("logit_bias", "logit_bias"))
-    return SamplingParams(**checked, logit_bias=bias)  # type: ignore[arg-type]
+    mode_label = names.get("logprobs_mode", "logprobs_mode")
+    if logprobs_mode not in LOGPROBS_MODES:
+        raise SamplingError(
+            f"{mode_label} must be 'raw' or 'processed', got {logprobs_mode!r}", mode_label
+        )
+    if constraint is not None and not callable(getattr(constraint, "guide", None)):
+        raise SamplingTypeError(
+            f"constraint must be a tokentrail.constrain.Constraint, got "
+            f"{type(constraint).__name__}", "constraint",
+        )
+    return SamplingParams(  # type: ignore[arg-type]
+        **checked, logit_bias=bias, constraint=constraint, logprobs_mode=logprobs_mode
+    )
 
 
 #: Settings that may be None (off / unseeded).

@@ -30,6 +30,15 @@ class Step:
     likely (id, logprob) pairs, most likely first. `logprobs` is the full vector in the
     engine's native array type. `from_draft` says a draft model proposed the token and
     the target model accepted it (speculative decoding).
+
+    Provenance, for constrained decoding (`SamplingParams.constraint`) and
+    `SamplingParams.logprobs_mode`: `distribution` names the distribution `logprob` and
+    `top_logprobs` come from: "raw" (the one described above: the model's own, before
+    the grammar mask) or "processed" (the one the token was drawn from: after the mask,
+    the top-p/min-p/top-k filters and temperature). `logprobs` stays the raw vector.
+    `allowed_mass` is the raw probability of all the tokens the grammar allowed at this
+    step (None without a constraint): near 1 where model and schema agree, small where
+    the schema forces the model off its own choice.
     """
 
     token: int
@@ -37,6 +46,8 @@ class Step:
     top_logprobs: list[tuple[int, float]]
     logprobs: Any
     from_draft: bool = False
+    distribution: str = "raw"  # "raw" or "processed"
+    allowed_mass: float | None = None
 
 
 @runtime_checkable

@@ -23,6 +23,7 @@ import numpy as np
 from ..sampling import SamplingParams
 from .base import Step, check_generate_args
 from .batch import BaseBatch
+from .llamacpp_guided import guided_chain, guided_step
 from .llamacpp_sampling import REPEAT_LAST_N, LazyLogprobs, make_sampler, step_logprobs
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,7 @@ class LlamaSlot:
     n_past: int = 0
     produced: int = 0
     row: int = -1  # this step's logits row in the batch, -1 when none
+    guided: Any = None  # a llamacpp_guided.GuidedChain (constraint, processed logprobs)
 
 
 class LlamaCppBatch(BaseBatch):
@@ -91,9 +93,13 @@ class LlamaCppBatch(BaseBatch):
                 f"of {self.n_ctx} tokens"
             )
         uid = next(self._uids)
-        chain = make_sampler(params, ids, self.engine.vocab_size or 0)
+        params = self.engine.bound(params)
+        guided = guided_chain(params, self.engine.vocab_size or 0)
+        chain = make_sampler(params, ids, self.engine.vocab_size or 0, guided)
         window = deque(ids[-REPEAT_LAST_N:], maxlen=REPEAT_LAST_N)
-        self._live[uid] = LlamaSlot(self._free.pop(0), params, max_tokens, chain, list(ids), window)
+        self._live[uid] = LlamaSlot(
+            self._free.pop(0), params, max_tokens, chain, list(ids), window, guided=guided
+        )
         return uid
 
     def remove(self, uid: int) -> None:
@@ -157,6 +163,8 @@ class LlamaCppBatch(BaseBatch):
         for uid, seq in used:
             if seq.row < 0:
                 continue
+            if seq.guided is not None:
+                seq.guided.prepare()
             token = int(llama_cpp.llama_sampler_sample(seq.chain.sampler, self._ctx.ctx, seq.row))
             ptr = llama_cpp.llama_get_logits_ith(self._ctx.ctx, seq.row)
             x = np.ctypeslib.as_array(ptr, shape=(vocab,))
@@ -168,7 +176,8 @@ class LlamaCppBatch(BaseBatch):
             seq.window.append(token)
             seq.produced += 1
             seq.pending = [token]
-            out.append((uid, Step(token, lp, top, LazyLogprobs(self, x, lse, affected))))
+            full = LazyLogprobs(self, x, lse, affected)
+            out.append((uid, guided_step(seq.guided, token, lp, top, full, p)))
             if seq.max_tokens is not None and seq.produced >= seq.max_tokens:
                 self.remove(uid)
         return out

@@ -24,6 +24,7 @@ import logging
 import os
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ from ..vocab import Vocab
 from .base import Step, check_generate_args
 from .gguf_models import GGUFError, check_magic, explain_llamacpp_failure, gguf_source
 from .llamacpp_batch import LlamaCppBatch
+from .llamacpp_guided import guided_chain, guided_step
 from .llamacpp_sampling import REPEAT_LAST_N, LazyLogprobs, make_sampler, step_logprobs
 
 log = logging.getLogger(__name__)
@@ -263,12 +265,19 @@ class LlamaCppEngine:
                 f"prompt is {len(ids)} tokens, which leaves no room in the context of "
                 f"{self.context_length} tokens (load with a larger n_ctx)"
             )
-        return self._steps(ids, params, max_tokens)
+        return self._steps(ids, self.bound(params), max_tokens)
 
     # -- internals --
 
-    def _sampler(self, params: SamplingParams, prompt: list[int]) -> Any:
-        return make_sampler(params, prompt, self.vocab_size or 0)
+    def _sampler(self, params: SamplingParams, prompt: list[int], guided: Any = None) -> Any:
+        return make_sampler(params, prompt, self.vocab_size or 0, guided)
+
+    def bound(self, params: SamplingParams) -> SamplingParams:
+        """`params` with its constraint bound to this model's tokenizer (if it is not)."""
+        c = params.constraint
+        if c is None or c.bound:
+            return params
+        return replace(params, constraint=c.bind(self.tokenizer))
 
     def open_batch(self, max_batch: int, **options: Any) -> LlamaCppBatch:
         """A `Batch` over llama.cpp's parallel sequences (see `llamacpp_batch`)."""
@@ -310,7 +319,8 @@ class LlamaCppEngine:
         self, ids: list[int], params: SamplingParams, max_tokens: int | None
     ) -> Iterator[Step]:
         owner = object()
-        chain = self._sampler(params, ids)
+        guided = guided_chain(params, self.vocab_size or 0)
+        chain = self._sampler(params, ids, guided)
         penalty = params.repetition_penalty
         window: deque[int] = deque(ids[-REPEAT_LAST_N:], maxlen=REPEAT_LAST_N)
         sequence: list[int] = []
@@ -325,6 +335,8 @@ class LlamaCppEngine:
                     )
                 self._eval(owner, sequence, pending)
                 sequence.extend(pending)
+                if guided is not None:
+                    guided.prepare()
                 # llama_sampler_sample also accepts the token into the chain.
                 token = int(llama_cpp.llama_sampler_sample(chain.sampler, self.llama.ctx, -1))
                 lp, top, full = self._logprobs(
@@ -332,7 +344,7 @@ class LlamaCppEngine:
                 )
                 window.append(token)
                 n += 1
-                yield Step(token, lp, top, full)
+                yield guided_step(guided, token, lp, top, full, params)
                 pending = [token]
         finally:
             chain.close()

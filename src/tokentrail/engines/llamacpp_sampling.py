@@ -27,9 +27,14 @@ _DEFAULT_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: a random seed
 __all__ = ["REPEAT_LAST_N", "LazyLogprobs", "make_sampler", "step_logprobs"]
 
 
-def make_sampler(params: SamplingParams, prompt: Sequence[int], n_vocab: int) -> Any:
+def make_sampler(
+    params: SamplingParams, prompt: Sequence[int], n_vocab: int, guided: Any = None
+) -> Any:
     """llama.cpp's sampler chain for `params`, in llama-cpp-python's order; the prompt's
-    last tokens are accepted into it when a repeat penalty is on (as llama-server)."""
+    last tokens are accepted into it when a repeat penalty is on (as llama-server).
+
+    `guided` (a `llamacpp_guided.GuidedChain`) adds its grammar mask after the penalty
+    (where llama.cpp puts its own grammar sampler) and its recorder before the draw."""
     # llama-cpp-python's own wrapper of a `llama_sampler_chain` (it keeps the custom
     # samplers' callbacks alive); it has no public home, only `llama_cpp._internals`.
     from llama_cpp._internals import LlamaSampler
@@ -40,7 +45,11 @@ def make_sampler(params: SamplingParams, prompt: Sequence[int], n_vocab: int) ->
     penalty = params.repetition_penalty
     if penalty is not None and penalty != 1.0:
         chain.add_penalties(n_vocab, REPEAT_LAST_N, penalty, 0.0, 0.0)
+    if guided is not None and guided.guide is not None:
+        chain.add_custom(guided.mask)
     if params.temp == 0:
+        if guided is not None and guided.wants_record:
+            chain.add_custom(guided.record)
         chain.add_greedy()
     else:
         if params.top_k > 0:
@@ -50,6 +59,8 @@ def make_sampler(params: SamplingParams, prompt: Sequence[int], n_vocab: int) ->
         if params.min_p > 0.0:
             chain.add_min_p(params.min_p, 1)
         chain.add_temp(params.temp)
+        if guided is not None and guided.wants_record:
+            chain.add_custom(guided.record)
         chain.add_dist(_DEFAULT_SEED if params.seed is None else params.seed & 0xFFFFFFFF)
     if penalty is not None and penalty != 1.0:
         for t in prompt[-REPEAT_LAST_N:]:

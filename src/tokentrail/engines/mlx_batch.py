@@ -27,6 +27,7 @@ from ..sampling import SamplingParams
 from .base import Step
 from .batch import BaseBatch
 from .config import PREFILL_STEP_SIZE
+from .mlx_guided import guided_recorder, read_masses, shown_top
 from .mlx_sampling import Recorder, Sink, filters, read_rows, sampling_for
 
 log = logging.getLogger(__name__)
@@ -129,6 +130,7 @@ class MLXBatch(BaseBatch):
             )
         self.prompt_cache_bytes = prompt_cache_bytes
         self._live: dict[int, int] = {}  # uid -> the top-k it asked for
+        self._modes: dict[int, str] = {}  # uid -> its logprobs_mode
         self._cached: dict[int, int] = {}
         self._shared: dict[tuple[Any, ...], Recorder] = {}
 
@@ -153,6 +155,7 @@ class MLXBatch(BaseBatch):
             logits_processors=[processors],
         )
         self._live[uid] = params.top_logprobs
+        self._modes[uid] = params.logprobs_mode
         self._cached[uid] = len(ids) - len(rest)
         self.sink.k = max(self._live.values())
         return uid
@@ -176,15 +179,20 @@ class MLXBatch(BaseBatch):
         for r in responses:
             record, row = reported[r.uid]
             if record[1] is None:
-                record[1] = read_rows(record[0], len(record[0]) > 2)
-            token, lp, top = record[1][row]
+                has_top = len(record[0]) >= 4  # [token, lp, (ids, vals), (allowed mass)]
+                record[1] = list(zip(read_rows(record[0], has_top),
+                                     read_masses(record[0], has_top), strict=True))
+            (token, lp, top), mass = record[1][row]
             if token != r.token:
                 raise RuntimeError(
                     f"mlx-lm's BatchGenerator reported token {r.token} for sequence {r.uid} "
                     f"but its sampler produced {token}: rows are out of step"
                 )
             k = self._live.get(r.uid, 0)
-            out.append((r.uid, Step(token, lp, top[:k] if k else [], r.logprobs, False)))
+            dist = self._modes.get(r.uid, "raw")
+            top = shown_top(top[:k], dist) if k else []
+            step = Step(token, lp, top, r.logprobs, False, dist, mass)
+            out.append((r.uid, step))
             if r.finish_reason is not None:
                 if r.prompt_cache is not None:
                     self._store(r.all_tokens, r.prompt_cache)
@@ -202,6 +210,9 @@ class MLXBatch(BaseBatch):
     # -- internals ---------------------------------------------------------------------
 
     def _recorder(self, params: SamplingParams, sampler: Any) -> Recorder:
+        guided = guided_recorder(params, self.vocab_size, sink=self.sink)
+        if guided is not None:  # its own grammar state: one recorder per row
+            return guided
         if params.seed is not None and params.temp > 0:
             rec = Recorder(filters(params, self.vocab_size), sink=self.sink)
             rec.seed(params.seed, params.temp)
@@ -218,6 +229,7 @@ class MLXBatch(BaseBatch):
 
     def _forget(self, uid: int) -> None:
         self._live.pop(uid, None)
+        self._modes.pop(uid, None)
         self.sink.k = max(self._live.values(), default=0)
 
     def _fetch(self, ids: list[int]) -> tuple[list[Any] | None, list[int]]:

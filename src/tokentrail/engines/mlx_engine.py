@@ -162,6 +162,7 @@ class MLXEngine:
 
         Runs mlx-lm's own `generate_step` (see `mlx_steps`); `options` are its keywords
         (e.g. `prompt_cache`, `kv_bits`, `draft_model` for speculative decoding)."""
+        from .mlx_guided import guided_recorder
         from .mlx_steps import mlx_steps
 
         sampler, processors = sampling_for(params, self.vocab_size)
@@ -171,6 +172,14 @@ class MLXEngine:
         if params.seed is not None:
             mx.random.seed(params.seed)
         draft = options.pop("draft_model", None)
+        guided = guided_recorder(params, self.vocab_size, params.top_logprobs)
+        if guided is not None:
+            if draft is not None:
+                raise ValueError(
+                    "speculative decoding (draft_model) does not take a constraint or "
+                    "logprobs_mode='processed'"
+                )
+            sampler = guided
         yield from mlx_steps(
             self.model, prompt_ids, sampler, params.top_logprobs, max_tokens, draft, **options
         )

@@ -23,6 +23,7 @@ from typing import Any
 import mlx.core as mx
 
 from .base import Step
+from .mlx_guided import read_masses, shown_top
 from .mlx_sampling import Recorder, Row, read_rows
 
 log = logging.getLogger(__name__)
@@ -86,6 +87,9 @@ def mlx_steps(
     `mlx_lm.stream_generate`, those speculative decoding does not take
     (`max_kv_size`, `prompt_progress_callback`) are dropped with a draft model, and
     `num_draft_tokens` without one. `max_tokens=None` generates without end.
+    A `sampler` that is already a `Recorder` (e.g. `mlx_guided.GuidedRecorder`, for
+    constrained decoding) records the steps itself; its `distribution` and recorded
+    allowed mass go onto each Step.
     """
     from mlx_lm.generate import (
         generate_step,
@@ -99,7 +103,7 @@ def mlx_steps(
     limit = -1 if max_tokens is None else max_tokens
     if draft_model is None:
         options.pop("num_draft_tokens", None)
-        rec = Recorder(sampler, k, schedule=True)
+        rec = sampler if isinstance(sampler, Recorder) else Recorder(sampler, k, schedule=True)
         gen = generate_step(prompt, model, stream, max_tokens=limit, sampler=rec, **options)
     else:
         options.pop("max_kv_size", None)
@@ -126,11 +130,14 @@ def mlx_steps(
 
 def _plain(gen: Iterator[Any], rec: Recorder, k: int) -> Iterator[Step]:
     calls = rec.calls
+    distribution = getattr(rec, "distribution", "raw")
     for token, logprobs in gen:
-        ((want, lp, top),) = read_rows(calls.popleft(), k)
+        call = calls.popleft()
+        ((want, lp, top),) = read_rows(call, k)
         if want != token:
             raise _mismatch(token, want)
-        yield Step(token, lp, top, logprobs, False)
+        (mass,) = read_masses(call, k)
+        yield Step(token, lp, shown_top(top, distribution), logprobs, False, distribution, mass)
 
 
 def _speculative(gen: Iterator[Any], rec: Recorder, k: int, processed: bool) -> Iterator[Step]:

@@ -256,6 +256,7 @@ class TorchEngine:
             new_cache = getattr(out, "past_key_values", None)
         return out.logits[0, -1], new_cache
 
+    # long: one generation loop with its step and read closures (the pipelined order)
     def _steps(
         self, ids: list[int], params: SamplingParams, max_tokens: int | None
     ) -> Iterator[Step]:
@@ -267,6 +268,9 @@ class TorchEngine:
             generator.manual_seed(params.seed)
         process = _make_processors(params, device)
         sample = _make_sampler(params, generator)
+        guide = params.constraint.guide() if params.constraint is not None else None
+        processed = params.logprobs_mode == "processed"
+        dist = params.logprobs_mode
         cache: Any = None
         history: torch.Tensor | None = None
         vocab = self.vocab_size
@@ -292,19 +296,28 @@ class TorchEngine:
                         history = torch.cat([history, inputs])[-REPETITION_CONTEXT_SIZE:]
                     logits = process(history, logits)
                 logprobs = torch.log_softmax(logits, dim=-1)
-                token = sample(logprobs)
-                # One vector: [token, logprob, top ids..., top logprobs...]. Logprobs are
-                # float32 already; float32 also holds every id below 2**24 exactly.
-                parts = [token.to(pack), logprobs.gather(0, token).to(pack)]
+                masked, log_mass = logprobs, None
+                if guide is not None:
+                    masked, log_mass = _guide_mask(guide, logprobs, None if first else inputs)
+                token = sample(masked)
+                source = _processed(masked, params) if processed else logprobs
+                # One vector: [token, logprob, top ids..., top logprobs..., (log mass)].
+                # float32 holds every id below 2**24 exactly.
+                parts = [token.to(pack), source.gather(0, token).to(pack)]
                 if k:
-                    top = torch.topk(logprobs, k)
+                    top = torch.topk(source, k)
                     parts += [top.indices.to(pack), top.values.to(pack)]
+                if log_mass is not None:
+                    parts.append(log_mass.reshape(1).to(pack))
                 return token, torch.cat(parts), logprobs
 
-        def read(info: torch.Tensor) -> tuple[int, float, list[tuple[int, float]]]:
+        def read(info: torch.Tensor) -> tuple[int, float, list[tuple[int, float]], float | None]:
             values = info.tolist()
-            top = list(zip(map(int, values[2 : 2 + k]), values[2 + k :], strict=True))
-            return int(values[0]), values[1], top
+            top = list(zip(map(int, values[2 : 2 + k]), values[2 + k : 2 + 2 * k], strict=True))
+            if processed:  # ids the processed distribution rules out are no alternatives
+                top = [(i, lp) for i, lp in top if lp > -math.inf]
+            mass = math.exp(values[2 + 2 * k]) if guide is not None else None
+            return int(values[0]), values[1], top, mass
 
         token, info, logprobs = step(rest, True)
         n = 0
@@ -316,10 +329,10 @@ class TorchEngine:
                 if more:
                     upcoming = step(token, False)
                 ready.synchronize()
-                tid, lp, top = read(host)
+                tid, lp, top, mass = read(host)
             else:
-                tid, lp, top = read(info)
-            yield Step(tid, lp, top, logprobs)
+                tid, lp, top, mass = read(info)
+            yield Step(tid, lp, top, logprobs, False, dist, mass)
             if not more:
                 return
             if not self._pipelined:
@@ -334,6 +347,39 @@ def _copy_to_host(info: torch.Tensor) -> tuple[torch.Tensor, Any]:
     event = torch.cuda.Event()
     event.record()
     return host, event
+
+
+# -- constrained decoding and processed logprobs --------------------------------------
+
+
+def _guide_mask(
+    guide: Any, logprobs: torch.Tensor, previous: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`logprobs` masked to what `guide` allows (renormalised) and the log of the raw
+    mass on the allowed ids. `previous` is the token just sampled (None at the first
+    step): the guide moves past it first. The model's forward pass is already queued,
+    so on CUDA llguidance works while the device computes."""
+    if previous is not None:
+        guide.advance(int(previous.item()))
+    allowed = torch.from_numpy(guide.allowed(logprobs.shape[-1])).to(logprobs.device)
+    kept = logprobs.masked_fill(~allowed, -math.inf)
+    log_mass = torch.logsumexp(kept, dim=-1)
+    return kept - log_mass, log_mass
+
+
+def _processed(logprobs: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The distribution the sampler draws from: the top-p, min-p and top-k filters, then
+    temperature, normalised (at temperature 0: `logprobs` itself)."""
+    if params.temp == 0:
+        return logprobs
+    x = logprobs
+    if 0 < params.top_p < 1:
+        x = apply_top_p(x, params.top_p)
+    if params.min_p > 0:
+        x = apply_min_p(x, params.min_p)
+    if 0 < params.top_k < x.shape[-1]:
+        x = apply_top_k(x, params.top_k)
+    return torch.log_softmax(x * (1.0 / params.temp), dim=-1)
 
 
 # -- mlx-lm's logits processors and samplers, in torch --------------------------------

@@ -194,6 +194,12 @@ class UpstreamEngine:
         self, prompt_ids: Sequence[int], params: SamplingParams, max_tokens: int | None
     ) -> tuple[str, dict[str, Any]]:
         """(path, JSON body) asking the upstream for `max_tokens` tokens after the prompt."""
+        if params.constraint is not None or params.logprobs_mode != "raw":
+            # Never silently unconstrained: the proxy passes the upstream's own fields.
+            raise ValueError(
+                "the upstream engine does not apply tokentrail constraints or "
+                "logprobs_mode='processed'; send the upstream's own structured-output fields"
+            )
         k = max(1, params.top_logprobs)
         d = self.dialect
         if d == "llamacpp":

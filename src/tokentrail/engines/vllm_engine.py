@@ -365,7 +365,37 @@ def _sampling_params(params: SamplingParams, max_tokens: int | None, vocab: int 
         kwargs["repetition_penalty"] = params.repetition_penalty
     if params.logit_bias:
         kwargs["logit_bias"] = dict(params.logit_bias)
+    if params.logprobs_mode != "raw":
+        raise ValueError(
+            "vLLM sets logprobs_mode for the whole engine (LLM(logprobs_mode=...)), not per "
+            "request; this engine reports its raw logprobs"
+        )
+    if params.constraint is not None:
+        kwargs.update(_structured_outputs(params.constraint))
     return VLLMSamplingParams(**kwargs)
+
+
+def _structured_outputs(constraint: Any) -> dict[str, Any]:
+    """vLLM's own structured outputs for a tokentrail `Constraint` (the same request
+    fields, passed through): `structured_outputs` (vLLM >= 0.10.2) or the older
+    `guided_decoding`."""
+    import json
+
+    kind, source = constraint.kind, constraint.source
+    fields: dict[str, Any] = {
+        "json_schema": {"json": json.loads(source) if kind == "json_schema" else None},
+        "json_object": {"json_object": True},
+        "regex": {"regex": source},
+        "choice": {"choice": json.loads(source) if kind == "choice" else None},
+        "grammar": {"grammar": source},
+    }[kind]
+    try:
+        from vllm.sampling_params import StructuredOutputsParams
+    except ImportError:
+        from vllm.sampling_params import GuidedDecodingParams
+
+        return {"guided_decoding": GuidedDecodingParams(**fields)}
+    return {"structured_outputs": StructuredOutputsParams(**fields)}
 
 
 def step_from_logprobs(token: int, position: Mapping[int, Any] | None, k: int) -> Step:

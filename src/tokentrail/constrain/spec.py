@@ -1,0 +1,226 @@
+"""Constraint specs: what the output must match, compiled to an llguidance grammar.
+
+`constraint_from` takes the forms the request APIs use (a JSON schema, "any JSON object",
+a regex, a list of choices, a Lark or GBNF grammar) and compiles them with llguidance's
+own compilers (`LLMatcher.grammar_from_json_schema`, `grammar_from`); the grammar is
+checked with `LLMatcher.validate_grammar` at once, so a schema the library cannot
+compile fails here, as a `ConstraintError` naming the request field, before any model
+work. Nothing here writes a grammar: llguidance does.
+
+A `Constraint` is frozen and hashable, so it can sit in a `SamplingParams`. It becomes
+usable by an engine once bound to the model's tokenizer (`Constraint.bind`), which
+builds llguidance's tokenizer once per tokenizer object (see `lltokenizer`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Literal
+
+import llguidance as llg
+
+from ..errors import ConstraintError
+from ..sampling import LOGPROBS_MODES
+from .lltokenizer import lltokenizer_for
+
+if TYPE_CHECKING:
+    from .guide import Guide
+
+__all__ = [
+    "LOGPROBS_MODES",
+    "Constraint",
+    "ConstraintError",
+    "Kind",
+    "constraint_from",
+    "from_response_format",
+    "from_structured_outputs",
+]
+
+Kind = Literal["json_schema", "json_object", "regex", "choice", "grammar"]
+
+
+
+@dataclass(frozen=True, slots=True)
+class Constraint:
+    """A compiled constraint: llguidance's grammar for one spec.
+
+    `kind` is the form it was given in, `source` that spec as text (for messages),
+    `grammar` llguidance's grammar definition, `param` the request field it came from
+    (named in errors), `warnings` what llguidance noted while validating it (e.g. a
+    keyword ignored by a non-strict schema). `tokenizer` is llguidance's tokenizer once
+    bound (`bind`); engines need a bound constraint.
+    """
+
+    kind: Kind
+    source: str
+    grammar: str = field(repr=False)
+    param: str = "response_format"
+    warnings: tuple[str, ...] = ()
+    tokenizer: Any = field(default=None, repr=False)
+
+    @property
+    def bound(self) -> bool:
+        """Whether the constraint knows the model's tokenizer (engines need that)."""
+        return self.tokenizer is not None
+
+    def bind(self, tokenizer: Any) -> Constraint:
+        """This constraint for `tokenizer` (a transformers, mlx-lm or tokentrail
+        tokenizer; llguidance's tokenizer is built once per tokenizer object and cached).
+        Validates the grammar against the vocabulary, raising `ConstraintError`."""
+        lltok = lltokenizer_for(tokenizer)
+        if lltok is self.tokenizer:
+            return self
+        message = llg.LLMatcher.validate_grammar(self.grammar, lltok)
+        if message:
+            raise ConstraintError(f"{self.param}: {message}", self.param)
+        return replace(self, tokenizer=lltok)
+
+    def guide(self) -> Guide:
+        """A fresh matcher at the start of the grammar, for one sequence."""
+        from .guide import Guide
+
+        return Guide(self)
+
+
+def _check(kind: Kind, source: str, grammar: str, param: str) -> Constraint:
+    is_error, messages = llg.LLMatcher.validate_grammar_with_warnings(grammar)
+    if is_error:
+        what = {"json_schema": "the JSON schema", "json_object": "the JSON object grammar",
+                "regex": "the regex", "choice": "the choices", "grammar": "the grammar"}[kind]
+        reason = messages[0] if messages else "unknown error"
+        raise ConstraintError(f"{param}: cannot compile {what}: {reason}", param)
+    return Constraint(kind, source, grammar, param, tuple(messages))
+
+
+def _schema_text(schema: Any, param: str) -> str:
+    if isinstance(schema, str):
+        try:
+            value = json.loads(schema)
+        except json.JSONDecodeError as e:
+            raise ConstraintError(f"{param}: the JSON schema is not valid JSON: {e}", param) from e
+    else:
+        value = schema
+    if not isinstance(value, Mapping | bool):
+        raise ConstraintError(
+            f"{param}: a JSON schema must be an object (or true/false), got "
+            f"{type(value).__name__}", param,
+        )
+    return json.dumps(value)  # key order kept: llguidance emits properties in order
+
+
+def _json_schema(schema: Any, strict: bool | None, any_whitespace: bool, param: str) -> Constraint:
+    text = _schema_text(schema, param)
+    # strict (the default, and OpenAI's `strict: true`): every keyword is enforced, and
+    # one llguidance does not implement is an error. `strict: false` (OpenAI: the schema
+    # is a hint) lets llguidance ignore such keywords, noted in `warnings`.
+    options = {"whitespace_flexible": any_whitespace, "lenient": strict is False}
+    try:
+        grammar = llg.LLMatcher.grammar_from_json_schema(text, defaults=options)
+    except ValueError as e:
+        raise ConstraintError(f"{param}: cannot compile the JSON schema: {e}", param) from e
+    return _check("json_schema", text, grammar, param)
+
+
+def _choice(choice: Any, param: str) -> Constraint:
+    if isinstance(choice, str) or not isinstance(choice, Sequence) or not choice:
+        raise ConstraintError(f"{param}: choice must be a non-empty list of strings", param)
+    if not all(isinstance(c, str) for c in choice):
+        raise ConstraintError(f"{param}: every choice must be a string, got {choice!r}", param)
+    text = json.dumps(list(choice))
+    return _check("choice", text, llg.grammar_from("choice", text), param)
+
+
+def constraint_from(
+    json_schema: Any = None,
+    regex: str | None = None,
+    choice: Sequence[str] | None = None,
+    grammar: str | None = None,
+    json_object: bool = False,
+    *,
+    strict: bool | None = None,
+    any_whitespace: bool = False,
+    param: str = "response_format",
+) -> Constraint | None:
+    """The `Constraint` for one of: `json_schema` (a dict or JSON text), `regex` (Rust
+    regex syntax, matched in full), `choice` (the output is exactly one of the strings),
+    `grammar` (Lark or GBNF, as llguidance reads them) or `json_object` (any JSON
+    object). None when none is given; a `ConstraintError` naming `param` when more than
+    one is, or when llguidance cannot compile it.
+
+    `strict=False` (OpenAI's `strict: false`) lets llguidance skip schema keywords it
+    does not implement; otherwise they are errors. JSON is compact unless
+    `any_whitespace` (llguidance's `whitespace_flexible`), which small models can loop in.
+    """
+    given = [name for name, value in (("json_schema", json_schema), ("regex", regex),
+             ("choice", choice), ("grammar", grammar)) if value is not None]
+    if json_object:
+        given.append("json_object")
+    if not given:
+        return None
+    if len(given) > 1:
+        raise ConstraintError(f"{param}: give one constraint, got {' and '.join(given)}", param)
+    if json_object:
+        options = {"whitespace_flexible": any_whitespace}
+        text = '{"type": "object"}'
+        return _check("json_object", text,
+                      llg.LLMatcher.grammar_from_json_schema(text, defaults=options), param)
+    if json_schema is not None:
+        return _json_schema(json_schema, strict, any_whitespace, param)
+    if choice is not None:
+        return _choice(choice, param)
+    if regex is not None:
+        if not isinstance(regex, str):
+            raise ConstraintError(f"{param}: regex must be a string, got {regex!r}", param)
+        return _check("regex", regex, llg.LLMatcher.grammar_from_regex(regex), param)
+    if not isinstance(grammar, str):
+        raise ConstraintError(f"{param}: grammar must be a string, got {grammar!r}", param)
+    try:
+        compiled = llg.grammar_from("grammar", grammar)
+    except ValueError as e:
+        raise ConstraintError(f"{param}: cannot compile the grammar: {e}", param) from e
+    return _check("grammar", grammar, compiled, param)
+
+
+def from_response_format(value: Any, param: str = "response_format") -> Constraint | None:
+    """OpenAI's `response_format`: {"type": "text"} (None), {"type": "json_object"}, or
+    {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}, "strict": ...}}."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping) or not isinstance(value.get("type"), str):
+        raise ConstraintError(f"{param} must be an object with a type, got {value!r}", param)
+    kind = value["type"]
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return constraint_from(json_object=True, param=param)
+    if kind == "json_schema":
+        spec = value.get("json_schema")
+        if not isinstance(spec, Mapping) or "schema" not in spec:
+            raise ConstraintError(f"{param}.json_schema must be an object with a schema", param)
+        strict = spec.get("strict")
+        return constraint_from(
+            json_schema=spec["schema"], strict=None if strict is None else bool(strict),
+            param=param,
+        )
+    raise ConstraintError(
+        f"{param}.type must be text, json_object or json_schema, got {kind!r}", param
+    )
+
+
+def from_structured_outputs(value: Any, param: str = "structured_outputs") -> Constraint | None:
+    """vLLM's `structured_outputs`: one of `json` (a schema), `regex`, `choice`,
+    `grammar`, `json_object` (true)."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise ConstraintError(f"{param} must be an object, got {value!r}", param)
+    known = {"json", "regex", "choice", "grammar", "json_object"}
+    unknown = sorted(set(value) - known)
+    if unknown:
+        raise ConstraintError(f"{param}: unknown field {', '.join(unknown)}", param)
+    return constraint_from(
+        json_schema=value.get("json"), regex=value.get("regex"), choice=value.get("choice"),
+        grammar=value.get("grammar"), json_object=bool(value.get("json_object")), param=param,
+    )

@@ -16,7 +16,7 @@ import logging
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .detokenizer import mlx_lm_drops_first_space
 from .engines import Engine, engine_for, load_model
@@ -26,6 +26,9 @@ from .sampling import SamplingParams, check_max_tokens, make_params
 from .sequence import GenerationResponse, SequenceState
 from .structure.pipeline import StructuredStream
 from .structure.reasoning import ReasoningFormat, reasoning_format
+
+if TYPE_CHECKING:
+    from .constrain import Constraint
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +150,8 @@ def _position_limit(engine: Engine, mlx: bool) -> int | None:
     return None
 
 
+# The signature and docstring are the public contract: mlx-lm's arguments, then
+# long: tokentrail's keywords, each explained; the body itself is about 30 lines.
 def stream_generate(
     model: Any,
     tokenizer: Any,
@@ -172,6 +177,11 @@ def stream_generate(
     cap_to_context: bool = True,
     reasoning: str | tuple[str, str] | ReasoningFormat | None = None,
     fields: bool = False,
+    json_schema: Mapping[str, Any] | str | None = None,
+    regex: str | None = None,
+    choice: Sequence[str] | None = None,
+    grammar: str | None = None,
+    logprobs_mode: str = "raw",
     **mlx_options: Any,
 ) -> Iterator[GenerationResponse]:
     """Generate from `prompt`, one `GenerationResponse` per token; the last has
@@ -197,12 +207,17 @@ def stream_generate(
     `cap_to_context`: where the model fails past its positions (`_position_limit`),
     `max_tokens` is cut to the room left, ending with "length"; False turns that off.
     `reasoning` (a `structure.REASONING_PARSERS` name, (START, END), a `ReasoningFormat`)
-    and `fields=True` add channels and JSON fields (`structure.pipeline`). Arguments are
-    checked here; generation starts on the first `next()`, ends on close.
+    and `fields=True` add channels and JSON fields (`structure.pipeline`). `json_schema`,
+    `regex`, `choice` or `grammar` constrain the output through llguidance
+    (`tokentrail.constrain`; a JSON schema turns `fields` on); `logprobs_mode` "raw" (the
+    model's own distribution, before the mask) or "processed" (what the token was drawn
+    from). Arguments are checked here; generation starts on the first `next()`.
     """
     engine = engine_for(model)
     limit = check_max_tokens(max_tokens)
-    fmt = _structure_format(reasoning, fields, whole_tokens)
+    constraint = _constraint(tokenizer, json_schema, regex, choice, grammar)
+    fields = fields or (constraint is not None and constraint.kind == "json_schema")
+    fmt = _structure_format(reasoning, fields, whole_tokens, constraint is not None)
     mlx = _takes_mlx_options(engine)
     logits_processors = _check_engine_options(
         engine, mlx, mlx_options, sampler, logits_processors, draft_model, stream,
@@ -211,7 +226,8 @@ def stream_generate(
     params = make_params(
         temp=temp, top_p=top_p, top_k=top_k, min_p=min_p,
         repetition_penalty=repetition_penalty, logit_bias=logit_bias, seed=seed,
-        top_logprobs=top_logprobs, vocab_size=engine.vocab_size,
+        top_logprobs=top_logprobs, vocab_size=engine.vocab_size, constraint=constraint,
+        logprobs_mode=logprobs_mode,
     )
     ids, n_prompt = _prompt(engine, tokenizer, prompt, mlx_options)
     if cap_to_context:
@@ -224,7 +240,39 @@ def stream_generate(
         engine, mlx, ids, params, limit, (draft_model, stream, sampler, logits_processors),
         mlx_options,
     )
-    return _structured(engine, tokenizer, ids, fmt, fields, mlx_options, seq, steps)
+    schema = json_schema if isinstance(json_schema, Mapping) else None
+    return _structured(engine, tokenizer, ids, (fmt, fields, schema), mlx_options, seq, steps)
+
+
+def _constraint(
+    tokenizer: Any,
+    json_schema: Mapping[str, Any] | str | None,
+    regex: str | None,
+    choice: Sequence[str] | None,
+    grammar: str | None,
+) -> Constraint | None:
+    """The constraint the keywords ask for, bound to `tokenizer` (None: unconstrained).
+    A spec llguidance cannot compile is a `ConstraintError` naming the keyword."""
+    if json_schema is None and regex is None and choice is None and grammar is None:
+        return None
+    from .constrain import constraint_from
+
+    given = [k for k, v in (("json_schema", json_schema), ("regex", regex), ("choice", choice),
+                            ("grammar", grammar)) if v is not None]  # fmt: skip
+    if len(given) > 1:
+        raise ValueError(f"give one constraint, not {' and '.join(given)}")
+    if isinstance(json_schema, str):
+        import json
+
+        try:
+            json_schema = json.loads(json_schema)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"json_schema is not JSON: {e}") from None
+    spec = constraint_from(
+        json_schema=json_schema, regex=regex, choice=list(choice) if choice else choice,
+        grammar=grammar, param=given[0],
+    )
+    return None if spec is None else spec.bind(tokenizer)
 
 
 def _capped(
@@ -259,11 +307,19 @@ def _sequence(
 
 
 def _structure_format(
-    reasoning: str | tuple[str, str] | ReasoningFormat | None, fields: bool, whole_tokens: bool
+    reasoning: str | tuple[str, str] | ReasoningFormat | None,
+    fields: bool,
+    whole_tokens: bool,
+    constrained: bool = False,
 ) -> ReasoningFormat | None:
     """The checked reasoning format (None: no reasoning split)."""
     if not isinstance(fields, bool):
         raise TypeError(f"fields must be True or False, got {fields!r}")
+    if constrained and reasoning is not None:
+        raise ValueError(
+            "a constraint applies to the content after the reasoning, which the grammar "
+            "mask cannot start late yet: give reasoning or a constraint, not both"
+        )
     if whole_tokens and (reasoning is not None or fields):
         raise ValueError("reasoning and fields need each token's byte ranges: whole_tokens=False")
     return None if reasoning is None else reasoning_format(reasoning)
@@ -273,8 +329,7 @@ def _structured(
     engine: Engine,
     tokenizer: Any,
     ids: list[int],
-    fmt: ReasoningFormat | None,
-    fields: bool,
+    structure: tuple[ReasoningFormat | None, bool, Mapping[str, Any] | str | None],
     options: Mapping[str, Any],
     seq: SequenceState,
     steps: Iterator[Step],
@@ -286,6 +341,7 @@ def _structured(
     here, so fields get its allowed values, and starts its mask once `channel` leaves
     the reasoning.
     """
+    fmt, fields, schema = structure
     responses = _run(seq, steps, engine.name)
     if fmt is None and not fields:
         return responses
@@ -297,7 +353,10 @@ def _structured(
         scorer, why = scorer_for(engine, tokenizer, ids, output_ids, dict(options))
         if scorer is None:
             log.info("fields without alternatives: %s", why)
-    pipeline = StructuredStream(fmt, fields=fields, scorer=scorer, output_ids=output_ids)
+    pipeline = StructuredStream(
+        fmt, fields=fields, scorer=scorer, output_ids=output_ids,
+        schema=schema if isinstance(schema, Mapping) else None,
+    )
     return pipeline.wrap(responses)
 
 
@@ -346,10 +405,19 @@ def _mlx_steps(
     processors: list[Callable[[Any, Any], Any]] | None,
     options: dict[str, Any],
 ) -> Iterator[Step]:
+    from .engines.mlx_guided import guided_recorder
     from .engines.mlx_sampling import sampling_for
     from .engines.mlx_steps import mlx_steps
 
     own_sampler, own_processors = sampling_for(params, engine.vocab_size)
+    guided = guided_recorder(params, engine.vocab_size, params.top_logprobs)
+    if guided is not None:
+        if sampler is not None or draft_model is not None:
+            raise ValueError(
+                "a constraint (or logprobs_mode='processed') takes the place of the sampler: "
+                "give it without sampler and draft_model"
+            )
+        own_sampler = guided
     processors = [*(processors or []), *own_processors]
     options = dict(options, logits_processors=processors or None)
     if params.seed is not None:

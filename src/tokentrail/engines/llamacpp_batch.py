@@ -27,7 +27,20 @@ from .llamacpp_sampling import REPEAT_LAST_N, LazyLogprobs, make_sampler, step_l
 
 log = logging.getLogger(__name__)
 
-__all__ = ["LlamaCppBatch", "LlamaSlot"]
+__all__ = ["DEFAULT_SLOTS", "LlamaCppBatch", "LlamaSlot", "slots"]
+
+
+#: Parallel sequences when the model was loaded with one slot (llama-server's default).
+DEFAULT_SLOTS = 4
+
+
+def slots(engine: Any) -> int:
+    """The batch's capacity: the sequence slots the engine's model was loaded with
+    (llama.cpp's `n_seq_max`) when more than one, else `DEFAULT_SLOTS`; at most
+    llama.cpp's own limit."""
+    loaded = int(getattr(engine.llama.context_params, "n_seq_max", 1) or 1)
+    wanted = loaded if loaded > 1 else DEFAULT_SLOTS
+    return max(1, min(wanted, int(llama_cpp.llama_max_parallel_sequences())))
 
 
 @dataclass
@@ -51,11 +64,12 @@ class LlamaCppBatch(BaseBatch):
 
     `n_ctx` is the KV cache shared by all sequences (default: the engine's context
     length); a sequence's prompt plus its tokens must fit in it next to the others'.
+    `max_batch` None: `slots(engine)` sequences.
     """
 
-    def __init__(self, engine: Any, max_batch: int, *, n_ctx: int | None = None,
-                 **options: Any) -> None:
-        super().__init__(max_batch)
+    def __init__(self, engine: Any, max_batch: int | None = None, *,
+                 n_ctx: int | None = None, **options: Any) -> None:
+        super().__init__(slots(engine) if max_batch is None else max_batch)
         if options:
             log.debug("llama.cpp batch ignores options %s", sorted(options))
         # llama-cpp-python's wrappers of a second context on the same loaded weights and

@@ -349,3 +349,19 @@ def test_a_newcomers_first_token_comes_from_the_step_that_samples_it() -> None:
         assert [got[u] for u in uids] == want  # nothing dropped, repeated or reordered
     finally:
         batch.close()
+
+
+def test_llamacpp_capacity_is_its_sequence_slots() -> None:
+    llama_cpp = pytest.importorskip("llama_cpp")
+    from types import SimpleNamespace
+
+    from tokentrail.engines.llamacpp_batch import DEFAULT_SLOTS, slots
+
+    def engine(n_seq_max: int) -> Any:
+        return SimpleNamespace(llama=SimpleNamespace(
+            context_params=SimpleNamespace(n_seq_max=n_seq_max)))
+
+    assert slots(engine(1)) == DEFAULT_SLOTS  # loaded for one sequence: the default
+    assert slots(engine(6)) == 6  # loaded with slots of its own: those
+    limit = llama_cpp.llama_max_parallel_sequences()
+    assert slots(engine(limit + 1)) == limit  # never past llama.cpp's own limit

@@ -81,14 +81,14 @@ class LlamaCppBatch(BaseBatch):
         base = engine.llama.context_params
         params = type(base).from_buffer_copy(base)
         params.n_ctx = n_ctx or engine.context_length or 4096
-        params.n_seq_max = max_batch
+        params.n_seq_max = self.max_batch
         params.kv_unified = True
         self.n_ctx = int(params.n_ctx)
         self.n_batch = int(params.n_batch)
         self._ctx = LlamaContext(model=engine.llama._model, params=params, verbose=False)
         self._batch = LlamaBatch(n_tokens=self.n_batch, embd=0, n_seq_max=1, verbose=False)
         self._mem = llama_cpp.llama_get_memory(self._ctx.ctx)
-        self._free = list(range(max_batch))
+        self._free = list(range(self.max_batch))
         self._live: dict[int, LlamaSlot] = {}
         self.decodes = 0  # bumped at every decode: which logits the buffer holds
         self._scratch = np.empty(engine.vocab_size or 0, dtype=np.float32)

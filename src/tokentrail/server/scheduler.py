@@ -243,7 +243,7 @@ class Scheduler:
             if busy + n > room + self.max_queue:
                 self.metrics.request_outcome("rejected")
                 raise QueueFull(len(self._pending), self._retry_after())
-            if busy + n > room:  # the batch is full: this one waits for room
+            if capacity is not None and busy + n > room:  # the batch is full: it waits
                 job.waited_for_room = True
                 self.metrics.queued_for_room.inc()
             self._pending.append(job)

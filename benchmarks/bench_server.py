@@ -307,6 +307,16 @@ def _ms(x: float) -> str:
     return f"{x * 1e3:.1f}"
 
 
+def spread(runs: list[dict[str, Any]], i: int, key: str, scale: float = 1.0) -> str:
+    """Level `i`'s figure `key`: the median over rounds, and the range when there are
+    several rounds."""
+    values = [r["levels"][i][1][key] * scale for r in runs]
+    med = statistics.median(values)
+    if len(values) < 2:
+        return f"{med:.1f}"
+    return f"{med:.1f} ({min(values):.0f}–{max(values):.0f})"
+
+
 def level_table(levels: list[int], ours: list[dict[str, Any]],
                 theirs: list[dict[str, Any]]) -> list[str]:
     lines = [
@@ -322,8 +332,9 @@ def level_table(levels: list[int], ours: list[dict[str, Any]],
         errors = (sum(r["levels"][i][1]["errors"] for r in ours),
                   sum(r["levels"][i][1]["errors"] for r in theirs))
         lines.append(
-            f"| {c} | {a['tok_s']:.1f} | {b['tok_s']:.1f} | {a['tok_s'] / b['tok_s']:.2f} | "
-            f"{_ms(a['ttft_p50'])} | {_ms(b['ttft_p50'])} | "
+            f"| {c} | {spread(ours, i, 'tok_s')} | {spread(theirs, i, 'tok_s')} | "
+            f"{a['tok_s'] / b['tok_s']:.2f} | "
+            f"{spread(ours, i, 'ttft_p50', 1e3)} | {spread(theirs, i, 'ttft_p50', 1e3)} | "
             f"{a['ttft_p50'] / b['ttft_p50']:.2f} | "
             f"{a['itl_p50'] * 1e3:.2f} / {b['itl_p50'] * 1e3:.2f} | "
             f"{a['itl_mean'] * 1e3:.2f} / {b['itl_mean'] * 1e3:.2f} | "
@@ -419,7 +430,8 @@ def main() -> int:
         f"- load average before: {' '.join(f'{x:.2f}' for x in load_before)}, when done: "
         f"{load} (the CPUs are shared with the client process and anything else running)",
         "- TTFT and ITL count content-bearing chunks on both sides (mlx_lm.server sends a "
-        "chunk only when text is ready, tokentrail one per token); ratio: ours / mlx_lm",
+        "chunk only when text is ready, tokentrail one per token); ratio: ours / mlx_lm "
+        "of the medians; (a–b): the range over rounds",
         attribution(notes),
         "",
         *level_table(levels, ours, theirs),

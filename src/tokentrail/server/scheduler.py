@@ -499,8 +499,10 @@ class Scheduler:
             self.metrics.generated_tokens.inc()
         job.post("step", seq.choice, step)
         if step.finish_reason is not None:
-            job.post("done", seq.choice, None)
+            # Out of the batch before the client hears it is done, so its next request
+            # finds the room this one leaves.
             self._leave(batch, seq, "completed")
+            job.post("done", seq.choice, None)
 
     def _reap(self, batch: Any) -> None:
         """Take cancelled requests and clients that stopped reading out of the batch."""

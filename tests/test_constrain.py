@@ -35,7 +35,6 @@ from tokentrail.constrain import (  # noqa: E402
 from tokentrail.engines.base import Step  # noqa: E402
 from tokentrail.sampling import make_params  # noqa: E402
 
-pytest_plugins = ("llamacpp_support",)  # smol, smol_ref (SmolLM2 on llama.cpp)
 
 SCHEMAS = [
     {"type": "object", "properties": {

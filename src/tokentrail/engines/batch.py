@@ -6,6 +6,11 @@ that, or a `SerialBatch` for engines that only generate one sequence at a time: 
 advances each sequence's own generator by one token per step, so every sequence still
 makes progress and none waits for another to finish.
 
+A batch's `max_batch` is how many sequences it decodes together. `open_batch(engine)`
+(`max_batch=None`) leaves that to the batch: its capacity (`BaseBatch.capacity`, or the
+engine's own figure: mlx-lm's `BatchGenerator` completion batch size, llama.cpp's
+sequence slots; 1 for a serial engine, which decodes one sequence at a time).
+
 The caller (the server's scheduler, `batch_generate`) owns everything above the engine:
 alignment, stop strings, EOS and responses. It calls `step()` in a loop, never blocks in
 between, and `remove`s a sequence as soon as it is done with it.
@@ -17,16 +22,26 @@ import itertools
 import queue
 import threading
 from collections.abc import Iterator, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from ..sampling import SamplingParams
 from .base import Engine, Step
 
-__all__ = ["BaseBatch", "Batch", "SerialBatch", "ThreadedBatch", "open_batch"]
+__all__ = [
+    "UPSTREAM_CAPACITY",
+    "BaseBatch",
+    "Batch",
+    "SerialBatch",
+    "ThreadedBatch",
+    "batch_capacity",
+    "open_batch",
+]
 
 #: What `step` may hand out for a sequence: its next Step, or the exception that ended
 #: it (that sequence has then left the batch; the others go on).
 Outcome = Step | Exception
+#: Requests a `ThreadedBatch` keeps in flight upstream unless told otherwise.
+UPSTREAM_CAPACITY = 32
 
 
 @runtime_checkable
@@ -41,6 +56,8 @@ class Batch(Protocol):
     A sequence yields at most `max_tokens` steps and leaves the batch by itself after
     its last one; `remove(uid)` takes it out earlier (unknown uids are ignored).
     `cached_tokens(uid)` is how many prompt tokens were reused from a prompt cache.
+    `max_batch` is how many sequences it decodes together: its capacity, the engine's
+    own figure when it was opened with `max_batch=None`.
     """
 
     max_batch: int
@@ -61,12 +78,17 @@ class Batch(Protocol):
 
 
 class BaseBatch:
-    """What the batches here share: a checked `max_batch`, the live sequences by uid in
-    `_live` (new uids from `_uids`), no prompt cache (`cached_tokens` is 0), and a
-    `close` that removes every live sequence. A subclass implements `add`, `remove` and
-    `step`."""
+    """What the batches here share: a checked `max_batch` (None: the class's `capacity`),
+    the live sequences by uid in `_live` (new uids from `_uids`), no prompt cache
+    (`cached_tokens` is 0), and a `close` that removes every live sequence. A subclass
+    implements `add`, `remove` and `step`."""
 
-    def __init__(self, max_batch: int) -> None:
+    #: Sequences decoded together when the caller names no number (`max_batch=None`).
+    capacity: ClassVar[int] = 1
+
+    def __init__(self, max_batch: int | None = None) -> None:
+        if max_batch is None:
+            max_batch = self.capacity
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
             raise ValueError(f"max_batch must be an int >= 1, got {max_batch!r}")
         self.max_batch = max_batch
@@ -92,9 +114,14 @@ class BaseBatch:
 
 
 class SerialBatch(BaseBatch):
-    """A `Batch` over any `Engine`: one generator per sequence, one token each per step."""
+    """A `Batch` over any `Engine`: one generator per sequence, one token each per step.
 
-    def __init__(self, engine: Engine, max_batch: int) -> None:
+    Its capacity is 1: the engine runs one model call per sequence and step, so more
+    sequences side by side only share its speed (ask for more with `max_batch`)."""
+
+    capacity = 1
+
+    def __init__(self, engine: Engine, max_batch: int | None = None) -> None:
         super().__init__(max_batch)
         self.engine = engine
         self._live: dict[int, Iterator[Step]] = {}
@@ -132,9 +159,12 @@ class ThreadedBatch(BaseBatch):
     """A `Batch` over an engine whose `generate` waits on I/O (a remote upstream): each
     sequence's generator runs on a thread of its own and hands its steps over a queue,
     so `step` never waits on one sequence's socket. `step` returns what has arrived,
-    waiting at most `wait` seconds for the first of it."""
+    waiting at most `wait` seconds for the first of it. Its capacity is
+    `UPSTREAM_CAPACITY` requests in flight (the upstream batches them)."""
 
-    def __init__(self, engine: Engine, max_batch: int, wait: float = 0.02) -> None:
+    capacity = UPSTREAM_CAPACITY
+
+    def __init__(self, engine: Engine, max_batch: int | None = None, wait: float = 0.02) -> None:
         super().__init__(max_batch)
         self.engine = engine
         self.wait = wait
@@ -202,13 +232,23 @@ class ThreadedBatch(BaseBatch):
         return out
 
 
-def open_batch(engine: Engine, max_batch: int, **options: Any) -> Batch:
+def open_batch(engine: Engine, max_batch: int | None = None, **options: Any) -> Batch:
     """The engine's own batch if it has one, else a `SerialBatch` over it.
 
-    `options` are for engines that batch natively (e.g. `prompt_cache_bytes`, the
-    memory bound of a prompt cache shared across requests); `SerialBatch` ignores them.
+    `max_batch` None (the default) opens it at its capacity, which the batch's
+    `max_batch` then says (`batch_capacity`). `options` are for engines that batch
+    natively (e.g. `prompt_cache_bytes`, the memory bound of a prompt cache shared
+    across requests); `SerialBatch` ignores them.
     """
     opener = getattr(engine, "open_batch", None)
     if callable(opener):
         return opener(max_batch, **options)
     return SerialBatch(engine, max_batch)
+
+
+def batch_capacity(batch: Any) -> int:
+    """How many sequences `batch` decodes together (its `max_batch`), 1 if it says none."""
+    value = getattr(batch, "max_batch", None)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        return 1
+    return value

@@ -28,7 +28,20 @@ from .llamacpp_sampling import REPEAT_LAST_N, LazyLogprobs, make_sampler, step_l
 
 log = logging.getLogger(__name__)
 
-__all__ = ["LlamaCppBatch", "LlamaSlot"]
+__all__ = ["DEFAULT_SLOTS", "LlamaCppBatch", "LlamaSlot", "slots"]
+
+
+#: Parallel sequences when the model was loaded with one slot (llama-server's default).
+DEFAULT_SLOTS = 4
+
+
+def slots(engine: Any) -> int:
+    """The batch's capacity: the sequence slots the engine's model was loaded with
+    (llama.cpp's `n_seq_max`) when more than one, else `DEFAULT_SLOTS`; at most
+    llama.cpp's own limit."""
+    loaded = int(getattr(engine.llama.context_params, "n_seq_max", 1) or 1)
+    wanted = loaded if loaded > 1 else DEFAULT_SLOTS
+    return max(1, min(wanted, int(llama_cpp.llama_max_parallel_sequences())))
 
 
 @dataclass
@@ -53,11 +66,12 @@ class LlamaCppBatch(BaseBatch):
 
     `n_ctx` is the KV cache shared by all sequences (default: the engine's context
     length); a sequence's prompt plus its tokens must fit in it next to the others'.
+    `max_batch` None: `slots(engine)` sequences.
     """
 
-    def __init__(self, engine: Any, max_batch: int, *, n_ctx: int | None = None,
-                 **options: Any) -> None:
-        super().__init__(max_batch)
+    def __init__(self, engine: Any, max_batch: int | None = None, *,
+                 n_ctx: int | None = None, **options: Any) -> None:
+        super().__init__(slots(engine) if max_batch is None else max_batch)
         if options:
             log.debug("llama.cpp batch ignores options %s", sorted(options))
         # llama-cpp-python's wrappers of a second context on the same loaded weights and
@@ -69,14 +83,14 @@ class LlamaCppBatch(BaseBatch):
         base = engine.llama.context_params
         params = type(base).from_buffer_copy(base)
         params.n_ctx = n_ctx or engine.context_length or 4096
-        params.n_seq_max = max_batch
+        params.n_seq_max = self.max_batch
         params.kv_unified = True
         self.n_ctx = int(params.n_ctx)
         self.n_batch = int(params.n_batch)
         self._ctx = LlamaContext(model=engine.llama._model, params=params, verbose=False)
         self._batch = LlamaBatch(n_tokens=self.n_batch, embd=0, n_seq_max=1, verbose=False)
         self._mem = llama_cpp.llama_get_memory(self._ctx.ctx)
-        self._free = list(range(max_batch))
+        self._free = list(range(self.max_batch))
         self._live: dict[int, LlamaSlot] = {}
         self.decodes = 0  # bumped at every decode: which logits the buffer holds
         self._scratch = np.empty(engine.vocab_size or 0, dtype=np.float32)

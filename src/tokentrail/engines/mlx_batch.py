@@ -12,10 +12,17 @@ Finished or removed sequences leave their KV cache in an LRU prompt cache shared
 requests (mlx-lm's `LRUPromptCache`, as `mlx_lm.server` uses it); a new sequence starts
 from the cached entry with the longest common prefix, and `cached_tokens(uid)` says how
 many prompt tokens it reused. `prompt_cache_bytes` bounds it (0 switches it off).
+
+A joining sequence's first token is handed out by the `step` that samples it: mlx-lm
+reports a step's tokens one `next` later (it schedules the following step first), which
+for a newcomer would add a whole decoding step of the batch to its time to first token.
+The same token is then skipped when mlx-lm reports it. `max_batch=None` opens the batch
+at `BatchGenerator`'s own completion batch size (its capacity).
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -39,6 +46,11 @@ _NO_LIMIT = 1 << 40
 #: Entries the shared prompt cache keeps at most (mlx_lm.server's default).
 PROMPT_CACHE_ENTRIES = 10
 _KEY = "model"
+
+
+def generator_default(name: str) -> int:
+    """A size `BatchGenerator` picks when not told (`completion_batch_size`, ...)."""
+    return int(inspect.signature(BatchGenerator).parameters[name].default)
 
 
 def _take(sink: Sink) -> list[tuple[list[Any], int]]:
@@ -87,6 +99,15 @@ class _TracedGenerationBatch(GenerationBatch):
         self.reported = {uid: current[i] for i, uid in enumerate(uids)}
         return responses
 
+    def sampled(self, skip: set[int]) -> list[tuple[int, tuple[list[Any], int], Any]]:
+        """(uid, its (record, row), its logprobs row) for every row whose next token is
+        sampled but not reported yet, except the uids in `skip`."""
+        return [
+            (uid, self._tt_next[i], self._next_logprobs[i])
+            for i, uid in enumerate(self.uids)
+            if uid not in skip
+        ]
+
 
 class MLXBatch(BaseBatch):
     """A `tokentrail.engines.batch.Batch` on mlx-lm's `BatchGenerator`."""
@@ -94,11 +115,13 @@ class MLXBatch(BaseBatch):
     def __init__(
         self,
         model: Any,
-        max_batch: int,
+        max_batch: int | None = None,
         prompt_cache_bytes: int | None = None,
         prefill_step_size: int = PREFILL_STEP_SIZE,
         vocab_size: int | None = None,
     ) -> None:
+        if max_batch is None:
+            max_batch = generator_default("completion_batch_size")
         super().__init__(max_batch)
         if prompt_cache_bytes is not None and (
             isinstance(prompt_cache_bytes, bool)
@@ -114,7 +137,7 @@ class MLXBatch(BaseBatch):
         self.gen = BatchGenerator(
             model,
             completion_batch_size=max_batch,
-            prefill_batch_size=min(max_batch, 8),
+            prefill_batch_size=min(max_batch, generator_default("prefill_batch_size")),
             prefill_step_size=prefill_step_size,
         )
         traced = _TracedGenerationBatch.empty(model, self.gen.sampler)
@@ -133,6 +156,8 @@ class MLXBatch(BaseBatch):
         self._modes: dict[int, str] = {}  # uid -> its logprobs_mode
         self._cached: dict[int, int] = {}
         self._shared: dict[tuple[Any, ...], Recorder] = {}
+        self._started: set[int] = set()  # uids whose first token was handed out
+        self._early: set[int] = set()  # ... by the step that sampled it (mlx-lm: not yet)
 
     # -- the Batch protocol ------------------------------------------------------------
 
@@ -170,34 +195,45 @@ class MLXBatch(BaseBatch):
         self._forget(uid)
 
     def step(self) -> list[tuple[int, Step]]:
-        """One decoding step (and one prompt chunk for joining sequences)."""
+        """One decoding step (and one prompt chunk for joining sequences); the first
+        token of each sequence that started generating in it."""
         _, responses = self.gen.next()
-        if not responses:
-            return []
         reported = self._traced.reported
         out: list[tuple[int, Step]] = []
         for r in responses:
-            record, row = reported[r.uid]
-            if record[1] is None:
-                has_top = len(record[0]) >= 4  # [token, lp, (ids, vals), (allowed mass)]
-                record[1] = list(zip(read_rows(record[0], has_top),
-                                     read_masses(record[0], has_top), strict=True))
-            (token, lp, top), mass = record[1][row]
-            if token != r.token:
+            step = self._row_step(r.uid, reported[r.uid], r.logprobs)
+            if step.token != r.token:
                 raise RuntimeError(
                     f"mlx-lm's BatchGenerator reported token {r.token} for sequence {r.uid} "
-                    f"but its sampler produced {token}: rows are out of step"
+                    f"but its sampler produced {step.token}: rows are out of step"
                 )
-            k = self._live.get(r.uid, 0)
-            dist = self._modes.get(r.uid, "raw")
-            top = shown_top(top[:k], dist) if k else []
-            step = Step(token, lp, top, r.logprobs, False, dist, mass)
-            out.append((r.uid, step))
+            if r.uid in self._early:
+                self._early.discard(r.uid)  # handed out by the step that sampled it
+            else:
+                out.append((r.uid, step))
+            self._started.add(r.uid)
             if r.finish_reason is not None:
                 if r.prompt_cache is not None:
                     self._store(r.all_tokens, r.prompt_cache)
                 self._forget(r.uid)
+        for uid, where, logprobs in self._traced.sampled(self._started):
+            out.append((uid, self._row_step(uid, where, logprobs)))
+            self._started.add(uid)
+            self._early.add(uid)
         return out
+
+    def _row_step(self, uid: int, where: tuple[list[Any], int], logprobs: Any) -> Step:
+        """The Step of one sampled row (its record read to host values once per call)."""
+        record, row = where
+        if record[1] is None:
+            has_top = len(record[0]) >= 4  # [token, lp, (ids, vals), (allowed mass)]
+            record[1] = list(zip(read_rows(record[0], has_top),
+                                 read_masses(record[0], has_top), strict=True))
+        (token, lp, top), mass = record[1][row]
+        k = self._live.get(uid, 0)
+        dist = self._modes.get(uid, "raw")
+        top = shown_top(top[:k], dist) if k else []
+        return Step(token, lp, top, logprobs, False, dist, mass)
 
     def cached_tokens(self, uid: int) -> int:
         """How many of the sequence's prompt tokens came from the prompt cache."""
@@ -230,6 +266,8 @@ class MLXBatch(BaseBatch):
     def _forget(self, uid: int) -> None:
         self._live.pop(uid, None)
         self._modes.pop(uid, None)
+        self._started.discard(uid)
+        self._early.discard(uid)
         self.sink.k = max(self._live.values(), default=0)
 
     def _fetch(self, ids: list[int]) -> tuple[list[Any] | None, list[int]]:

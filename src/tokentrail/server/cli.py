@@ -20,7 +20,6 @@ from ..sampling import OPENAI_LIMITS, SamplingError, check_value
 from ..usage import fail
 from .config import (
     DEFAULT_CLIENT_TIMEOUT,
-    DEFAULT_MAX_BATCH,
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_QUEUE,
     Loader,
@@ -56,7 +55,9 @@ _ALL_OPTIONS = tuple(dict.fromkeys(k for keys in ENGINE_OPTIONS.values() for k i
 #: The numeric limit flags: (flag, type, default, metavar, help, least value, whether the
 #: least value itself is refused). `_add_arguments` adds them and `_check` enforces them.
 LIMIT_FLAGS: tuple[tuple[str, type, Any, str, str, float, bool], ...] = (
-    ("--max-batch", int, DEFAULT_MAX_BATCH, "N", "sequences decoded together", 1, False),
+    ("--max-batch", int, None, "N",
+     "sequences decoded together (default: the engine's capacity, e.g. mlx-lm's "
+     "BatchGenerator's 32; 1 for an engine without batched decoding)", 1, False),
     ("--max-queue", int, DEFAULT_MAX_QUEUE, "N",
      "sequences that may wait for room in the batch; more get 429", 0, False),
     ("--client-timeout", float, DEFAULT_CLIENT_TIMEOUT, "S",
@@ -89,7 +90,8 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--host", default="127.0.0.1", help="address to listen on")
     add("--port", type=_port, default=8080, help="port to listen on (0: any free port)")
     for flag, kind, default, metavar, text, _, _ in LIMIT_FLAGS:
-        add(flag, type=kind, default=default, metavar=metavar, help=f"{text} (default {default:g})")
+        shown = "" if default is None else f" (default {default:g})"
+        add(flag, type=kind, default=default, metavar=metavar, help=text + shown)
     add("--prompt-cache-bytes", type=int, default=None, metavar="N",
         help="memory bound of the prompt cache shared across requests, for engines that "
         "have one (default: the engine's)")
@@ -167,6 +169,8 @@ def engine_options(args: argparse.Namespace) -> dict[str, Any]:
 def _check(args: argparse.Namespace) -> None:
     for flag, _, _, _, _, least, strict in LIMIT_FLAGS:
         value = getattr(args, flag[2:].replace("-", "_"))
+        if value is None:  # left to the engine
+            continue
         if value < least or (strict and value == least):
             raise UsageError(f"{flag} must be {'>' if strict else '>='} {least:g}, got {value}")
     if args.prompt_cache_bytes is not None and args.prompt_cache_bytes < 0:

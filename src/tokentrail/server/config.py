@@ -43,10 +43,11 @@ class ServerConfig:
 
     `model_path` (None: the built-in demo model), `engine` ("mlx", "torch", "vllm",
     "llamacpp") and `load_options` (that engine's loader keywords) say what to load.
-    `max_batch` sequences decode together (default `tokentrail.batch.DEFAULT_MAX_BATCH`,
-    the library's) and `max_queue` more may wait. `prompt_cache_bytes` bounds the
-    engine's prompt cache (None: the engine's default). A streaming client that leaves
-    output unread for `client_timeout` seconds, or `max_buffered` steps, is dropped.
+    `max_batch` sequences decode together (None, the default: the engine batch's
+    capacity, `tokentrail.engines.batch.open_batch`) and `max_queue` more may wait.
+    `prompt_cache_bytes` bounds the engine's prompt cache (None: the engine's default).
+    A streaming client that leaves output unread for `client_timeout` seconds, or
+    `max_buffered` steps, is dropped.
     Bodies over `max_body_bytes` get 413. `temperature` applies to requests without
     one. With `api_key`, ``/v1/*`` and ``/metrics`` need ``Authorization: Bearer KEY``;
     with `allowed_hosts`, other `Host` names get 421 (IP literals and ``localhost``
@@ -57,7 +58,7 @@ class ServerConfig:
     model_name: str | None = None
     engine: str = "mlx"
     load_options: Mapping[str, Any] = field(default_factory=dict)
-    max_batch: int = DEFAULT_MAX_BATCH
+    max_batch: int | None = None
     max_queue: int = DEFAULT_MAX_QUEUE
     prompt_cache_bytes: int | None = None
     client_timeout: float = DEFAULT_CLIENT_TIMEOUT
@@ -73,7 +74,8 @@ class ServerConfig:
 
         problems = [
             (self.max_queue >= 0, f"max_queue must be >= 0, got {self.max_queue}"),
-            (self.max_batch >= 1, f"max_batch must be >= 1, got {self.max_batch}"),
+            (self.max_batch is None or self.max_batch >= 1,
+             f"max_batch must be >= 1 or None (the engine's capacity), got {self.max_batch}"),
             (self.max_body_bytes >= 1, f"max_body_bytes must be >= 1, got {self.max_body_bytes}"),
             (self.client_timeout > 0,
              f"client_timeout must be > 0 seconds, got {self.client_timeout}"),

@@ -6,8 +6,16 @@ process, as tests do. Everything here is safe to call from any thread.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from prometheus_client import Histogram
+
 #: Seconds: first-token latency spans queueing and prompt processing.
 _TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+#: Seconds a request waits for the loop to take it, and a sequence's prompt processing.
+_WAIT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5,
+                 10, 30, 60)
 #: Seconds between two tokens of one sequence.
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 #: Every outcome a generation request can have.
@@ -16,6 +24,11 @@ OUTCOMES = ("completed", "cancelled", "failed", "rejected", "dropped")
 
 class Metrics:
     """The server's counters, gauges and histograms (names start with ``tokentrail_``)."""
+
+    ttft: Histogram
+    queue_wait: Histogram
+    prefill: Histogram
+    itl: Histogram
 
     def __init__(self) -> None:
         # Imported here: `tokentrail serve`'s parser must load without the server extra.
@@ -54,18 +67,27 @@ class Metrics:
             "Sequences that reused at least one cached prompt token",
             registry=r,
         )
-        self.ttft = Histogram(
-            "tokentrail_time_to_first_token_seconds",
-            "Seconds from a request's arrival to its first token",
-            buckets=_TTFT_BUCKETS,
+        self.queued_for_room = Counter(
+            "tokentrail_queued_for_room",
+            "Requests that arrived with the batch full and waited in the queue for room",
             registry=r,
         )
-        self.itl = Histogram(
-            "tokentrail_inter_token_latency_seconds",
-            "Seconds between consecutive tokens of one sequence",
-            buckets=_ITL_BUCKETS,
-            registry=r,
+        # Seconds, as histograms: (attribute, name, help, buckets).
+        histograms = (
+            ("ttft", "tokentrail_time_to_first_token_seconds",
+             "Seconds from a request's arrival to its first token", _TTFT_BUCKETS),
+            ("queue_wait", "tokentrail_queue_wait_seconds",
+             "Seconds from a request's arrival until the generation loop takes it into the "
+             "batch (waiting for room when the batch is full, else for the step under way)",
+             _WAIT_BUCKETS),
+            ("prefill", "tokentrail_prefill_seconds",
+             "Seconds from a sequence joining the engine's batch to its first token "
+             "(prompt processing, done between the running sequences' steps)", _WAIT_BUCKETS),
+            ("itl", "tokentrail_inter_token_latency_seconds",
+             "Seconds between consecutive tokens of one sequence", _ITL_BUCKETS),
         )
+        for attr, name, text, buckets in histograms:
+            setattr(self, attr, Histogram(name, text, buckets=buckets, registry=r))
 
     def request_outcome(self, outcome: str) -> None:
         self.outcomes.labels(outcome=outcome).inc()
@@ -80,6 +102,10 @@ class Metrics:
     def tokens_generated(self) -> int:
         """Tokens generated so far, all sequences (for /health)."""
         return int(self.registry.get_sample_value("tokentrail_generated_tokens_total") or 0)
+
+    def waited_for_room(self) -> int:
+        """Requests so far that found the batch full and queued (for /health)."""
+        return int(self.registry.get_sample_value("tokentrail_queued_for_room_total") or 0)
 
     def prompt_cache(self, cached_tokens: int) -> None:
         if cached_tokens > 0:

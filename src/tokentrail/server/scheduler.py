@@ -1,11 +1,14 @@
 """The scheduler: a request queue and one generation loop over a continuous batch.
 
 One thread owns the model (loading included), so engine state such as MLX streams never
-crosses threads. It drives `tokentrail.engines.batch.open_batch(engine, max_batch, ...)`:
-between two batch steps, waiting requests join (first come, first served) while there
-is room and finished, cancelled or stalled ones leave. Each sequence has its own
-sampling settings, stop strings, seed and `Aligner` (fresh per sequence, continuing its
-prompt), and goes through the same per-token loop as `tokentrail.stream_generate`.
+crosses threads. It drives `tokentrail.engines.batch.open_batch(engine, max_batch, ...)`
+(`max_batch` None: the engine batch's own capacity): between two batch steps, waiting
+requests join (first come, first served) while there is room and finished, cancelled
+or stalled ones leave. A request waits in the queue only while the batch is full.
+Each sequence has its own sampling settings, stop strings, seed and `Aligner` (fresh
+per sequence, continuing its prompt), and goes through the same per-token loop as
+`tokentrail.stream_generate`. `/metrics` has the time each request waited in the queue
+and each sequence's prompt processing (its first token's wait in the batch) apart.
 
 The loop never waits on a client: it hands each step to its request's event queue on
 the asyncio loop and moves on. A request whose reader has left output unread for
@@ -76,6 +79,8 @@ class Job:
     reason: str = ""
     #: Set when the client was dropped for not reading (not a hang-up).
     dropped: bool = False
+    #: Set when it arrived with the batch full, so it had to wait for room.
+    waited_for_room: bool = False
 
     def post(self, kind: EventKind, choice: int = 0, value: Any = None) -> None:
         """Hand an event to the reader (called from the loop thread)."""
@@ -117,6 +122,8 @@ class ChoiceState:
     index: int = 0
     last_step: float = 0.0
     cached: int | None = None
+    #: When it joined the engine's batch (time.perf_counter), for the prefill metric.
+    added: float = 0.0
     #: index -> why, for tokens the engine could not identify (an upstream's lossy data)
     refused: dict[int, str] = field(default_factory=dict)
 
@@ -135,7 +142,8 @@ class Scheduler:
     returning them (run on the loop thread), or a `config.model_path` for
     `tokentrail.load`. The settings are a `ServerConfig` (`config`), or its fields as
     keywords (`max_batch=4`), which update `config`: `max_batch` sequences decode
-    together; requests beyond that wait, `max_queue` at most (in sequences), and more
+    together (None: the capacity of the engine's batch, known once the model is
+    loaded); requests beyond that wait, `max_queue` at most (in sequences), and more
     are refused with `QueueFull`.
     """
 
@@ -162,7 +170,9 @@ class Scheduler:
         self.load_options = dict(config.load_options)
         self.loader = loader
         self.max_queue = config.max_queue
-        self.max_batch = config.max_batch
+        #: Sequences decoded together: the config's, or (when it says None) the engine
+        #: batch's capacity once the batch is open.
+        self.max_batch: int | None = config.max_batch
         self.prompt_cache_bytes = config.prompt_cache_bytes
         self.client_timeout = config.client_timeout
         self.max_buffered = config.max_buffered
@@ -221,25 +231,34 @@ class Scheduler:
     def submit(self, job: Job) -> None:
         """Queue `job` (FIFO); raise QueueFull when the batch and the queue are full."""
         n = job.request.n
-        if n > self.max_batch:
-            raise APIError(
-                400,
-                f"'n' is {n} but this server decodes at most {self.max_batch} sequences "
-                "together (--max-batch)",
-                param="n",
-                code="unsupported_value",
-            )
+        capacity = self.max_batch
+        if capacity is not None and n > capacity:
+            raise self._too_many(n, capacity)
         with self._cond:
             self._purge()
             busy = sum(j.request.n for j in self._pending) + sum(
                 j.request.n for j in self._running.values()
             )
-            if busy + n > self.max_batch + self.max_queue:
+            room = 0 if capacity is None else capacity  # not loaded yet: all of it waits
+            if busy + n > room + self.max_queue:
                 self.metrics.request_outcome("rejected")
                 raise QueueFull(len(self._pending), self._retry_after())
+            if capacity is not None and busy + n > room:  # the batch is full: it waits
+                job.waited_for_room = True
+                self.metrics.queued_for_room.inc()
             self._pending.append(job)
             self.metrics.queue_depth.set(len(self._pending))
             self._cond.notify_all()
+
+    @staticmethod
+    def _too_many(n: int, capacity: int) -> APIError:
+        return APIError(
+            400,
+            f"'n' is {n} but this server decodes at most {capacity} sequences "
+            "together (--max-batch)",
+            param="n",
+            code="unsupported_value",
+        )
 
     def _purge(self) -> None:
         """Forget queued requests whose clients have gone (caller holds the lock)."""
@@ -262,6 +281,7 @@ class Scheduler:
                 "batch_size": len(self._seqs),
                 "batch_kind": self.batch_kind,
                 **self.metrics.outcome_counts(),
+                "queued_for_room": self.metrics.waited_for_room(),
                 "generated_tokens": self.metrics.tokens_generated(),
                 "running": running[0] if running else None,
                 "batch": running,
@@ -281,13 +301,14 @@ class Scheduler:
     def _run(self) -> None:
         try:
             self._load()
-            from ..engines.batch import open_batch
+            from ..engines.batch import batch_capacity, open_batch
 
             options = {}
             if self.prompt_cache_bytes is not None:
                 options["prompt_cache_bytes"] = self.prompt_cache_bytes
             batch = open_batch(self._engine, self.max_batch, **options)
             self.batch_kind = type(batch).__name__
+            self.max_batch = batch_capacity(batch)
         except BaseException as e:  # re-raised by start(); the loop has nothing to do
             logger.debug("loading the model failed", exc_info=True)
             self._load_error = e
@@ -331,14 +352,7 @@ class Scheduler:
                     self._cond.wait()
                 if self._stopping:
                     return
-                self._purge()
-                admit = []
-                free = self.max_batch - len(self._seqs)
-                while self._pending and self._pending[0].request.n <= free:
-                    job = self._pending.popleft()
-                    free -= job.request.n
-                    admit.append(job)
-                self.metrics.queue_depth.set(len(self._pending))
+                admit = self._admit()
             for job in admit:
                 self._join(batch, job)
             self._reap(batch)
@@ -360,6 +374,27 @@ class Scheduler:
                 seq = self._seqs.get(uid)
                 if seq is not None:
                     self._advance(batch, uid, seq, engine_step)
+
+    def _admit(self) -> list[Job]:
+        """Take the queued requests the batch has room for, first come first served
+        (caller holds the lock); a request for more sequences than the batch ever holds
+        is answered with an error."""
+        self._purge()
+        capacity = self.max_batch or 1
+        admit = []
+        free = capacity - len(self._seqs)
+        now = time.monotonic()
+        while self._pending and self._pending[0].request.n <= free:
+            job = self._pending.popleft()
+            free -= job.request.n
+            admit.append(job)
+            self.metrics.queue_wait.observe(now - job.submitted)
+        if self._pending and self._pending[0].request.n > capacity:  # submitted early
+            job = self._pending.popleft()
+            job.post("error", 0, self._too_many(job.request.n, capacity))
+            self._finish(job, "failed")
+        self.metrics.queue_depth.set(len(self._pending))
+        return admit
 
     def _join(self, batch: Any, job: Job) -> None:
         """Turn a request into `n` sequences of the batch, or answer it with an error."""
@@ -390,7 +425,8 @@ class Scheduler:
                     choice=choice, eos=self._eos,
                 )
                 job.live += 1
-                self._seqs[uid] = ChoiceState(job, choice, state, last_step=time.perf_counter())
+                now = time.perf_counter()
+                self._seqs[uid] = ChoiceState(job, choice, state, last_step=now, added=now)
         except (ValueError, TypeError) as e:  # the engine refused the prompt or a setting
             logger.info("request %s refused by the engine: %s", job.id, e)
             job.post("error", 0, e)
@@ -444,6 +480,7 @@ class Scheduler:
         now = time.perf_counter()
         if seq.index == 0:
             self.metrics.ttft.observe(time.monotonic() - job.submitted)
+            self.metrics.prefill.observe(now - seq.added)
         else:
             self.metrics.itl.observe(now - seq.last_step)
         seq.last_step = now
@@ -462,8 +499,10 @@ class Scheduler:
             self.metrics.generated_tokens.inc()
         job.post("step", seq.choice, step)
         if step.finish_reason is not None:
-            job.post("done", seq.choice, None)
+            # Out of the batch before the client hears it is done, so its next request
+            # finds the room this one leaves.
             self._leave(batch, seq, "completed")
+            job.post("done", seq.choice, None)
 
     def _reap(self, batch: Any) -> None:
         """Take cancelled requests and clients that stopped reading out of the batch."""

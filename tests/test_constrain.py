@@ -35,7 +35,6 @@ from tokentrail.constrain import (  # noqa: E402
 from tokentrail.engines.base import Step  # noqa: E402
 from tokentrail.sampling import make_params  # noqa: E402
 
-
 SCHEMAS = [
     {"type": "object", "properties": {
         "name": {"type": "string", "maxLength": 10},

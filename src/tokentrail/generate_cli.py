@@ -97,6 +97,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--fields", action="store_true",
                    help="when the content is JSON, list its fields with their tokens, "
                    "confidence and alternatives")
+    constrain = p.add_mutually_exclusive_group()
+    constrain.add_argument(
+        "--json-schema", metavar="FILE", default=None,
+        help="constrain the reply to JSON matching the schema in FILE (llguidance); "
+        "turns --fields on",
+    )
+    constrain.add_argument("--regex", metavar="R", default=None,
+                           help="constrain the reply to match the regular expression R")
+    constrain.add_argument("--choice", metavar="A,B,...", default=None,
+                           help="constrain the reply to one of these comma-separated strings")
     p.add_argument("--json", action="store_true", help="print one JSON object per token")
     p.set_defaults(func=run, chat="auto")
 
@@ -134,6 +144,7 @@ def run(args: argparse.Namespace) -> int:
     if args.system is not None and args.chat == "off":
         _fail("--system needs the chat template, which --no-chat turns off")
     reasoning = _reasoning(args)
+    constraint = _constraint(args)
     prompt_text = _read_prompt(args)
     try:
         from .generate import load, stream_generate
@@ -150,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
         responses = stream_generate(
             model, tokenizer, prompt, max_tokens=args.max_tokens, temp=args.temp,
             top_p=args.top_p, top_k=args.top_k, seed=args.seed, stop=args.stop,
-            top_logprobs=top, reasoning=reasoning, fields=wants_fields(args),
+            top_logprobs=top, reasoning=reasoning, fields=wants_fields(args), **constraint,
         )
     except (FileNotFoundError, ValueError, TypeError, TokenizerLoadError, ImportError) as e:
         _fail(str(e))
@@ -183,16 +194,49 @@ def _reasoning(args: argparse.Namespace) -> Any:
         _fail(str(e))
 
 
-#: Options that constrain the output to JSON or choices (added with constrained
-#: decoding); any of them turns --fields on.
-CONSTRAINT_OPTIONS = ("json_schema", "regex", "choice")
+#: Options that constrain the output to JSON, and so turn --fields on.
+CONSTRAINT_OPTIONS = ("json_schema",)
 
 
 def wants_fields(args: argparse.Namespace) -> bool:
-    """Whether to find JSON fields: --fields, or a constraint option given."""
+    """Whether to find JSON fields: --fields, or a JSON constraint given."""
     return bool(args.fields) or any(
         getattr(args, name, None) is not None for name in CONSTRAINT_OPTIONS
     )
+
+
+def _constraint(args: argparse.Namespace) -> dict[str, Any]:
+    """`stream_generate`'s constraint keyword from --json-schema / --regex / --choice,
+    checked (read, parsed and compiled by llguidance) before the model loads."""
+    given: dict[str, Any] = {}
+    if args.json_schema is not None:
+        try:
+            text = open(args.json_schema, encoding="utf-8").read()  # noqa: SIM115
+        except OSError as e:
+            _fail(f"--json-schema: cannot read {args.json_schema}: {e.strerror}")
+        try:
+            given["json_schema"] = json.loads(text)
+        except json.JSONDecodeError as e:
+            _fail(f"--json-schema: {args.json_schema} is not JSON: {e}")
+    elif args.regex is not None:
+        given["regex"] = args.regex
+    elif args.choice is not None:
+        choices = [c for c in args.choice.split(",") if c]
+        if not choices:
+            _fail("--choice: give at least one non-empty choice, e.g. --choice yes,no")
+        given["choice"] = choices
+    if not given:
+        return given
+    try:
+        from .constrain import constraint_from
+    except ImportError as e:
+        _fail(f"{e}; constrained output needs llguidance: pip install 'tokentrail[constrain]'")
+    try:
+        flag = "--" + next(iter(given)).replace("_", "-")
+        constraint_from(**given, param=flag)
+    except ValueError as e:
+        _fail(str(e))
+    return given
 
 
 def has_chat_template(tokenizer: Any) -> bool:

@@ -21,7 +21,6 @@ from ..errors import ConstraintError
 from .guide import Guide
 from .lltokenizer import lltokenizer_for
 from .spec import (
-    LOGPROBS_MODES,
     Constraint,
     Kind,
     constraint_from,
@@ -30,7 +29,6 @@ from .spec import (
 )
 
 __all__ = [
-    "LOGPROBS_MODES",
     "Constraint",
     "ConstraintError",
     "Guide",

@@ -8,7 +8,7 @@ so the stream ends with EOS ("stop") where the caller watches for it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import llguidance as llg
 import llguidance.numpy as llg_np
@@ -16,8 +16,14 @@ import numpy as np
 
 from ..errors import EngineError
 
-if TYPE_CHECKING:
-    from .spec import Constraint
+
+class BoundGrammar(Protocol):
+    """What a guide needs of a constraint (`spec.Constraint` once bound)."""
+
+    bound: bool
+    tokenizer: Any
+    grammar: str
+    param: str
 
 __all__ = ["Guide"]
 
@@ -27,7 +33,7 @@ class Guide:
 
     __slots__ = ("_bits", "constraint", "matcher", "size")
 
-    def __init__(self, constraint: Constraint) -> None:
+    def __init__(self, constraint: BoundGrammar) -> None:
         if not constraint.bound:
             raise ValueError(
                 "the constraint is not bound to the model's tokenizer; use "

@@ -17,19 +17,15 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import llguidance as llg
 
 from ..errors import ConstraintError
-from ..sampling import LOGPROBS_MODES
+from .guide import Guide
 from .lltokenizer import lltokenizer_for
 
-if TYPE_CHECKING:
-    from .guide import Guide
-
 __all__ = [
-    "LOGPROBS_MODES",
     "Constraint",
     "ConstraintError",
     "Kind",
@@ -79,8 +75,6 @@ class Constraint:
 
     def guide(self) -> Guide:
         """A fresh matcher at the start of the grammar, for one sequence."""
-        from .guide import Guide
-
         return Guide(self)
 
 

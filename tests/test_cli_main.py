@@ -89,7 +89,9 @@ def test_all_extra_covers_every_optional_part() -> None:
         m = re.fullmatch(r"tokentrail\[([\w,-]+)\](;.*)?", requirement)
         assert m is not None, f"'all' should only name tokentrail's extras: {requirement}"
         named |= set(m.group(1).split(","))
-    assert named == set(extras) - {"all", "dev"}
+    # lmstudio holds LM Studio's mlx-engine's own dependencies, for the tests that run
+    # that peer with tokentrail swapped in; tokentrail itself never imports them.
+    assert named == set(extras) - {"all", "dev", "lmstudio"}
     assert project["license"] == "MIT"  # SPDX string, not the deprecated table
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
@@ -36,6 +36,7 @@ from pydantic_core import PydanticCustomError
 from ..errors import APIError, ClientGone, QueueFull  # noqa: F401  (QueueFull: old home)
 from ..sampling import OPENAI_LIMITS, SamplingError, SamplingParams, is_int, make_params
 from .config import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_QUEUE  # noqa: F401  (old home)
+from .structured import Structure, StructuredFields, structure_of
 
 if TYPE_CHECKING:
     from starlette.requests import Request
@@ -191,8 +192,9 @@ class StreamOptions(_Wire):
     include_usage: bool | None = None
 
 
-class _Common(_Wire):
-    """The fields chat and completions share."""
+class _Common(_Wire, StructuredFields):
+    """The fields chat and completions share (the constraint fields and the
+    ``tokentrail`` options: `tokentrail.server.structured`)."""
 
     model: str | None = None
     n: Annotated[int, Field(ge=1, le=MAX_N)] | None = None
@@ -281,20 +283,12 @@ class ChatRequest(_Common):
     top_logprobs: int | None = None
     tools: Any = None
     functions: Any = None
-    response_format: Any = None
 
     @field_validator("tools", "functions")
     @classmethod
     def _no_tools(cls, value: Any) -> Any:
         if value:
             raise _fail("unsupported_parameter", "(tool calling) is not supported")
-        return value
-
-    @field_validator("response_format")
-    @classmethod
-    def _text_only(cls, value: Any) -> Any:
-        if value is not None and value != {"type": "text"}:
-            raise _fail("unsupported_parameter", 'is not supported except {"type": "text"}')
         return value
 
     def check_together(self) -> None:
@@ -382,11 +376,18 @@ class GenRequest:
     #: Whether OpenAI `logprobs` are returned, and how many alternatives per token.
     logprobs: bool = False
     top_logprobs: int = 0
+    #: The constraint, logprobs distribution, fields and reasoning asked for.
+    structure: Structure = field(default_factory=Structure)
 
-    def params(self, vocab_size: int | None = None) -> SamplingParams:
+    def params(
+        self, vocab_size: int | None = None, constraint: Any = None
+    ) -> SamplingParams:
         """The sampling settings, checked by `make_params` against OpenAI's limits
-        (`SamplingError` naming the wire field); `vocab_size` bounds `logit_bias`."""
+        (`SamplingError` naming the wire field); `vocab_size` bounds `logit_bias`;
+        `constraint` is `structure.constraint` bound to the model's tokenizer."""
         return make_params(
+            constraint=constraint,
+            logprobs_mode=self.structure.logprobs_mode,
             temp=self.temperature,
             top_p=self.top_p,
             top_k=self.top_k,
@@ -431,6 +432,7 @@ def _gen_request(
         logit_bias=dict(wire.logit_bias) if wire.logit_bias else None,
         logprobs=logprobs,
         top_logprobs=top,
+        structure=structure_of(wire, kind == "chat"),
     )
     try:
         req.logit_bias = dict(req.params(vocab_size).logit_bias or {}) or None

@@ -82,10 +82,16 @@ def step_of(
         channel_confidence=None if by_channel is None else {
             c: None if conf is None else conf.to_dict() for c, conf in by_channel.items()
         },
-        fields=None if fields is None else tuple(f.to_dict() for f in fields),
-        all_fields=None if final_fields is None else tuple(f.to_dict() for f in final_fields),
+        fields=None if fields is None else tuple(_field(f) for f in fields),
+        all_fields=None if final_fields is None else tuple(_field(f) for f in final_fields),
         fields_error=getattr(response, "fields_error", None),
     )
+
+
+def _field(found: Any) -> dict[str, Any]:
+    """A `JsonField` on the wire, with `start`/`end`: its character offsets in the
+    content (the whole text without a reasoning format)."""
+    return {**found.to_dict(), "start": found.start, "end": found.end}
 
 
 # -- response formatting ----------------------------------------------------------------------

@@ -85,8 +85,12 @@ def _port(text: str) -> int:
 
 def _add_structure_arguments(parser: argparse.ArgumentParser) -> None:
     from ..structure.reasoning import REASONING_PARSERS
+    from ..structure.tools import TOOL_PARSERS
 
     add = parser.add_argument
+    add("--tool-call-parser", default=None, metavar="NAME", choices=sorted(TOOL_PARSERS),
+        help="parse tool calls in this format (default: detected from the chat template; "
+        f"{', '.join(sorted(TOOL_PARSERS))})")
     add("--reasoning-parser", default=None, metavar="NAME", choices=sorted(REASONING_PARSERS),
         help="split chat replies into reasoning and content with a named format "
         f"({', '.join(sorted(REASONING_PARSERS))})")

@@ -53,7 +53,9 @@ class ServerConfig:
     with `allowed_hosts`, other `Host` names get 421 (IP literals and ``localhost``
     always pass; "*" passes everything). `reasoning` (a
     `tokentrail.structure.ReasoningFormat`, a `REASONING_PARSERS` name or (START, END)
-    markers; None: none) splits chat replies into reasoning and content.
+    markers; None: none) splits chat replies into reasoning and content;
+    `tool_call_parser` (a `tokentrail.structure.TOOL_PARSERS` name; None: detected from
+    the chat template) parses tool calls.
     """
 
     model_path: str | os.PathLike[str] | None = None
@@ -70,6 +72,7 @@ class ServerConfig:
     api_key: str | None = None
     allowed_hosts: Iterable[str] | None = None
     reasoning: Any = None
+    tool_call_parser: str | None = None
 
     def __post_init__(self) -> None:
         """Refuse settings no server can run with (ValueError naming the setting)."""
@@ -136,4 +139,5 @@ _FLAGS = {
     "max_body_bytes": "max_body_bytes",
     "temperature": "temp",
     "api_key": "api_key",
+    "tool_call_parser": "tool_call_parser",
 }

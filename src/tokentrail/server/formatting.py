@@ -7,9 +7,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ..segment import WIRE_NEG_INF, Alternative, Confidence, TokenSpan, json_number
+from ..segment import WIRE_NEG_INF, Alternative, Confidence, Segment, TokenSpan, json_number
 from ..vocab import Vocab
 from .protocol import GenRequest
+from .tool_calls import ToolReply
 
 
 @dataclass(slots=True)
@@ -121,6 +122,8 @@ class Formatter:
         self.prompt_tokens = 0
         self.constrained = req.structure.constraint is not None
         self.mass: dict[int, float | None] = {}  # token index -> allowed mass
+        parser = req.tool_parser if req.kind == "chat" else None
+        self.tools = None if parser is None else ToolReply(parser)
 
     # -- pieces --
 
@@ -232,6 +235,54 @@ class Formatter:
             delta["reasoning"] = delta["reasoning_content"] = reasoning
         return delta
 
+    @staticmethod
+    def _content_segments(step: StepRecord) -> list[Segment]:
+        if step.channels is not None:
+            return [p for p in step.channels if p.channel == "content"]
+        if not step.text and not step.segment_tokens:
+            return []
+        return [Segment(step.text, step.segment_tokens)]
+
+    def _tool_delta(self, step: StepRecord, delta: dict[str, Any], ext: dict[str, Any]) -> None:
+        """Route the step's content through the tool-call parser: the content it lets
+        through, `delta.tool_calls` pieces, and at the end the calls' fields."""
+        tools = self.tools
+        assert tools is not None
+        piece, calls = tools.feed(self._content_segments(step))
+        if step.finish_reason is not None:
+            more, more_calls = tools.finish()
+            piece, calls = piece + more, calls + more_calls
+            if tools.calls:
+                ext["fields"] = [_field(f) for f in tools.result.fields]
+        delta["content"] = piece
+        if calls:
+            delta["tool_calls"] = _merged(calls)
+
+    def _finish(self, reason: str | None) -> str | None:
+        """`finish_reason`: "tool_calls" when the reply ended in calls."""
+        if reason is not None and self.tools is not None and self.tools.calls:
+            return "tool_calls"
+        return reason
+
+    def _message(
+        self, steps: list[StepRecord], text: str, ext: dict[str, Any]
+    ) -> dict[str, Any]:
+        """A whole chat reply's `message`: content, reasoning, tool calls (whose fields
+        go in `ext`)."""
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if steps and steps[-1].channels is not None:
+            message["content"] = self._channel_text(steps, "content")
+            reasoning = self._channel_text(steps, "reasoning")
+            message["reasoning"] = message["reasoning_content"] = reasoning or None
+        if self.tools is not None:
+            self.tools.feed([seg for step in steps for seg in self._content_segments(step)])
+            self.tools.finish()
+            if self.tools.calls:
+                message["content"] = self.tools.content or None
+                message["tool_calls"] = self.tools.calls
+                ext["fields"] = [_field(f) for f in self.tools.result.fields]
+        return message
+
     def _stop(self, step: StepRecord) -> dict[str, Any] | None:
         if step.stop_string is None:
             return None
@@ -335,6 +386,8 @@ class Formatter:
         listed = self.listed(step, offset)
         if self.req.kind == "chat":
             delta = self._delta(step)
+            if self.tools is not None:
+                self._tool_delta(step, delta, ext)
             if self.first:
                 delta = {"role": "assistant", **delta}
             lps = [self.chat_logprob(s) for s, _ in listed]
@@ -342,7 +395,7 @@ class Formatter:
                 "index": self.choice,
                 "delta": delta,
                 "logprobs": {"content": lps} if self.req.logprobs else None,
-                "finish_reason": step.finish_reason,
+                "finish_reason": self._finish(step.finish_reason),
             }
             out = self._envelope("chat.completion.chunk")
         else:
@@ -386,13 +439,10 @@ class Formatter:
             ext["stop"] = stop
         if steps:
             self._structure(ext, steps[-1], whole=True)
-        message: dict[str, Any] = {"role": "assistant", "content": text}
-        if steps and steps[-1].channels is not None:
-            message["content"] = self._channel_text(steps, "content")
-            reasoning = self._channel_text(steps, "reasoning")
-            message["reasoning"] = message["reasoning_content"] = reasoning or None
         finish = self.finish_reason or "stop"
         if self.req.kind == "chat":
+            message = self._message(steps, text, ext)
+            finish = self._finish(finish) or finish
             out = self._envelope("chat.completion")
             out["choices"] = [
                 {
@@ -417,6 +467,25 @@ class Formatter:
         out["usage"] = self.usage()
         out["tokentrail"] = ext
         return out
+
+
+def _merged(pieces: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`delta.tool_calls` pieces with one entry per call index (arguments joined)."""
+    out: dict[int, dict[str, Any]] = {}
+    for piece in pieces:
+        have = out.get(piece["index"])
+        if have is None:
+            out[piece["index"]] = {**piece, "function": dict(piece["function"])}
+            continue
+        for key in ("id", "type"):
+            if key in piece:
+                have[key] = piece[key]
+        fn = have["function"]
+        if "name" in piece["function"]:
+            fn["name"] = piece["function"]["name"]
+        if "arguments" in piece["function"]:
+            fn["arguments"] = fn.get("arguments", "") + piece["function"]["arguments"]
+    return list(out.values())
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..batch import open_sequence
-from ..errors import APIError, ConstraintError, ContextOverflow, QueueFull
+from ..errors import APIError, ContextOverflow, QueueFull
 from ..prompting import eos_ids, prompt_ids, room, stop_matcher, vocab_for
 from ..sampling import SamplingError, check_max_tokens
 from ..sequence import SequenceState
@@ -46,7 +46,8 @@ from .config import (  # noqa: F401  (DEFAULT_*: their old home)
 from .formatting import step_of
 from .metrics import Metrics
 from .protocol import GenRequest
-from .structured import open_structure
+from .structured import bound, open_structure
+from .tool_calls import tool_parser_for
 
 logger = logging.getLogger("tokentrail.server")
 
@@ -406,10 +407,10 @@ class Scheduler:
             return
         req = job.request
         try:
-            ids = prompt_ids(self.tokenizer, req.prompt, self._engine.vocab_size)
+            ids = prompt_ids(self.tokenizer, req.prompt, self._engine.vocab_size, req.tools)
             limit = self._limit(req, len(ids))
             stop_matcher(req.stop)
-            params = req.params(self._engine.vocab_size, self._bound(req))
+            params = req.params(self._engine.vocab_size, bound(req.structure, self.tokenizer))
             structures = [self._structure(req, ids) for _ in range(req.n)]
         except SamplingError as e:  # e.g. a logit_bias id past the engine's vocabulary
             job.post("error", 0, APIError(400, str(e), param=e.param, code="invalid_value"))
@@ -443,17 +444,6 @@ class Scheduler:
                 self._finish(job, "failed")
         self.metrics.batch_size.set(len(self._seqs))
 
-    def _bound(self, req: GenRequest) -> Any:
-        """The request's constraint bound to the model's tokenizer (None: none), or a
-        400 naming its field."""
-        constraint = req.structure.constraint
-        if constraint is None:
-            return None
-        try:
-            return constraint.bind(self.tokenizer)
-        except ConstraintError as e:
-            raise APIError(400, str(e), param=e.param, code="invalid_value") from None
-
     def _structure(self, req: GenRequest, ids: list[int]) -> Any:
         """One choice's `StructuredStream` (None: plain text); fields get alternatives
         from the engine's scorer where it has one (one forward pass per enum leaf)."""
@@ -466,6 +456,10 @@ class Scheduler:
                 logger.debug("fields without alternatives: %s", why)
             return found
 
+        if req.structure.tool_choice is not None:  # before the first event: the app reads it
+            req.tool_parser = tool_parser_for(
+                req.structure.tool_choice, self.config.tool_call_parser, self.tokenizer
+            )
         reasoning = self.config.reasoning
         return open_structure(req.structure, reasoning, req.kind == "chat", scorer)[0]
 

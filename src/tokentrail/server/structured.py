@@ -40,6 +40,7 @@ __all__ = [
     "Structure",
     "StructuredFields",
     "TokentrailOptions",
+    "bound",
     "open_structure",
     "structure_of",
 ]
@@ -86,11 +87,16 @@ class Structure:
     logprobs_mode: str = "raw"
     fields: bool = False
     reasoning: ReasoningFormat | Literal[False] | None = None
+    #: With `tools`: "auto", "none", "required" or "named" (a constraint for the last
+    #: two, whose fields are the tool calls'); None without tools.
+    tool_choice: str | None = None
 
     @property
     def json_constrained(self) -> bool:
+        """A JSON constraint of the request's own (not a tool call's): fields go on."""
         c = self.constraint
-        return c is not None and c.kind in ("json_schema", "json_object")
+        tool = self.tool_choice in ("required", "named")
+        return c is not None and c.kind in ("json_schema", "json_object") and not tool
 
     def schema(self) -> Mapping[str, Any] | None:
         """The JSON schema of the constraint (None: none, or not a schema)."""
@@ -102,6 +108,17 @@ class Structure:
         except json.JSONDecodeError:
             return None
         return value if isinstance(value, Mapping) else None
+
+
+def bound(structure: Structure, tokenizer: Any) -> Any:
+    """The structure's constraint bound to the model's tokenizer (None: none), or a 400
+    naming its field."""
+    if structure.constraint is None:
+        return None
+    try:
+        return structure.constraint.bind(tokenizer)
+    except ConstraintError as e:
+        raise _bad(e.param, str(e)) from None
 
 
 def _bad(param: str, message: str) -> APIError:

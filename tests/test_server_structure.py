@@ -396,3 +396,111 @@ def test_per_request_markers(client: Any, greedy: str) -> None:
     msg = r.choices[0].message
     assert msg.model_extra["reasoning_content"] == greedy[len(start) : at]
     assert msg.content == greedy[at + len(end) :]
+
+
+# -- tool calls --------------------------------------------------------------------------------
+
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 10}, "unit": {"enum": ["c", "f"]}},
+    "required": ["city", "unit"],
+    "additionalProperties": False,
+}
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}},
+    {"type": "function", "function": {"name": "noop", "parameters": {"type": "object"}}},
+]
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+
+
+def test_named_tool_call_whole_and_streamed(client: Any) -> None:
+    jsonschema = require("jsonschema")
+    r = client.chat.completions.create(
+        model=SERVED[0], messages=MSG, max_tokens=60, tools=TOOLS, tool_choice=NAMED
+    )
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather" and call.type == "function"
+    args = json.loads(call.function.arguments)
+    jsonschema.validate(args, WEATHER)
+    ext = _ext(r)
+    raw = "".join(s["text"] for s in ext["segments"])  # the reply as generated
+    paths = {f["path"]: f["value"] for f in ext["fields"]}
+    expected = {"/tool_calls/0/function/name": "get_weather"}
+    expected.update({f"/tool_calls/0/arguments{k}": v for k, v in _leaves(args).items()})
+    assert paths == expected
+    _check_fields(raw, ext["fields"], _token_bytes(ext["segments"]))
+
+    pieces: dict[int, dict[str, str]] = {}
+    finish = None
+    for chunk in client.chat.completions.create(
+        model=SERVED[0], messages=MSG, max_tokens=60, tools=TOOLS, tool_choice=NAMED, stream=True
+    ):
+        delta = chunk.choices[0].delta
+        assert not delta.content
+        for piece in delta.tool_calls or ():
+            got = pieces.setdefault(piece.index, {"id": "", "name": "", "arguments": ""})
+            got["id"] += piece.id or ""
+            got["name"] += piece.function.name or ""
+            got["arguments"] += piece.function.arguments or ""
+        finish = chunk.choices[0].finish_reason or finish
+    assert finish == "tool_calls"
+    assert pieces == {
+        0: {"id": call.id, "name": "get_weather", "arguments": call.function.arguments}
+    }
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        (
+            {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "zz"}}},
+            "tool_choice",
+        ),
+        ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools"),
+        (
+            {"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}},
+            "tool_choice",
+        ),
+        # the demo's template names no tool-call format and the server has no parser
+        ({"tools": TOOLS, "tool_choice": "auto"}, "tools"),
+    ],
+)
+def test_bad_tool_requests_name_the_field(server: Server, body: dict[str, Any], param: str) -> None:
+    r = httpx.post(
+        server.url + "/v1/chat/completions",
+        json={"messages": MSG, "max_tokens": 4, **body},
+        timeout=60,
+    )
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+
+
+def test_tool_history_and_choice_none(client: Any) -> None:
+    history = [
+        *MSG,
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_0",
+                    "type": "function",
+                    "function": {
+                        "name": "get_weather",
+                        "arguments": '{"city": "Paris", "unit": "c"}',
+                    },
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_0", "content": "21 C"},
+    ]
+    r = client.chat.completions.create(
+        model=SERVED[0], messages=history, max_tokens=8, tools=TOOLS, tool_choice="none"
+    )
+    assert r.choices[0].finish_reason in ("stop", "length")
+    assert r.choices[0].message.tool_calls is None
+    assert isinstance(r.choices[0].message.content, str)

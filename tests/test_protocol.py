@@ -41,7 +41,14 @@ CASES = [
     (CHAT, {"messages": MSG, "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
     (CHAT, {"messages": MSG, "top_logprobs": 2}, 400, "top_logprobs"),
     (CHAT, {"messages": MSG, "tools": [{"type": "function"}]}, 400, "tools"),
-    (CHAT, {"messages": MSG, "response_format": {"type": "json_object"}}, 400, "response_format"),
+    # json_object is accepted now (tests/test_server_structure.py); a spec without its
+    # schema, or one llguidance cannot compile, is still a 400 naming the field
+    (CHAT, {"messages": MSG, "response_format": {"type": "json_schema"}}, 400, "response_format"),
+    (CHAT, {"messages": MSG, "response_format": {"type": "xml"}}, 400, "response_format"),
+    (CHAT, {"messages": MSG, "structured_outputs": {"regex": "("}}, 400, "structured_outputs"),
+    (CHAT, {"messages": MSG, "json_schema": {"type": "bogus"}}, 400, "json_schema"),
+    (CHAT, {"messages": MSG, "grammar": "root ::= ("}, 400, "grammar"),
+    (CHAT, {"messages": MSG, "tokentrail": {"logprobs": "cooked"}}, 400, "tokentrail"),
     (CHAT, {"messages": MSG, "logprobs": "yes"}, 400, "logprobs"),
     (CHAT, {"messages": MSG, "logit_bias": {"-1": 5}}, 400, "logit_bias"),
     (CHAT, {"messages": MSG, "logit_bias": {"1": 500}}, 400, "logit_bias"),

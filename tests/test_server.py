@@ -351,7 +351,7 @@ def test_sse_framing(server: Server) -> None:
         (CHAT, {"messages": MSG, "tools": [{"type": "function"}]}, 400, "tools"),
         (
             CHAT,
-            {"messages": MSG, "response_format": {"type": "json_object"}},
+            {"messages": MSG, "response_format": {"type": "json_schema"}},  # no schema
             400,
             "response_format",
         ),

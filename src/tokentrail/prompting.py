@@ -83,9 +83,16 @@ def check_ids(ids: Sequence[Any], vocab_size: int | None, what: str) -> list[int
     return out
 
 
-def prompt_ids(tokenizer: Any, prompt: Any, vocab_size: int | None) -> list[int]:
+def prompt_ids(
+    tokenizer: Any,
+    prompt: Any,
+    vocab_size: int | None,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+) -> list[int]:
     """Token ids for a str, a list of ids, an array of ids or a list of chat messages
-    (rendered with the tokenizer's chat template and a generation prompt)."""
+    (rendered with the tokenizer's chat template and a generation prompt; `tools`, in
+    OpenAI's shape, go to the template too). `tools` with a prompt that is not chat
+    messages is a ValueError."""
     if isinstance(prompt, str):
         if not prompt:
             raise ValueError("prompt is empty")
@@ -103,14 +110,20 @@ def prompt_ids(tokenizer: Any, prompt: Any, vocab_size: int | None) -> list[int]
     if len(prompt) == 0:
         raise ValueError("prompt is empty")
     if all(isinstance(m, Mapping) for m in prompt):
-        return chat_ids(tokenizer, prompt, vocab_size)
+        return chat_ids(tokenizer, prompt, vocab_size, tools)
+    if tools:
+        raise ValueError("tools are rendered by the chat template: give chat messages")
     return check_ids(prompt, vocab_size, "prompt")
 
 
 def chat_ids(
-    tokenizer: Any, messages: Sequence[Mapping[str, Any]], vocab_size: int | None
+    tokenizer: Any,
+    messages: Sequence[Mapping[str, Any]],
+    vocab_size: int | None,
+    tools: Sequence[Mapping[str, Any]] | None = None,
 ) -> list[int]:
-    """Chat messages rendered by the tokenizer's chat template, with a generation prompt."""
+    """Chat messages rendered by the tokenizer's chat template, with a generation prompt
+    (and `tools`, OpenAI's tool definitions, when given: the template renders them)."""
     for i, m in enumerate(messages):
         if not isinstance(m.get("role"), str) or "content" not in m:
             raise ValueError(
@@ -125,6 +138,8 @@ def chat_ids(
             "pass the prompt as a str or token ids"
         )
     kwargs: dict[str, Any] = {"add_generation_prompt": True, "tokenize": True}
+    if tools:
+        kwargs["tools"] = [dict(t) for t in tools]
     if not type(tokenizer).__module__.startswith("mlx_lm"):
         kwargs["return_dict"] = False  # transformers 5 returns a BatchEncoding otherwise
     ids = tokenizer.apply_chat_template([dict(m) for m in messages], **kwargs)

@@ -83,6 +83,22 @@ def _port(text: str) -> int:
     return port
 
 
+def _add_structure_arguments(parser: argparse.ArgumentParser) -> None:
+    from ..structure.reasoning import REASONING_PARSERS
+    from ..structure.tools import TOOL_PARSERS
+
+    add = parser.add_argument
+    add("--tool-call-parser", default=None, metavar="NAME", choices=sorted(TOOL_PARSERS),
+        help="parse tool calls in this format (default: detected from the chat template; "
+        f"{', '.join(sorted(TOOL_PARSERS))})")
+    add("--reasoning-parser", default=None, metavar="NAME", choices=sorted(REASONING_PARSERS),
+        help="split chat replies into reasoning and content with a named format "
+        f"({', '.join(sorted(REASONING_PARSERS))})")
+    add("--reasoning-markers", nargs=2, default=None, metavar=("START", "END"),
+        help="split chat replies at these markers (START may be '': the reasoning then "
+        "starts with the reply)")
+
+
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("--model", default=None, metavar="PATH",
@@ -118,6 +134,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--n-threads", type=int, metavar="N", help="llamacpp engine: CPU threads")
     add("--n-gpu-layers", type=int, metavar="N", help="llamacpp engine: layers to offload")
     add("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    _add_structure_arguments(parser)
     from .proxy import add_arguments as add_upstream_arguments
 
     add_upstream_arguments(parser)
@@ -179,6 +196,8 @@ def _check(args: argparse.Namespace) -> None:
         check_value("temp", args.temp, OPENAI_LIMITS, label="--temp")
     except SamplingError as e:
         raise UsageError(str(e)) from None
+    if args.reasoning_parser is not None and args.reasoning_markers is not None:
+        raise UsageError("give --reasoning-parser or --reasoning-markers, not both")
 
 
 def _bind(host: str, port: int) -> socket.socket:

@@ -51,7 +51,11 @@ class ServerConfig:
     Bodies over `max_body_bytes` get 413. `temperature` applies to requests without
     one. With `api_key`, ``/v1/*`` and ``/metrics`` need ``Authorization: Bearer KEY``;
     with `allowed_hosts`, other `Host` names get 421 (IP literals and ``localhost``
-    always pass; "*" passes everything).
+    always pass; "*" passes everything). `reasoning` (a
+    `tokentrail.structure.ReasoningFormat`, a `REASONING_PARSERS` name or (START, END)
+    markers; None: none) splits chat replies into reasoning and content;
+    `tool_call_parser` (a `tokentrail.structure.TOOL_PARSERS` name; None: detected from
+    the chat template) parses tool calls.
     """
 
     model_path: str | os.PathLike[str] | None = None
@@ -67,6 +71,8 @@ class ServerConfig:
     temperature: float = 0.0
     api_key: str | None = None
     allowed_hosts: Iterable[str] | None = None
+    reasoning: Any = None
+    tool_call_parser: str | None = None
 
     def __post_init__(self) -> None:
         """Refuse settings no server can run with (ValueError naming the setting)."""
@@ -86,6 +92,13 @@ class ServerConfig:
             if not ok:
                 raise ValueError(message)
         check_value("temp", self.temperature, OPENAI_LIMITS, label="temperature")
+        if self.reasoning is not None:
+            from ..structure.reasoning import reasoning_format
+
+            fmt = self.reasoning
+            object.__setattr__(
+                self, "reasoning", reasoning_format(tuple(fmt) if isinstance(fmt, list) else fmt)
+            )
         if self.allowed_hosts is not None and not isinstance(self.allowed_hosts, tuple):
             object.__setattr__(self, "allowed_hosts", tuple(self.allowed_hosts))
 
@@ -102,8 +115,13 @@ class ServerConfig:
     ) -> ServerConfig:
         """The settings `tokentrail serve`'s flags give (`load_options`: the engine's)."""
         given = {name: getattr(args, flag) for name, flag in _FLAGS.items()}
+        parser = getattr(args, "reasoning_parser", None)
+        markers = getattr(args, "reasoning_markers", None)
+        if parser is not None and markers is not None:
+            raise ValueError("give --reasoning-parser or --reasoning-markers, not both")
         return cls(
             **given,
+            reasoning=parser if markers is None else tuple(markers),
             load_options=dict(load_options or {}),
             allowed_hosts=(args.host, *args.allowed_host),
         )
@@ -121,4 +139,5 @@ _FLAGS = {
     "max_body_bytes": "max_body_bytes",
     "temperature": "temp",
     "api_key": "api_key",
+    "tool_call_parser": "tool_call_parser",
 }

@@ -7,9 +7,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ..segment import WIRE_NEG_INF, Alternative, Confidence, TokenSpan, json_number
+from ..segment import WIRE_NEG_INF, Alternative, Confidence, Segment, TokenSpan, json_number
 from ..vocab import Vocab
 from .protocol import GenRequest
+from .tool_calls import ToolReply
 
 
 @dataclass(slots=True)
@@ -33,12 +34,35 @@ class StepRecord:
     #: Tokens behind this step's text the engine did not identify (an upstream's lossy
     #: data), as {"index", "id", "reason"}: listed, never guessed.
     refused: tuple[dict[str, Any], ...] = ()
+    #: Which distribution `logprob` and the alternatives come from ("raw", "processed").
+    distribution: str = "raw"
+    #: The probability the model put on the tokens a constraint allowed (None: none).
+    allowed_mass: float | None = None
+    #: The channel segments that became final (None: no reasoning format).
+    channels: tuple[Any, ...] | None = None
+    #: The JSON fields whose last token arrived (as dicts; None: fields off).
+    fields: tuple[dict[str, Any], ...] | None = None
+    #: On the last step with fields on: every field, and why there are none.
+    all_fields: tuple[dict[str, Any], ...] | None = None
+    fields_error: str | None = None
+    #: On the last step with a reasoning format: each channel's confidence.
+    channel_confidence: dict[str, Any] | None = None
 
 
 def step_of(
-    response: Any, index: int, cached: int, refused: tuple[dict[str, Any], ...] = ()
+    response: Any,
+    index: int,
+    cached: int,
+    refused: tuple[dict[str, Any], ...] = (),
+    engine_step: Any = None,
 ) -> StepRecord:
-    """Copy what the HTTP layer needs out of a GenerationResponse."""
+    """Copy what the HTTP layer needs out of a GenerationResponse (and the engine's
+    `Step`, for the distribution and the allowed mass)."""
+    fields = getattr(response, "fields", None)
+    final_fields = getattr(response, "all_fields", None)
+    split = getattr(response, "channel", None) is not None
+    channels = tuple(response.channels) if split else None
+    by_channel = getattr(response, "channel_confidence", None)
     return StepRecord(
         index=index,
         token=int(response.token),
@@ -53,7 +77,22 @@ def step_of(
         prompt_tokens=int(response.prompt_tokens or 0),
         cached_tokens=cached,
         refused=refused,
+        distribution=str(getattr(engine_step, "distribution", None) or "raw"),
+        allowed_mass=getattr(engine_step, "allowed_mass", None),
+        channels=channels,
+        channel_confidence=None if by_channel is None else {
+            c: None if conf is None else conf.to_dict() for c, conf in by_channel.items()
+        },
+        fields=None if fields is None else tuple(_field(f) for f in fields),
+        all_fields=None if final_fields is None else tuple(_field(f) for f in final_fields),
+        fields_error=getattr(response, "fields_error", None),
     )
+
+
+def _field(found: Any) -> dict[str, Any]:
+    """A `JsonField` on the wire, with `start`/`end`: its character offsets in the
+    content (the whole text without a reasoning format)."""
+    return {**found.to_dict(), "start": found.start, "end": found.end}
 
 
 # -- response formatting ----------------------------------------------------------------------
@@ -81,6 +120,10 @@ class Formatter:
         self.n_tokens = 0
         self.n_listed = 0  # tokens listed in the standard logprobs so far (by index)
         self.prompt_tokens = 0
+        self.constrained = req.structure.constraint is not None
+        self.mass: dict[int, float | None] = {}  # token index -> allowed mass
+        parser = req.tool_parser if req.kind == "chat" else None
+        self.tools = None if parser is None else ToolReply(parser)
 
     # -- pieces --
 
@@ -123,6 +166,8 @@ class Formatter:
             "text": self._token_text(span.id),
             "bytes": self._token_bytes(span.id),
         }
+        if self.constrained:
+            out["allowed_mass"] = json_number(self.mass.get(span.index))
         if self.req.top_logprobs and span.top_logprobs:
             out["top_logprobs"] = [
                 {"id": a.id, "logprob": _lp(a.logprob), "bytes": list(a.bytes), "text": a.text,
@@ -143,6 +188,100 @@ class Formatter:
         if step.refused:
             out["refused"] = list(step.refused)
         return out
+
+    def segments(self, step: StepRecord) -> list[dict[str, Any]]:
+        """The extension's segments for a step: one, or one per channel part (each with
+        its `channel` and the tokens narrowed to the bytes that went into it)."""
+        if step.channels is None:
+            return [s for s in (self.segment(step),) if s is not None]
+        out = []
+        for part in step.channels:
+            conf = part.confidence
+            out.append({
+                "text": part.text,
+                "channel": part.channel,
+                "tokens": [self._span(t) for t in part.tokens],
+                "confidence": None if conf is None else conf.to_dict(),
+            })
+        return out
+
+    def _structure(self, ext: dict[str, Any], step: StepRecord, whole: bool) -> None:
+        """Add the distribution, allowed mass, fields and channel confidence to `ext`."""
+        ext["distribution"] = step.distribution
+        if whole:
+            if step.all_fields is not None:
+                ext["fields"] = list(step.all_fields)
+                if step.fields_error is not None:
+                    ext["fields_error"] = step.fields_error
+        elif step.fields is not None:
+            ext["fields"] = list(step.fields)
+            if step.finish_reason is not None and step.fields_error is not None:
+                ext["fields_error"] = step.fields_error
+        if step.channel_confidence is not None:
+            ext["channel_confidence"] = step.channel_confidence
+
+    @staticmethod
+    def _channel_text(steps: list[StepRecord], channel: str) -> str:
+        return "".join(p.text for s in steps for p in s.channels or () if p.channel == channel)
+
+    def _delta(self, step: StepRecord) -> dict[str, Any]:
+        """A chat chunk's delta: the content, and the reasoning as both `reasoning`
+        (vLLM >= 0.17) and `reasoning_content` (DeepSeek, mlx-vlm, the AI SDK)."""
+        if step.channels is None:
+            return {"content": step.text}
+        delta: dict[str, Any] = {"content": self._channel_text([step], "content")}
+        reasoning = self._channel_text([step], "reasoning")
+        if reasoning:
+            delta["reasoning"] = delta["reasoning_content"] = reasoning
+        return delta
+
+    @staticmethod
+    def _content_segments(step: StepRecord) -> list[Segment]:
+        if step.channels is not None:
+            return [p for p in step.channels if p.channel == "content"]
+        if not step.text and not step.segment_tokens:
+            return []
+        return [Segment(step.text, step.segment_tokens)]
+
+    def _tool_delta(self, step: StepRecord, delta: dict[str, Any], ext: dict[str, Any]) -> None:
+        """Route the step's content through the tool-call parser: the content it lets
+        through, `delta.tool_calls` pieces, and at the end the calls' fields."""
+        tools = self.tools
+        assert tools is not None
+        piece, calls = tools.feed(self._content_segments(step))
+        if step.finish_reason is not None:
+            more, more_calls = tools.finish()
+            piece, calls = piece + more, calls + more_calls
+            if tools.calls:
+                ext["fields"] = [_field(f) for f in tools.result.fields]
+        delta["content"] = piece
+        if calls:
+            delta["tool_calls"] = _merged(calls)
+
+    def _finish(self, reason: str | None) -> str | None:
+        """`finish_reason`: "tool_calls" when the reply ended in calls."""
+        if reason is not None and self.tools is not None and self.tools.calls:
+            return "tool_calls"
+        return reason
+
+    def _message(
+        self, steps: list[StepRecord], text: str, ext: dict[str, Any]
+    ) -> dict[str, Any]:
+        """A whole chat reply's `message`: content, reasoning, tool calls (whose fields
+        go in `ext`)."""
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if steps and steps[-1].channels is not None:
+            message["content"] = self._channel_text(steps, "content")
+            reasoning = self._channel_text(steps, "reasoning")
+            message["reasoning"] = message["reasoning_content"] = reasoning or None
+        if self.tools is not None:
+            self.tools.feed([seg for step in steps for seg in self._content_segments(step)])
+            self.tools.finish()
+            if self.tools.calls:
+                message["content"] = self.tools.content or None
+                message["tool_calls"] = self.tools.calls
+                ext["fields"] = [_field(f) for f in self.tools.result.fields]
+        return message
 
     def _stop(self, step: StepRecord) -> dict[str, Any] | None:
         if step.stop_string is None:
@@ -229,22 +368,26 @@ class Formatter:
 
     def chunk(self, step: StepRecord) -> dict[str, Any]:
         offset = self._note(step)
-        ext: dict[str, Any] = {
-            "token": {
-                "index": step.index,
-                "id": step.token,
-                "text": self._token_text(step.token),
-                "bytes": self._token_bytes(step.token),
-                "logprob": _lp(step.logprob),
-            },
-            "segments": [s for s in (self.segment(step),) if s is not None],
+        self.mass[step.index] = step.allowed_mass
+        token = {
+            "index": step.index,
+            "id": step.token,
+            "text": self._token_text(step.token),
+            "bytes": self._token_bytes(step.token),
+            "logprob": _lp(step.logprob),
         }
+        if self.constrained:
+            token["allowed_mass"] = json_number(step.allowed_mass)
+        ext: dict[str, Any] = {"token": token, "segments": self.segments(step)}
+        self._structure(ext, step, whole=False)
         stop = self._stop(step)
         if stop is not None:
             ext["stop"] = stop
         listed = self.listed(step, offset)
         if self.req.kind == "chat":
-            delta: dict[str, Any] = {"content": step.text}
+            delta = self._delta(step)
+            if self.tools is not None:
+                self._tool_delta(step, delta, ext)
             if self.first:
                 delta = {"role": "assistant", **delta}
             lps = [self.chat_logprob(s) for s, _ in listed]
@@ -252,7 +395,7 @@ class Formatter:
                 "index": self.choice,
                 "delta": delta,
                 "logprobs": {"content": lps} if self.req.logprobs else None,
-                "finish_reason": step.finish_reason,
+                "finish_reason": self._finish(step.finish_reason),
             }
             out = self._envelope("chat.completion.chunk")
         else:
@@ -285,23 +428,26 @@ class Formatter:
         listed: list[tuple[TokenSpan, int]] = []
         stop = None
         for step in steps:
+            self.mass[step.index] = step.allowed_mass
             listed.extend(self.listed(step, self._note(step)))
             text_parts.append(step.text)
-            seg = self.segment(step)
-            if seg is not None:
-                segments.append(seg)
+            segments.extend(self.segments(step))
             stop = self._stop(step) or stop
         text = "".join(text_parts)
         ext: dict[str, Any] = {"segments": segments}
         if stop is not None:
             ext["stop"] = stop
+        if steps:
+            self._structure(ext, steps[-1], whole=True)
         finish = self.finish_reason or "stop"
         if self.req.kind == "chat":
+            message = self._message(steps, text, ext)
+            finish = self._finish(finish) or finish
             out = self._envelope("chat.completion")
             out["choices"] = [
                 {
                     "index": self.choice,
-                    "message": {"role": "assistant", "content": text},
+                    "message": message,
                     "logprobs": {"content": [self.chat_logprob(s) for s, _ in listed]}
                     if self.req.logprobs
                     else None,
@@ -321,6 +467,25 @@ class Formatter:
         out["usage"] = self.usage()
         out["tokentrail"] = ext
         return out
+
+
+def _merged(pieces: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`delta.tool_calls` pieces with one entry per call index (arguments joined)."""
+    out: dict[int, dict[str, Any]] = {}
+    for piece in pieces:
+        have = out.get(piece["index"])
+        if have is None:
+            out[piece["index"]] = {**piece, "function": dict(piece["function"])}
+            continue
+        for key in ("id", "type"):
+            if key in piece:
+                have[key] = piece[key]
+        fn = have["function"]
+        if "name" in piece["function"]:
+            fn["name"] = piece["function"]["name"]
+        if "arguments" in piece["function"]:
+            fn["arguments"] = fn.get("arguments", "") + piece["function"]["arguments"]
+    return list(out.values())
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:

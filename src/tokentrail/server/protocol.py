@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
@@ -36,6 +36,8 @@ from pydantic_core import PydanticCustomError
 from ..errors import APIError, ClientGone, QueueFull  # noqa: F401  (QueueFull: old home)
 from ..sampling import OPENAI_LIMITS, SamplingError, SamplingParams, is_int, make_params
 from .config import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_QUEUE  # noqa: F401  (old home)
+from .structured import Structure, StructuredFields, structure_of
+from .tool_calls import ToolSpec, template_messages, with_tools
 
 if TYPE_CHECKING:
     from starlette.requests import Request
@@ -191,8 +193,9 @@ class StreamOptions(_Wire):
     include_usage: bool | None = None
 
 
-class _Common(_Wire):
-    """The fields chat and completions share."""
+class _Common(_Wire, StructuredFields):
+    """The fields chat and completions share (the constraint fields and the
+    ``tokentrail`` options: `tokentrail.server.structured`)."""
 
     model: str | None = None
     n: Annotated[int, Field(ge=1, le=MAX_N)] | None = None
@@ -259,6 +262,8 @@ def _content(value: Any) -> Any:
 class ChatMessage(_Wire):
     role: Literal[CHAT_ROLES]  # type: ignore[valid-type]
     content: Annotated[list[TextPart], BeforeValidator(_content)] | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
 
     @model_validator(mode="after")
     def _content_given(self) -> ChatMessage:
@@ -266,10 +271,16 @@ class ChatMessage(_Wire):
             raise _fail("invalid_type", "needs 'content': a string or an array of text parts")
         return self
 
-    def as_prompt(self) -> dict[str, str]:
+    def as_prompt(self) -> dict[str, Any]:
         """The message for the chat template (developer is the template's system)."""
         text = "".join(part.text for part in self.content or ())
-        return {"role": "system" if self.role == "developer" else self.role, "content": text}
+        out: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role,
+                               "content": text}  # fmt: skip
+        if self.tool_calls:
+            out["tool_calls"] = self.tool_calls
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
 
 
 class ChatRequest(_Common):
@@ -279,22 +290,15 @@ class ChatRequest(_Common):
     max_completion_tokens: TokenCount | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
-    tools: Any = None
+    tools: list[ToolSpec] | None = None
+    tool_choice: Any = None
     functions: Any = None
-    response_format: Any = None
 
-    @field_validator("tools", "functions")
+    @field_validator("functions")
     @classmethod
-    def _no_tools(cls, value: Any) -> Any:
+    def _no_functions(cls, value: Any) -> Any:
         if value:
-            raise _fail("unsupported_parameter", "(tool calling) is not supported")
-        return value
-
-    @field_validator("response_format")
-    @classmethod
-    def _text_only(cls, value: Any) -> Any:
-        if value is not None and value != {"type": "text"}:
-            raise _fail("unsupported_parameter", 'is not supported except {"type": "text"}')
+            raise _fail("unsupported_parameter", "(the legacy form) is not supported: use 'tools'")
         return value
 
     def check_together(self) -> None:
@@ -382,11 +386,22 @@ class GenRequest:
     #: Whether OpenAI `logprobs` are returned, and how many alternatives per token.
     logprobs: bool = False
     top_logprobs: int = 0
+    #: The constraint, logprobs distribution, fields and reasoning asked for.
+    structure: Structure = field(default_factory=Structure)
+    #: The tools for the chat template (OpenAI's shape), and the parser the reply goes
+    #: through (set by the scheduler from `structure.tool_choice`).
+    tools: list[dict[str, Any]] | None = None
+    tool_parser: str | None = None
 
-    def params(self, vocab_size: int | None = None) -> SamplingParams:
+    def params(
+        self, vocab_size: int | None = None, constraint: Any = None
+    ) -> SamplingParams:
         """The sampling settings, checked by `make_params` against OpenAI's limits
-        (`SamplingError` naming the wire field); `vocab_size` bounds `logit_bias`."""
+        (`SamplingError` naming the wire field); `vocab_size` bounds `logit_bias`;
+        `constraint` is `structure.constraint` bound to the model's tokenizer."""
         return make_params(
+            constraint=constraint,
+            logprobs_mode=self.structure.logprobs_mode,
             temp=self.temperature,
             top_p=self.top_p,
             top_k=self.top_k,
@@ -431,7 +446,11 @@ def _gen_request(
         logit_bias=dict(wire.logit_bias) if wire.logit_bias else None,
         logprobs=logprobs,
         top_logprobs=top,
+        structure=structure_of(wire, kind == "chat"),
     )
+    if isinstance(wire, ChatRequest):
+        req.structure = with_tools(req.structure, wire.tools, wire.tool_choice)
+        req.tools = [t.as_template() for t in wire.tools] if wire.tools else None
     try:
         req.logit_bias = dict(req.params(vocab_size).logit_bias or {}) or None
     except SamplingError as e:
@@ -449,7 +468,7 @@ def parse_chat(
         wire = ChatRequest.model_validate(body)
     except ValidationError as e:
         raise validation_error(e) from None
-    prompt = [m.as_prompt() for m in wire.messages]
+    prompt = template_messages([m.as_prompt() for m in wire.messages])
     return _gen_request(wire, "chat", prompt, model, vocab_size, temperature)
 
 

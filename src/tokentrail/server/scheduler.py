@@ -46,6 +46,8 @@ from .config import (  # noqa: F401  (DEFAULT_*: their old home)
 from .formatting import step_of
 from .metrics import Metrics
 from .protocol import GenRequest
+from .structured import bound, open_structure
+from .tool_calls import tool_parser_for
 
 logger = logging.getLogger("tokentrail.server")
 
@@ -126,6 +128,8 @@ class ChoiceState:
     added: float = 0.0
     #: index -> why, for tokens the engine could not identify (an upstream's lossy data)
     refused: dict[int, str] = field(default_factory=dict)
+    #: Reasoning channels and JSON fields (`tokentrail.server.structured`), or None.
+    structure: Any = None
 
 
 def served_name(model_path: str | os.PathLike[str] | None) -> str:
@@ -403,10 +407,11 @@ class Scheduler:
             return
         req = job.request
         try:
-            ids = prompt_ids(self.tokenizer, req.prompt, self._engine.vocab_size)
+            ids = prompt_ids(self.tokenizer, req.prompt, self._engine.vocab_size, req.tools)
             limit = self._limit(req, len(ids))
             stop_matcher(req.stop)
-            params = req.params(self._engine.vocab_size)
+            params = req.params(self._engine.vocab_size, bound(req.structure, self.tokenizer))
+            structures = [self._structure(req, ids) for _ in range(req.n)]
         except SamplingError as e:  # e.g. a logit_bias id past the engine's vocabulary
             job.post("error", 0, APIError(400, str(e), param=e.param, code="invalid_value"))
             self._finish(job, "failed")
@@ -426,7 +431,9 @@ class Scheduler:
                 )
                 job.live += 1
                 now = time.perf_counter()
-                self._seqs[uid] = ChoiceState(job, choice, state, last_step=now, added=now)
+                self._seqs[uid] = ChoiceState(
+                    job, choice, state, last_step=now, added=now, structure=structures[choice]
+                )
         except (ValueError, TypeError) as e:  # the engine refused the prompt or a setting
             logger.info("request %s refused by the engine: %s", job.id, e)
             job.post("error", 0, e)
@@ -436,6 +443,25 @@ class Scheduler:
             if not added:
                 self._finish(job, "failed")
         self.metrics.batch_size.set(len(self._seqs))
+
+    def _structure(self, req: GenRequest, ids: list[int]) -> Any:
+        """One choice's `StructuredStream` (None: plain text); fields get alternatives
+        from the engine's scorer where it has one (one forward pass per enum leaf)."""
+
+        def scorer(output_ids: list[int]) -> Any:
+            from ..engines.scoring import scorer_for
+
+            found, why = scorer_for(self._engine, self.tokenizer, ids, output_ids, {})
+            if found is None:
+                logger.debug("fields without alternatives: %s", why)
+            return found
+
+        if req.structure.tool_choice is not None:  # before the first event: the app reads it
+            req.tool_parser = tool_parser_for(
+                req.structure.tool_choice, self.config.tool_call_parser, self.tokenizer
+            )
+        reasoning = self.config.reasoning
+        return open_structure(req.structure, reasoning, req.kind == "chat", scorer)[0]
 
     def _limit(self, req: GenRequest, n_prompt: int) -> int:
         """The token limit for a prompt of `n_prompt` tokens, or APIError (context).
@@ -472,6 +498,8 @@ class Scheduler:
             seq.refused[seq.index] = reason
         try:
             response = seq.state.feed(engine_step)
+            if seq.structure is not None:
+                seq.structure.apply(response)
         except Exception as e:
             logger.exception("request %s failed", job.id)
             job.post("error", seq.choice, e)
@@ -492,7 +520,7 @@ class Scheduler:
                 for t in spans
                 if t.index in seq.refused
             )
-        step = step_of(response, seq.index, seq.cached, refused)
+        step = step_of(response, seq.index, seq.cached, refused, engine_step)
         seq.index += 1
         with self._cond:
             job.generated += 1

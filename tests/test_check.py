@@ -11,34 +11,28 @@ The server starters here are small local ones (the shared helpers are being move
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-httpx = pytest.importorskip("httpx")
-pytest.importorskip("rich")
+from tests.helpers.env import REPO, require
+from tests.helpers.llamacpp import find_smollm2, llama_server_binary
+from tests.helpers.net import free_port
+from tests.helpers.servers import launch
+
+httpx = require("httpx")
+require("rich")
 
 from tokentrail.check import contract  # noqa: E402
 from tokentrail.check.contract import FAIL, PASS, SKIP, WARN  # noqa: E402
 from tokentrail.cli import main  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "src" / "tokentrail" / "demo_model"
-LLAMA_SERVER = Path(
-    os.environ.get(
-        "TOKENTRAIL_LLAMA_SERVER",
-        "/root/.cache/tokentrail/llama.cpp-0.3.36/build/bin/llama-server",
-    )
-)
 
 
 def check_json(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict[str, Any]]:
@@ -291,12 +285,6 @@ def test_table_output_names_the_failure(broken: str, capsys: Any) -> None:
     assert "BREAKS its contract" in out
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_unreachable_url_and_bad_usage_exit_2(capsys: Any) -> None:
     assert main(["check", f"http://127.0.0.1:{free_port()}"]) == 2
     err = capsys.readouterr().err
@@ -311,42 +299,17 @@ def test_unreachable_url_and_bad_usage_exit_2(capsys: Any) -> None:
 # -- real servers ----------------------------------------------------------------------------------
 
 
-def start(cmd: list[str], url: str, log: Path, timeout: float = 240.0) -> subprocess.Popen:
-    """Start a server process and wait until /v1/models answers (local starter)."""
-    out = log.open("wb")
-    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            if httpx.get(url + "/v1/models", timeout=2).status_code == 200:
-                return proc
-        except httpx.TransportError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"{cmd[0]} did not start:\n{log.read_text()[-2000:]}")
-        time.sleep(0.3)
-
-
-def stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(10)
-
-
 @pytest.fixture(scope="module")
 def tokentrail_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    pytest.importorskip("mlx_lm", reason="the demo model runs on MLX (pip install mlx-lm)")
-    pytest.importorskip("uvicorn")
+    require("mlx_lm", "the demo model runs on MLX")
+    require("uvicorn")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = tmp_path_factory.mktemp("logs") / "tokentrail.log"
-    proc = start([sys.executable, "-m", "tokentrail", "serve", "--port", str(port)], url, log)
+    server = launch([sys.executable, "-m", "tokentrail", "serve", "--port", str(port)], log, url,
+                    path="/v1/models")
     yield url
-    stop(proc)
+    server.stop()
 
 
 def test_tokentrail_serve_keeps_its_contract(tokentrail_server: str, capsys: Any) -> None:
@@ -380,19 +343,14 @@ def test_the_proxy_checks_its_upstream_at_startup(tokentrail_server: str) -> Non
 
 @pytest.fixture(scope="module")
 def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    if not LLAMA_SERVER.is_file():
-        pytest.skip(f"llama-server is not at {LLAMA_SERVER} (set TOKENTRAIL_LLAMA_SERVER)")
-    gguf = Path(os.environ.get("TOKENTRAIL_SMOLLM2_GGUF",
-                               "/root/.cache/tokentrail/models/SmolLM2-135M-Instruct.Q4_1.gguf"))
-    if not gguf.is_file():
-        pytest.skip(f"the SmolLM2 GGUF is not at {gguf} (set TOKENTRAIL_SMOLLM2_GGUF)")
+    binary, gguf = llama_server_binary(), find_smollm2()
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    cmd = [str(LLAMA_SERVER), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
+    cmd = [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
            "-c", "2048", "-np", "1", "-t", "2", "--no-webui"]  # fmt: skip
-    proc = start(cmd, url, tmp_path_factory.mktemp("logs") / "llama.log")
+    server = launch(cmd, tmp_path_factory.mktemp("logs") / "llama.log", url, path="/v1/models")
     yield url
-    stop(proc)
+    server.stop()
 
 
 def test_llama_server_report(llama_server: str, capsys: Any) -> None:
@@ -416,14 +374,14 @@ def test_llama_server_report(llama_server: str, capsys: Any) -> None:
 
 @pytest.fixture(scope="module")
 def mlx_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    pytest.importorskip("mlx_lm", reason="mlx_lm.server needs mlx-lm")
+    require("mlx_lm", "mlx_lm.server")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "mlx_lm.server", "--model", str(DEMO), "--host", "127.0.0.1",
            "--port", str(port)]  # fmt: skip
-    proc = start(cmd, url, tmp_path_factory.mktemp("logs") / "mlx.log")
+    server = launch(cmd, tmp_path_factory.mktemp("logs") / "mlx.log", url, path="/v1/models")
     yield url
-    stop(proc)
+    server.stop()
 
 
 def test_mlx_lm_server_report(mlx_server: str, capsys: Any) -> None:

@@ -12,17 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import os
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.helpers.net import free_port
+from tests.helpers.servers import launch
 
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
@@ -42,7 +42,7 @@ if not (DEMO / "config.json").is_file():
     pytest.skip("the built-in demo model is not installed", allow_module_level=True)
 
 
-# -- a local server starter ----------------------------------------------------------------
+# -- the server, started by the shared helper, with what these tests read -------------------
 
 
 @dataclass
@@ -80,28 +80,12 @@ class _Server:
 
 
 def _start(log: Path, *args: str) -> _Server:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "tokentrail.server", "--port", str(port),
            "--log-level", "warning", *args]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
-    srv = _Server(proc, f"http://127.0.0.1:{port}", log)
-    deadline = time.monotonic() + STARTUP_TIMEOUT
-    while True:
-        if proc.poll() is not None:
-            pytest.fail(f"server exited with {proc.returncode}:\n{log.read_text(errors='replace')}")
-        try:
-            if httpx.get(srv.url + "/health", timeout=5).status_code == 200:
-                return srv
-        except httpx.TransportError:
-            pass
-        if time.monotonic() > deadline:
-            srv.stop()
-            pytest.fail(f"server did not start:\n{log.read_text(errors='replace')}")
-        time.sleep(0.2)
+    started = launch(cmd, log, url)
+    return _Server(started.proc, url, log)
 
 
 @pytest.fixture(scope="module")

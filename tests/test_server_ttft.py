@@ -12,17 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.helpers.net import free_port
-from tests.helpers.servers import launch
+from tests.helpers.servers import Server, launch
 
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
@@ -45,11 +43,8 @@ if not (DEMO / "config.json").is_file():
 # -- the server, started by the shared helper, with what these tests read -------------------
 
 
-@dataclass
-class _Server:
-    proc: subprocess.Popen[bytes]
-    url: str
-    log: Path
+class _Server(Server):
+    """The shared helper's server handle, plus what these tests read from it."""
 
     def get(self, path: str) -> Any:
         r = httpx.get(self.url + path, timeout=30)
@@ -68,15 +63,6 @@ class _Server:
 
     def client(self) -> Any:
         return openai.AsyncOpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
 
 
 def _start(log: Path, *args: str) -> _Server:

@@ -36,16 +36,26 @@ def ext(obj: Any) -> dict[str, Any]:
 
 
 def attributed(exts: list[dict[str, Any]]) -> tuple[list[int], list[int], str]:
-    """(indices of every token in the segments and stop tokens, refused indices, text)."""
+    """(indices of every token in the segments and stop tokens, refused indices, text).
+
+    A token whose bytes straddle two segments is listed in each (invariant 3): it is
+    counted once here, so `seen` is each token's index once, in order."""
     seen: list[int] = []
     refused: list[int] = []
     text = ""
+
+    def note(index: int) -> None:
+        if not seen or seen[-1] != index:
+            seen.append(index)
+
     for e in exts:
         for seg in e.get("segments") or []:
             text += seg["text"]
-            seen += [t["index"] for t in seg["tokens"]]
+            for t in seg["tokens"]:
+                note(t["index"])
             refused += [r["index"] for r in seg.get("refused") or []]
-        seen += [t["index"] for t in (e.get("stop") or {}).get("tokens") or []]
+        for t in (e.get("stop") or {}).get("tokens") or []:
+            note(t["index"])
     return seen, refused, text
 
 

@@ -102,4 +102,9 @@ def test_cap_to_context_false_turns_the_cap_off(demo: tuple[Any, Any], gpt2: Any
             gpt2, tok, _prompt(tok, 50), 20, cap_to_context=False, logit_bias=no_eos
         )
     )
-    assert len(out) == 20 and out[-1].finish_reason == "length"
+    # With the cap, generation would end after the 14 tokens the 64 positions leave. Off,
+    # it goes on past them; what a learned-position model computes there is undefined
+    # (MLX reads past the table), so how far it gets before a garbage EOS or the limit
+    # varies from run to run: only "past the cap, never past max_tokens" is fixed.
+    assert POSITIONS - 50 < len(out) <= 20
+    assert out[-1].finish_reason in ("length", "stop")

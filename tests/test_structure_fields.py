@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 
 from tests.helpers.env import require
-from tokentrail import Aligner, Segment, TokenSpan, confidence_of
+from tests.helpers.real_tokenizers import DEMO, Tok
+from tokentrail import Segment, TokenSpan, confidence_of
 from tokentrail.errors import StructureError
 from tokentrail.structure import (
     NO_SCORER,
@@ -28,26 +29,6 @@ from tokentrail.structure import (
     allowed_values,
     json_fields,
 )
-
-DEMO = Path(__file__).resolve().parents[1] / "src" / "tokentrail" / "demo_model"
-
-
-class Tok:
-    """A real tokenizer's encode, and an Aligner over the same files."""
-
-    def __init__(self, encode: Callable[[str], list[int]], source: str) -> None:
-        self.encode = encode
-        self.aligner = Aligner(source)
-
-    def segments(self, text: str, logprobs: bool = False) -> list[Segment]:
-        a = self.aligner.fresh()
-        out: list[Segment] = []
-        for n, i in enumerate(self.encode(text)):
-            out += a.push(i, -0.01 * (n % 7) if logprobs else None)
-        return out + a.finish()
-
-    def piece(self, token_id: int) -> bytes:
-        return self.aligner.vocab.pieces[token_id] or b""
 
 
 @pytest.fixture(scope="module")

@@ -10,13 +10,14 @@ tokens); the token attribution is checked against each token's own bytes.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
 
 from tests.helpers.env import require
-from tokentrail import Aligner, Segment
+from tests.helpers.real_tokenizers import DEMO, Tok
+from tokentrail import Segment
 from tokentrail.errors import StructureError
 from tokentrail.structure import (
     CHANNELS,
@@ -27,27 +28,6 @@ from tokentrail.structure import (
     reasoning_format,
     split_channels,
 )
-
-DEMO = Path(__file__).resolve().parents[1] / "src" / "tokentrail" / "demo_model"
-
-
-class Tok:
-    """A real tokenizer: `encode` (its own library) and an `Aligner` over the same files."""
-
-    def __init__(self, encode: Callable[[str], list[int]], source: str) -> None:
-        self.encode = encode
-        self.aligner = Aligner(source)
-
-    def segments(self, text: str) -> list[Segment]:
-        """`text` encoded and streamed through the aligner one token at a time."""
-        a = self.aligner.fresh()
-        out: list[Segment] = []
-        for i in self.encode(text):
-            out += a.push(i)
-        return out + a.finish()
-
-    def piece(self, token_id: int) -> bytes:
-        return self.aligner.vocab.pieces[token_id] or b""
 
 
 @pytest.fixture(scope="module")

@@ -316,7 +316,7 @@ class Aligner:
                 # object.__new__ plus two slot stores: no constructor frame (hot path).
                 seg = _new_segment(OneTokenSegment)
                 seg.text = text
-                seg.tokens = (new_span(TokenSpan, (idx, token_id, 0, n, logprob, None)),)
+                seg.tokens = (new_span(TokenSpan, (idx, token_id, 0, n, logprob, None, False)),)
                 return [seg]
         pieces = self._pieces
         if type(token_id) is not int or not 0 <= token_id < len(pieces):
@@ -337,7 +337,7 @@ class Aligner:
                 # equals `_pos` whenever nothing is pending; the slow path relies on it.)
                 n = len(piece)
                 self._pos += n
-                span = new_span(TokenSpan, (idx, token_id, 0, n, logprob, top))
+                span = new_span(TokenSpan, (idx, token_id, 0, n, logprob, top, False))
                 return [OneTokenSegment(text, (span,))]
         if self._generic is not None:
             return self._push_generic(idx, token_id, logprob, top, final=False)

@@ -208,15 +208,9 @@ class Segment:
         return {"text": self.text, "tokens": [t.to_dict() for t in self.tokens]}
 
 
-_tuple_new = tuple.__new__
-_NOT_DRAFTED = (False,)
-
-
-def new_span(cls: type[TokenSpan], values: tuple[Any, ...]) -> TokenSpan:
-    """A TokenSpan from its first six fields (`from_draft` False) without the
-    Python-level `__new__` and its defaults handling (the aligner's hot path): one
-    tuple concatenation and one C call."""
-    return _tuple_new(cls, values + _NOT_DRAFTED)
+#: A TokenSpan from all seven fields without the Python-level `__new__` and its
+#: defaults handling: one C call, for the aligner's hot path (callers pass every field).
+new_span = tuple.__new__
 
 
 class OneTokenSegment(Segment):

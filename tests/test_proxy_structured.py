@@ -384,3 +384,57 @@ def test_a_choice_literal_in_gbnf_matches_exactly_its_string(
     grammar = "root ::= " + gbnf_literal(text)
     assert gbnf_accepts(demo_tokenizer, grammar, text)
     assert not gbnf_accepts(demo_tokenizer, grammar, text + "x")
+
+
+# -- tokentrail serve as the upstream: the same spec, passed on --------------------------------
+
+
+@pytest.fixture(scope="module")
+def tt_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Server]]:
+    """`tokentrail serve` on the demo model, and a proxy in front of it."""
+    require("mlx_lm", "the demo upstream runs on MLX")
+    logs = tmp_path_factory.mktemp("logs")
+    upstream = start_server(None, logs / "tt-upstream.log")
+    proxy = start_server(
+        None, logs / "tt-proxy.log", "--upstream", upstream.url, "--tokenizer", str(DEMO_MODEL)
+    )
+    yield upstream, proxy
+    proxy.stop()
+    upstream.stop()
+
+
+def test_a_tokentrail_upstream_decodes_the_same_spec(tt_pair: Any) -> None:
+    upstream, proxy = tt_pair
+    schema = {
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}, "size": {"enum": ["small", "big"]}},
+        "required": ["ok", "size"],
+        "additionalProperties": False,
+    }
+    body = {
+        "messages": [{"role": "user", "content": "Is Paris big?"}],
+        "max_tokens": 30,
+        "temperature": 0,
+        "structured_outputs": {"json": schema},
+    }
+    theirs = httpx.post(upstream.url + "/v1/chat/completions", json=body, timeout=300).json()
+    ours = httpx.post(proxy.url + "/v1/chat/completions", json=body, timeout=300).json()
+    content = ours["choices"][0]["message"]["content"]
+    assert content == theirs["choices"][0]["message"]["content"]
+    doc = json.loads(content)
+    jsonschema.validate(doc, schema)
+    assert [f["path"] for f in ours["tokentrail"]["fields"]] == ["/ok", "/size"]
+    assert_fields_join(ours["tokentrail"]["fields"], [ours["tokentrail"]], doc)
+
+    # "processed" logprobs are refused (the proxy would label the upstream's "raw"),
+    # naming the field, before anything goes upstream.
+    from tokentrail.engines.upstream import UpstreamEngine
+    from tokentrail.errors import ConstraintError
+    from tokentrail.sampling import SamplingParams
+
+    engine = UpstreamEngine(upstream.url, str(DEMO_MODEL))
+    assert engine.dialect == "tokentrail"
+    with pytest.raises(ConstraintError) as refused:
+        engine.request([1, 2], SamplingParams(logprobs_mode="processed"), 4)
+    assert refused.value.param == "tokentrail"
+    engine.close()

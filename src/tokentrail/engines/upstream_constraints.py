@@ -10,7 +10,7 @@ upstream's dialect reads, merged into the body `UpstreamEngine.request` builds:
   schema), ``json_object``, ``regex``, ``choice`` or ``grammar`` (vLLM's
   `StructuredOutputsParams`, passed as given: vLLM's backend compiles it);
 - ``tokentrail`` (``/v1/completions``): the same ``structured_outputs`` (tokentrail reads
-  vLLM's form), and ``tokentrail.logprobs`` for ``logprobs_mode="processed"``;
+  vLLM's form);
 - ``llamacpp`` (``/completion``): ``json_schema`` (llama-server turns the schema into a
   grammar itself; ``json_object`` is the schema ``{"type": "object"}``) or ``grammar``
   (GBNF); a choice becomes the GBNF alternation of its strings as literals.
@@ -18,8 +18,10 @@ upstream's dialect reads, merged into the body `UpstreamEngine.request` builds:
 What a dialect cannot express is a `ConstraintError` naming the request field (the
 constraint's `param`, e.g. ``response_format``, or ``tokentrail`` for the logprobs mode):
 a regex or a Lark grammar on llama.cpp; any constraint on mlx_lm.server and plain OpenAI
-upstreams; ``processed`` logprobs on vLLM (its ``--logprobs-mode`` is one setting for the
-whole server) and llama.cpp. A request is never answered with unconstrained output.
+upstreams; ``processed`` logprobs on every dialect (vLLM's ``--logprobs-mode`` is one
+setting for the whole server; llama.cpp's ``n_probs`` are the model's own; a tokentrail
+upstream's distribution is not passed on yet). A request is never answered with
+unconstrained output.
 """
 
 from __future__ import annotations
@@ -49,12 +51,14 @@ def request_fields(constraint: Any, logprobs_mode: str, dialect: str) -> dict[st
 
 
 def _logprobs_fields(mode: str, dialect: str) -> dict[str, Any]:
-    if dialect == "tokentrail":
-        return {"tokentrail": {"logprobs": mode}}
     why = {
         "vllm": "vLLM sets its logprobs mode for the whole server (vllm serve "
         "--logprobs-mode), not per request",
         "llamacpp": "llama-server's n_probs are the model's own distribution",
+        # A tokentrail upstream could send them (its `tokentrail.logprobs`), but the
+        # upstream engine's steps do not carry the distribution they come from yet, so
+        # the proxy would label them "raw".
+        "tokentrail": "the proxy does not pass a tokentrail upstream's distribution on yet",
     }.get(dialect, f"the {dialect} dialect has no per-request choice of distribution")
     raise ConstraintError(
         f"tokentrail: logprobs {mode!r} cannot be asked of this upstream: {why}; "

@@ -7,6 +7,7 @@ when they are missing. Saves a screenshot to artifacts/page.png.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
@@ -269,8 +270,10 @@ def fill(driver: Any, element_id: str, value: str) -> None:
 def run_to_end(driver: Any) -> str:
     driver.find_element(By.ID, "go").click()
     WebDriverWait(driver, 300).until(
-        lambda d: d.find_element(By.ID, "output").get_attribute("data-state")
-        in ("done", "error", "stopped")
+        lambda d: (
+            d.find_element(By.ID, "output").get_attribute("data-state")
+            in ("done", "error", "stopped")
+        )
     )
     state = driver.find_element(By.ID, "output").get_attribute("data-state")
     assert state == "done", driver.find_element(By.ID, "status").text
@@ -293,7 +296,9 @@ def test_defaults_are_greedy_and_match_the_api(server: Any, browser: Any) -> Non
 def test_system_prompt_stop_strings_and_top_p_are_sent(server: Any, browser: Any) -> None:
     system, prompt = "You answer about Python.", "What is a tuple?"
     base = {
-        "model": server.model, "temperature": 0, "max_tokens": 80,
+        "model": server.model,
+        "temperature": 0,
+        "max_tokens": 80,
         "messages": [{"role": "system", "content": system}, {"role": "user", "content": prompt}],
     }
     free = httpx.post(server.url + "/v1/chat/completions", json=base, timeout=300).json()
@@ -313,7 +318,8 @@ def test_system_prompt_stop_strings_and_top_p_are_sent(server: Any, browser: Any
     assert body["top_p"] == 0.9
     api = httpx.post(
         server.url + "/v1/chat/completions",
-        json={**base, "stop": stops, "top_p": 0.9}, timeout=300,
+        json={**base, "stop": stops, "top_p": 0.9},
+        timeout=300,
     ).json()
     content = api["choices"][0]["message"]["content"]
     assert shown == content and stops[0] not in shown
@@ -331,9 +337,13 @@ def test_system_prompt_stop_strings_and_top_p_are_sent(server: Any, browser: Any
 
 
 def rect(driver: Any, element: Any) -> dict[str, float]:
-    return dict(driver.execute_script(
-        "const r = arguments[0].getClientRects()[0] || arguments[0].getBoundingClientRect();"
-        "return {left: r.left, top: r.top, right: r.right, bottom: r.bottom};", element))
+    return dict(
+        driver.execute_script(
+            "const r = arguments[0].getClientRects()[0] || arguments[0].getBoundingClientRect();"
+            "return {left: r.left, top: r.top, right: r.right, bottom: r.bottom};",
+            element,
+        )
+    )
 
 
 def test_tooltip_stays_inside_the_viewport_and_off_the_lines_below(
@@ -349,8 +359,11 @@ def test_tooltip_stays_inside_the_viewport_and_off_the_lines_below(
     view = driver.execute_script(
         "return [document.documentElement.clientWidth, document.documentElement.clientHeight]"
     )
-    for where, span in (("center", spans[len(spans) // 2]), ("start", spans[0]),
-                        ("end", spans[-1])):
+    for where, span in (
+        ("center", spans[len(spans) // 2]),
+        ("start", spans[0]),
+        ("end", spans[-1]),
+    ):
         driver.execute_script(f"arguments[0].scrollIntoView({{block: '{where}'}})", span)
         ActionChains(driver).move_to_element(span).perform()
         WebDriverWait(driver, 10).until(lambda d: tip.is_displayed())
@@ -361,8 +374,12 @@ def test_tooltip_stays_inside_the_viewport_and_off_the_lines_below(
         if side != "below":  # below only when neither above nor beside fits
             below = [rect(driver, o) for o in spans if rect(driver, o)["top"] >= s["bottom"] - 1]
             for o in below:
-                overlap = not (t["right"] <= o["left"] or o["right"] <= t["left"]
-                               or t["bottom"] <= o["top"] or o["bottom"] <= t["top"])
+                overlap = not (
+                    t["right"] <= o["left"]
+                    or o["right"] <= t["left"]
+                    or t["bottom"] <= o["top"]
+                    or o["bottom"] <= t["top"]
+                )
                 assert not overlap, (where, side, t, o)
         if where == "center":
             assert side == "above" and t["bottom"] <= s["top"], (t, s)
@@ -408,3 +425,175 @@ def test_fonts_fall_back_to_cjk_faces(server: Any, browser: Any) -> None:
     assert any("\u4e00" <= ch <= "\u9fff" for ch in shown), shown  # CJK on the page
     ARTIFACTS.mkdir(exist_ok=True)
     driver.save_screenshot(str(ARTIFACTS / "page-cjk.png"))
+
+
+# -- JSON output and the fields table ----------------------------------------------------
+
+#: A schema with a string, an enum and a boolean leaf (the last two get alternatives).
+FIELDS_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 8},
+        "size": {"enum": ["small", "big"]},
+        "sunny": {"type": "boolean"},
+    },
+    "required": ["city", "size", "sunny"],
+    "additionalProperties": False,
+}
+
+#: Notes, for every row the fields table gains, the page's token count at that moment.
+WATCH_FIELDS = """
+window.__rows = [];
+new MutationObserver((records) => {
+  for (const r of records) for (const n of r.addedNodes) {
+    window.__rows.push([n.dataset.path, Number(document.getElementById('output').dataset.tokens)]);
+  }
+}).observe(document.querySelector('#fields tbody'), {childList: true});
+"""
+
+
+def pointer(doc: Any, path: str) -> Any:
+    """Resolve an RFC 6901 JSON Pointer in `doc` (the oracle for each field's value)."""
+    for raw in path.split("/")[1:]:
+        key = raw.replace("~1", "/").replace("~0", "~")
+        doc = doc[int(key)] if isinstance(doc, list) else doc[key]
+    return doc
+
+
+def openai_chat(server: Any, **kwargs: Any) -> Any:
+    """The page's request through the official `openai` client, not streamed."""
+    openai = require("openai")
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    return client.chat.completions.create(model=server.model, **kwargs)
+
+
+def test_json_schema_output_fills_a_fields_table_shaded_by_level(server: Any, browser: Any) -> None:
+    jsonschema = require("jsonschema")
+    driver = browser
+    open_page(driver, server.url, RECORD_FETCH + WATCH_FIELDS)
+    box = driver.find_element(By.ID, "fields-box")
+    assert not box.is_displayed()  # no fields yet: no table
+    Select(driver.find_element(By.ID, "format")).select_by_value("json_schema")
+    fill(driver, "schema", json.dumps(FIELDS_SCHEMA))
+    fill(driver, "prompt", "Describe Paris as JSON.")
+    shown = run_to_end(driver)
+    [(url, body)] = driver.execute_script("return window.__bodies")
+    fmt = body["response_format"]
+    assert url == "/v1/chat/completions" and fmt["type"] == "json_schema"
+    assert fmt["json_schema"]["schema"] == FIELDS_SCHEMA and fmt["json_schema"]["strict"]
+
+    api = openai_chat(
+        server,
+        messages=body["messages"],
+        temperature=0,
+        max_tokens=body["max_tokens"],
+        logprobs=True,
+        response_format=fmt,
+    )
+    content = api.choices[0].message.content
+    assert shown == content
+    doc = json.loads(content)
+    jsonschema.validate(doc, FIELDS_SCHEMA)
+    fields = api.model_extra["tokentrail"]["fields"]
+    assert sorted(f["path"] for f in fields) == ["/city", "/size", "/sunny"]
+
+    assert box.is_displayed()
+    assert box.get_attribute("data-fields") == str(len(fields))
+    rows = driver.find_elements(By.CSS_SELECTOR, "#fields tbody tr")
+    headers = [th.text for th in driver.find_elements(By.CSS_SELECTOR, "#fields thead th")]
+    assert headers == ["path", "value", "confidence", "alternatives"]
+    legend = {
+        s.get_attribute("data-bucket"): s.value_of_css_property("background-color")
+        for s in driver.find_elements(By.CSS_SELECTOR, ".legend .seg")
+    }
+    for row, field in zip(rows, fields, strict=True):
+        assert row.get_attribute("data-path") == field["path"]
+        value = row.find_element(By.CSS_SELECTOR, "td.value").text
+        assert value == field["text"]
+        assert json.loads(value) == field["value"] == pointer(doc, field["path"])
+        level = bucket(field["confidence"])
+        assert row.get_attribute("data-bucket") == level
+        assert row.value_of_css_property("background-color") == legend[level]
+        shown_alts = [
+            json.loads(a.get_attribute("data-alt-value"))
+            for a in row.find_elements(By.CSS_SELECTOR, "[data-alt-value]")
+        ]
+        if field["path"] in ("/size", "/sunny"):  # enum and boolean: the allowed values
+            expected = {"/size": {"small", "big"}, "/sunny": {True, False}}[field["path"]]
+            assert set(shown_alts) == expected
+        assert shown_alts == [a["value"] for a in field["alternatives"] or ()]
+
+    # Each row came in while streaming, with (or after) its field's last token.
+    watched = driver.execute_script("return window.__rows")
+    assert [path for path, _ in watched] == [f["path"] for f in fields]
+    for (_, seen), field in zip(watched, fields, strict=True):
+        assert seen >= 1 + max(t["index"] for t in field["tokens"])
+    driver.execute_script("arguments[0].scrollIntoView({block: 'end'})", box)
+    ARTIFACTS.mkdir(exist_ok=True)
+    driver.save_screenshot(str(ARTIFACTS / "page-fields.png"))
+
+    # Back to text: the next reply has no fields and the table goes away.
+    Select(driver.find_element(By.ID, "format")).select_by_value("text")
+    assert not driver.find_element(By.ID, "schema").is_displayed()
+    driver.execute_script("window.__bodies = []")
+    run_to_end(driver)
+    [(_, body)] = driver.execute_script("return window.__bodies")
+    assert "response_format" not in body and "tokentrail" not in body
+    assert not box.is_displayed()
+    assert not driver.find_elements(By.CSS_SELECTOR, "#fields tbody tr")
+
+
+def test_fields_for_text_and_schema_errors_are_reported(server: Any, browser: Any) -> None:
+    driver = browser
+    open_page(driver, server.url, RECORD_FETCH)
+    # "JSON fields" on an unconstrained reply: the server says why there are none.
+    driver.find_element(By.ID, "want-fields").click()
+    fill(driver, "max-tokens", "12")
+    run_to_end(driver)
+    [(url, body)] = driver.execute_script("return window.__bodies")
+    assert body["tokentrail"] == {"fields": True}
+    api = openai_chat(
+        server,
+        messages=body["messages"],
+        temperature=0,
+        max_tokens=12,
+        extra_body={"tokentrail": {"fields": True}},
+    )
+    ext = api.model_extra["tokentrail"]
+    error = driver.find_element(By.ID, "fields-error")
+    if ext.get("fields_error"):
+        assert error.is_displayed() and error.text == "no fields: " + ext["fields_error"]
+    else:
+        assert len(driver.find_elements(By.CSS_SELECTOR, "#fields tbody tr")) == len(ext["fields"])
+    driver.find_element(By.ID, "want-fields").click()
+
+    # A schema box that is not JSON never leaves the page; a schema the server cannot
+    # compile is its 400, naming response_format.
+    Select(driver.find_element(By.ID, "format")).select_by_value("json_schema")
+    fill(driver, "schema", "{not json")
+    driver.execute_script("window.__bodies = []")
+    driver.find_element(By.ID, "go").click()
+    output = driver.find_element(By.ID, "output")
+    WebDriverWait(driver, 10).until(lambda d: output.get_attribute("data-state") == "error")
+    assert "not JSON" in driver.find_element(By.ID, "status").text
+    assert driver.execute_script("return window.__bodies") == []
+    bad = {"type": "object", "properties": {"a": {"type": "no-such-type"}}}
+    fill(driver, "schema", json.dumps(bad))
+    driver.find_element(By.ID, "go").click()
+    WebDriverWait(driver, 60).until(lambda d: output.get_attribute("data-state") == "error")
+    [(url, body)] = driver.execute_script("return window.__bodies")
+    body = {k: v for k, v in body.items() if k != "stream_options"}
+    r = httpx.post(server.url + url, json={**body, "stream": False}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "response_format"
+    assert driver.find_element(By.ID, "status").text == r.json()["error"]["message"]
+
+
+def test_legend_names_levels_not_thresholds(server: Any, browser: Any) -> None:
+    """The page grades nothing itself: its legend names the server's levels."""
+    open_page(browser, server.url)
+    legend = browser.find_element(By.CSS_SELECTOR, ".legend")
+    buckets = [
+        s.get_attribute("data-bucket") for s in legend.find_elements(By.CSS_SELECTOR, ".seg")
+    ]
+    assert buckets == ["4", "3", "2", "1", "0", "none"]
+    assert "%" not in legend.text

@@ -260,6 +260,68 @@ def test_n_and_seed_sample_what_vllm_samples(proxy: Server, vllm: Server) -> Non
     assert again.choices[0].text == got[0][0]  # the seed reproduces choice 0
 
 
+def test_structured_outputs_through_the_proxy_are_vllms_own_with_fields(
+    proxy: Server, vllm: Server
+) -> None:
+    """A JSON schema through the proxy is decoded under vLLM's own structured outputs
+    (`tokentrail.engines.upstream_constraints`): vLLM's text and ids, with fields."""
+    jsonschema = require("jsonschema")
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 16}, "big": {"type": "boolean"}},
+        "required": ["city", "big"],
+        "additionalProperties": False,
+    }
+    body = {
+        "messages": [{"role": "user", "content": "Describe Paris as JSON."}],
+        "max_tokens": 40,
+        "temperature": 0,
+    }
+    client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="x", max_retries=0)
+    fmt = {"type": "json_schema", "json_schema": {"name": "city", "schema": schema}}
+    ours = client.chat.completions.create(model=proxy.model, response_format=fmt, **body)
+    theirs = straight(
+        vllm,
+        "/v1/chat/completions",
+        {**body, "logprobs": True, "structured_outputs": {"json": schema}},
+    )["choices"][0]
+    content = ours.choices[0].message.content
+    assert content == theirs["message"]["content"]
+    doc = json.loads(content)
+    jsonschema.validate(doc, schema)
+    tokens = ext_tokens([ext(ours)])
+    entries = theirs["logprobs"]["content"]
+    ids = theirs.get("token_ids") or [int(e["token"].removeprefix("token_id:")) for e in entries]
+    assert [t["id"] for t in tokens] == ids
+    pieces = {t["index"]: bytes(t["bytes"]) for t in tokens}
+    fields = ext(ours)["fields"]
+    assert sorted(f["path"] for f in fields) == ["/big", "/city"]
+    for f in fields:
+        assert f["value"] == doc[f["path"][1:]]
+        joined = b"".join(pieces[t["index"]][t["start"] : t["end"]] for t in f["tokens"])
+        assert joined.decode() == f["text"]
+
+    # vLLM's own `structured_outputs` choice, passed on.
+    choices = ["Paris", "Lyon", "Nice"]
+    extra = {"structured_outputs": {"choice": choices}}
+    ours = client.chat.completions.create(model=proxy.model, extra_body=extra, **body)
+    theirs = straight(vllm, "/v1/chat/completions", {**body, **extra})
+    assert ours.choices[0].message.content == theirs["choices"][0]["message"]["content"]
+    assert ours.choices[0].message.content in choices
+    # vLLM's logprobs mode is one setting for its whole server: "processed" per request is
+    # refused by the engine, naming the field, before anything goes upstream.
+    from tokentrail.engines.upstream import UpstreamEngine
+    from tokentrail.errors import ConstraintError
+    from tokentrail.sampling import SamplingParams
+
+    engine = UpstreamEngine(vllm.url, str(vllm.model_dir))
+    assert engine.dialect == "vllm"
+    with pytest.raises(ConstraintError, match="--logprobs-mode") as refused:
+        engine.request([1, 2], SamplingParams(logprobs_mode="processed"), 4)
+    assert refused.value.param == "tokentrail"
+    engine.close()
+
+
 # -- tokentrail generate --engine vllm (in the vLLM venv) -------------------------------------
 
 

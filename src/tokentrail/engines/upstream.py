@@ -195,11 +195,16 @@ class UpstreamEngine:
     ) -> tuple[str, dict[str, Any]]:
         """(path, JSON body) asking the upstream for `max_tokens` tokens after the prompt."""
         if params.constraint is not None or params.logprobs_mode != "raw":
-            # Never silently unconstrained: the proxy passes the upstream's own fields.
-            raise ValueError(
-                "the upstream engine does not apply tokentrail constraints or "
-                "logprobs_mode='processed'; send the upstream's own structured-output fields"
-            )
+            # Never silently unconstrained: the upstream's own fields ask for the same
+            # (`upstream_constraints`), or a ConstraintError names the request field.
+            from dataclasses import replace
+
+            from .upstream_constraints import request_fields
+
+            extra = request_fields(params.constraint, params.logprobs_mode, self.dialect)
+            plain = replace(params, constraint=None, logprobs_mode="raw")
+            path, body = self.request(prompt_ids, plain, max_tokens)
+            return path, {**body, **extra}
         k = max(1, params.top_logprobs)
         d = self.dialect
         if d == "llamacpp":

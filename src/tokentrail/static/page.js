@@ -2,7 +2,9 @@
 // Streams /v1/chat/completions or /v1/completions (stream=true) with fetch + ReadableStream,
 // reads the SSE events, and renders each segment of the "tokentrail" extension as a span
 // shaded by its confidence. Hovering (or tapping) a span shows its tokens, their logprobs
-// and the top alternatives. No dependencies.
+// and the top alternatives. With a JSON output format (or "JSON fields" ticked) the
+// extension's `fields` fill a table: one row per leaf value, shaded by its confidence
+// level as the segments are. No dependencies.
 "use strict";
 
 (function () {
@@ -14,7 +16,7 @@
   let controller = null;  // AbortController of the running request
   let pinned = null;      // span whose tooltip stays open after a tap
 
-  // Confidence bucket of a segment: the level the server computed (0..4, from
+  // Confidence bucket of a segment or a field: the level the server computed (0..4, from
   // tokentrail.segment.CONFIDENCE_LEVELS), so the page and the CLI share one rule.
   function bucket(conf) {
     if (!conf || conf.level === null || conf.level === undefined) return "none";
@@ -86,6 +88,20 @@
     if (seed !== null) body.seed = seed;
     const stops = $("stop-strings").value.split("\n").filter((s) => s !== "");
     if (stops.length) body.stop = stops;
+    const format = $("format").value;
+    if (format === "json_object") body.response_format = { type: "json_object" };
+    if (format === "json_schema") {
+      let schema;
+      try {
+        schema = JSON.parse($("schema").value);
+      } catch (e) {
+        throw new Error("the JSON schema is not JSON: " + e.message);
+      }
+      body.response_format = {
+        type: "json_schema", json_schema: { name: "page", schema: schema, strict: true },
+      };
+    }
+    if ($("want-fields").checked) body.tokentrail = { fields: true };
     if (mode === "chat") {
       const system = $("system").value.trim();
       body.messages = system ? [{ role: "system", content: system }] : [];
@@ -110,6 +126,68 @@
     output.appendChild(span);
   }
 
+  // -- the fields table: one row per JSON leaf, in the chunk where its last token came --
+
+  const fieldsBox = $("fields-box");
+  const fieldRows = document.querySelector("#fields tbody");
+
+  function clearFields() {
+    fieldRows.textContent = "";
+    fieldsBox.dataset.fields = "0";
+    fieldsBox.hidden = true;
+    $("fields-error").hidden = true;
+  }
+
+  // A probability as a percentage; one too small for that in scientific notation.
+  function share(p) {
+    if (p === null || p === undefined) return "–";
+    return p >= 0.001 || p === 0 ? (100 * p).toFixed(1) + "%" : p.toExponential(1);
+  }
+
+  function alternativesCell(field) {
+    const cell = el("td", { class: "alt" });
+    if (!field.alternatives) {
+      cell.appendChild(el("span", { class: "part" }, field.reason ? "– " + field.reason : "–"));
+      return cell;
+    }
+    for (const a of field.alternatives) {
+      const item = el("div", { "data-alt-value": JSON.stringify(a.value) });
+      item.appendChild(el("code", {}, JSON.stringify(a.value)));
+      let text = " " + share(a.probability);
+      if (a.normalized !== null && a.normalized !== undefined) {
+        text += ` (${share(a.normalized)} of the allowed)`;
+      }
+      item.appendChild(document.createTextNode(text));
+      cell.appendChild(item);
+    }
+    return cell;
+  }
+
+  function addField(field) {
+    const c = field.confidence;
+    const tr = el("tr", { class: "field", "data-path": field.path, "data-bucket": bucket(c) });
+    const path = el("td");
+    path.appendChild(el("code", {}, field.path === "" ? "(whole reply)" : field.path));
+    tr.appendChild(path);
+    const value = el("td", { class: "value" });
+    value.appendChild(el("code", {}, field.text));  // the exact JSON text the model wrote
+    tr.appendChild(value);
+    const n = field.tokens.length;
+    const conf = c ? `level ${c.level} · ${share(Math.exp(c.mean_logprob))}` : "–";
+    tr.appendChild(el("td", { class: "conf" }, `${conf} · ${n} token${n === 1 ? "" : "s"}`));
+    tr.appendChild(alternativesCell(field));
+    fieldRows.appendChild(tr);
+    fieldsBox.dataset.fields = String(fieldRows.children.length);
+    fieldsBox.hidden = false;
+  }
+
+  function showFieldsError(reason) {
+    const box = $("fields-error");
+    box.textContent = "no fields: " + reason;
+    box.hidden = false;
+    fieldsBox.hidden = false;
+  }
+
   function handleEvent(raw) {
     for (const line of raw.split("\n")) {
       if (!line.startsWith("data: ")) continue;
@@ -131,6 +209,8 @@
         if (!chunk.usage) setStatus(`streaming… ${tokenCount()}`);
       }
       for (const seg of ext.segments) addSegment(seg);
+      for (const field of ext.fields || []) addField(field);
+      if (ext.fields_error) showFieldsError(ext.fields_error);
       const choice = chunk.choices && chunk.choices[0];
       if (choice && choice.finish_reason) output.dataset.finish = choice.finish_reason;
     }
@@ -143,10 +223,18 @@
     segments = [];
     output.textContent = "";
     output.dataset.tokens = "0";
-    output.dataset.state = "streaming";
     delete output.dataset.finish;
+    clearFields();
+    let url, body;
+    try {
+      [url, body] = requestBody();
+    } catch (e) {
+      output.dataset.state = "error";
+      setStatus(String(e.message || e), true);
+      return;
+    }
+    output.dataset.state = "streaming";
     setStatus("waiting for the model…");
-    const [url, body] = requestBody();
     controller = new AbortController();
     $("go").disabled = true;
     $("stop").disabled = false;
@@ -328,6 +416,10 @@
   const syncMode = () => { $("system").disabled = $("mode").value !== "chat"; };
   $("mode").addEventListener("change", syncMode);
   syncMode();
+  // The schema box is for the "JSON schema" output format only.
+  const syncFormat = () => { $("schema-box").hidden = $("format").value !== "json_schema"; };
+  $("format").addEventListener("change", syncFormat);
+  syncFormat();
 
   $("form").addEventListener("submit", generate);
   $("stop").addEventListener("click", () => { if (controller) controller.abort(); });

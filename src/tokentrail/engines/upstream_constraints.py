@@ -1,0 +1,132 @@
+"""A tokentrail constraint in an upstream's own request fields (``serve --upstream``).
+
+In front of another server tokentrail applies no mask of its own: the upstream decodes
+under its own structured outputs, and tokentrail attributes the tokens it sends and
+computes the fields. `request_fields` maps a `Constraint` (any kind
+`tokentrail.constrain.constraint_from` makes) and a `logprobs_mode` to the fields the
+upstream's dialect reads, merged into the body `UpstreamEngine.request` builds:
+
+- ``vllm`` (``/v1/completions``): ``structured_outputs`` with one of ``json`` (the
+  schema), ``json_object``, ``regex``, ``choice`` or ``grammar`` (vLLM's
+  `StructuredOutputsParams`, passed as given: vLLM's backend compiles it);
+- ``tokentrail`` (``/v1/completions``): the same ``structured_outputs`` (tokentrail reads
+  vLLM's form);
+- ``llamacpp`` (``/completion``): ``json_schema`` (llama-server turns the schema into a
+  grammar itself; ``json_object`` is the schema ``{"type": "object"}``) or ``grammar``
+  (GBNF); a choice becomes the GBNF alternation of its strings as literals.
+
+What a dialect cannot express is a `ConstraintError` naming the request field (the
+constraint's `param`, e.g. ``response_format``, or ``tokentrail`` for the logprobs mode):
+a regex or a Lark grammar on llama.cpp; any constraint on mlx_lm.server and plain OpenAI
+upstreams; ``processed`` logprobs on every dialect (vLLM's ``--logprobs-mode`` is one
+setting for the whole server; llama.cpp's ``n_probs`` are the model's own; a tokentrail
+upstream's distribution is not passed on yet). A request is never answered with
+unconstrained output.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ..errors import ConstraintError
+
+__all__ = ["gbnf_literal", "request_fields"]
+
+#: Dialects that take vLLM's ``structured_outputs`` on ``/v1/completions``.
+_STRUCTURED_OUTPUTS = ("vllm", "tokentrail")
+
+
+def request_fields(constraint: Any, logprobs_mode: str, dialect: str) -> dict[str, Any]:
+    """The body fields asking the `dialect` upstream for `constraint` (a
+    `tokentrail.constrain.Constraint` or None) and `logprobs_mode` ("raw" or
+    "processed"); ``{}`` when there is nothing to ask. `ConstraintError` naming the
+    request field when the upstream cannot do what is asked."""
+    fields: dict[str, Any] = {}
+    if constraint is not None:
+        fields.update(_constraint_fields(constraint, dialect))
+    if logprobs_mode != "raw":
+        fields.update(_logprobs_fields(logprobs_mode, dialect))
+    return fields
+
+
+def _logprobs_fields(mode: str, dialect: str) -> dict[str, Any]:
+    why = {
+        "vllm": "vLLM sets its logprobs mode for the whole server (vllm serve "
+        "--logprobs-mode), not per request",
+        "llamacpp": "llama-server's n_probs are the model's own distribution",
+        # A tokentrail upstream could send them (its `tokentrail.logprobs`), but the
+        # upstream engine's steps do not carry the distribution they come from yet, so
+        # the proxy would label them "raw".
+        "tokentrail": "the proxy does not pass a tokentrail upstream's distribution on yet",
+    }.get(dialect, f"the {dialect} dialect has no per-request choice of distribution")
+    raise ConstraintError(
+        f"tokentrail: logprobs {mode!r} cannot be asked of this upstream: {why}; "
+        "it reports the raw distribution",
+        "tokentrail",
+    )
+
+
+def _constraint_fields(constraint: Any, dialect: str) -> dict[str, Any]:
+    kind, source, param = constraint.kind, constraint.source, constraint.param
+    if dialect in _STRUCTURED_OUTPUTS:
+        return {"structured_outputs": _structured_outputs(kind, source)}
+    if dialect == "llamacpp":
+        return _llamacpp_fields(kind, source, param)
+    raise ConstraintError(
+        f"{param}: the upstream ({dialect} dialect) takes no constraint tokentrail can pass "
+        "on, and tokentrail does not mask in front of an upstream; use a vLLM, llama.cpp "
+        "or tokentrail upstream",
+        param,
+    )
+
+
+def _structured_outputs(kind: str, source: str) -> dict[str, Any]:
+    """vLLM's ``structured_outputs`` object for one constraint."""
+    if kind == "json_object":
+        return {"json_object": True}
+    if kind == "json_schema":
+        return {"json": json.loads(source)}
+    if kind == "choice":
+        return {"choice": json.loads(source)}
+    return {kind: source}  # "regex" and "grammar" are given as text
+
+
+def _llamacpp_fields(kind: str, source: str, param: str) -> dict[str, Any]:
+    """llama-server's ``/completion`` fields for one constraint."""
+    if kind == "json_object":
+        return {"json_schema": {"type": "object"}}
+    if kind == "json_schema":
+        return {"json_schema": json.loads(source)}
+    if kind == "choice":
+        options = json.loads(source)
+        return {"grammar": "root ::= " + " | ".join(gbnf_literal(c) for c in options)}
+    if kind == "grammar":
+        from llguidance.gbnf_to_lark import is_lark_syntax
+
+        if is_lark_syntax(source):
+            raise ConstraintError(
+                f"{param}: llama-server reads GBNF grammars only, and this one is Lark "
+                "(as llguidance reads it); send it in GBNF",
+                param,
+            )
+        return {"grammar": source}
+    raise ConstraintError(
+        f"{param}: llama-server has no {kind} constraint (it takes json_schema and GBNF "
+        "grammar); use a JSON schema or a grammar, or a vLLM upstream",
+        param,
+    )
+
+
+def gbnf_literal(text: str) -> str:
+    """`text` as one GBNF string literal (llama.cpp's grammars/README.md): quote and
+    backslash escaped, control characters as ``\\xNN``, everything else as itself."""
+    out = []
+    for ch in text:
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\x{ord(ch):02X}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'

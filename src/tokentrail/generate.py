@@ -217,7 +217,9 @@ def stream_generate(
     limit = check_max_tokens(max_tokens)
     constraint = _constraint(tokenizer, json_schema, regex, choice, grammar)
     fields = fields or (constraint is not None and constraint.kind == "json_schema")
-    fmt = _structure_format(reasoning, fields, whole_tokens, constraint is not None)
+    fmt = _structure_format(reasoning, fields, whole_tokens)
+    if constraint is not None and fmt is not None:  # the content after the reasoning
+        constraint = constraint.after_reasoning(fmt.constraint_after)
     mlx = _takes_mlx_options(engine)
     logits_processors = _check_engine_options(
         engine, mlx, mlx_options, sampler, logits_processors, draft_model, stream,
@@ -310,16 +312,10 @@ def _structure_format(
     reasoning: str | tuple[str, str] | ReasoningFormat | None,
     fields: bool,
     whole_tokens: bool,
-    constrained: bool = False,
 ) -> ReasoningFormat | None:
     """The checked reasoning format (None: no reasoning split)."""
     if not isinstance(fields, bool):
         raise TypeError(f"fields must be True or False, got {fields!r}")
-    if constrained and reasoning is not None:
-        raise ValueError(
-            "a constraint applies to the content after the reasoning, which the grammar "
-            "mask cannot start late yet: give reasoning or a constraint, not both"
-        )
     if whole_tokens and (reasoning is not None or fields):
         raise ValueError("reasoning and fields need each token's byte ranges: whole_tokens=False")
     return None if reasoning is None else reasoning_format(reasoning)

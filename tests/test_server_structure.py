@@ -476,10 +476,14 @@ NAMED = {"type": "function", "function": {"name": "get_weather"}}
 def test_named_tool_call_whole_and_streamed(client: Any) -> None:
     jsonschema = require("jsonschema")
     r = client.chat.completions.create(
-        model=SERVED[0], messages=MSG, max_tokens=60, tools=TOOLS, tool_choice=NAMED
+        model=SERVED[0], messages=MSG, max_tokens=60, tools=TOOLS, tool_choice=NAMED,
+        logprobs=True,
     )
     choice = r.choices[0]
     assert choice.finish_reason == "tool_calls"
+    # the call's tokens are not content: logprobs.content lists none with text
+    assert choice.message.content is None
+    assert _lp_bytes(choice.logprobs.content) == b""
     (call,) = choice.message.tool_calls
     assert call.function.name == "get_weather" and call.type == "function"
     args = json.loads(call.function.arguments)

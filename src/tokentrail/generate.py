@@ -209,7 +209,8 @@ def stream_generate(
     `reasoning` (a `structure.REASONING_PARSERS` name, (START, END), a `ReasoningFormat`)
     and `fields=True` add channels and JSON fields (`structure.pipeline`). `json_schema`,
     `regex`, `choice` or `grammar` constrain the output through llguidance
-    (`tokentrail.constrain`; a JSON schema turns `fields` on); `logprobs_mode` "raw" (the
+    (`tokentrail.constrain`; a JSON schema turns `fields` on; with `reasoning`, the
+    content after the reasoning, as in vLLM); `logprobs_mode` "raw" (the
     model's own distribution, before the mask) or "processed" (what the token was drawn
     from). Arguments are checked here; generation starts on the first `next()`.
     """

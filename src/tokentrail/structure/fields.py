@@ -53,7 +53,9 @@ class ContinuationScorer(Protocol):
     tokens, no added prefix space). `continuation_logprobs(prefix_index, token_ids)` is
     the model's logprob of each of `token_ids` in turn, teacher-forced, right after the
     prompt and the output's first `prefix_index` tokens, taken from the full
-    distribution (before any grammar mask).
+    distribution (before any grammar mask). A scorer may also have `output_ids` (the
+    ids generated so far, by index): the value written is then scored on its own
+    generated tokens rather than on the tokenizer's encoding of its text.
     """
 
     def tokenize(self, text: str) -> Sequence[int]: ...

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["WHITESPACE", "ReasoningGate", "whitespace_ids"]
+__all__ = ["WHITESPACE", "ReasoningGate", "blank_words", "whitespace_ids"]
 
 #: The bytes a whitespace-only token may hold.
 WHITESPACE = b" \t\r\n"
@@ -55,6 +55,16 @@ def whitespace_ids(lltok: Any) -> np.ndarray:
         out[i] = bool(b) and not b.strip(WHITESPACE) and not lltok.is_special_token(i)
     _WHITESPACE_IDS[id(lltok)] = (lltok, out)
     return out
+
+
+def blank_words(lltok: Any) -> np.ndarray:
+    """`whitespace_ids` packed as llguidance's int32 bitmask words (bit `i % 32` of word
+    `i // 32`), to OR into a mask."""
+    ids = whitespace_ids(lltok)
+    words = np.zeros(((ids.size + 31) // 32) * 4, dtype=np.uint8)
+    packed = np.packbits(ids, bitorder="little")
+    words[: packed.size] = packed
+    return words.view(np.int32)
 
 
 class ReasoningGate:

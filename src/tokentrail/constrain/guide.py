@@ -21,7 +21,7 @@ import llguidance.numpy as llg_np
 import numpy as np
 
 from ..errors import EngineError
-from .gate import WHITESPACE, ReasoningGate, whitespace_ids
+from .gate import WHITESPACE, ReasoningGate, blank_words, whitespace_ids
 
 
 class BoundGrammar(Protocol):
@@ -72,22 +72,29 @@ class Guide:
             if self._open is None or self._open.size != width:
                 self._open = np.ones(width, dtype=np.bool_)
             return self._open
-        llg_np.fill_next_token_bitmask(self.matcher, self._bits)
-        self._raise_if_error()
-        bits = np.unpackbits(self._bits.view(np.uint8), count=min(width, self.size),
-                             bitorder="little").view(np.bool_)
+        words = self.allowed_words()
+        bits = np.unpackbits(
+            words.view(np.uint8), count=min(width, self.size), bitorder="little"
+        ).view(np.bool_)
         if width > bits.size:
             bits = np.concatenate([bits, np.zeros(width - bits.size, dtype=np.bool_)])
+        return bits
+
+    def allowed_words(self) -> np.ndarray:
+        """What `allowed` says while `active`, packed as llguidance fills it: int32 words,
+        bit `i % 32` of word `i // 32` for id `i` (an engine unpacks it on its device).
+        The array is reused by the next call."""
+        words = self._bits[0]
+        self.matcher.unsafe_compute_mask_ptr(words.ctypes.data, words.nbytes)
+        self._raise_if_error()
         if self._lead:
-            blank = whitespace_ids(self.constraint.tokenizer)[: bits.size]
-            bits = bits.copy()
-            bits[: blank.size] |= blank
-        if not bits.any():
+            words |= blank_words(self.constraint.tokenizer)
+        if not words.any():
             raise EngineError(
                 f"{self.constraint.param}: the grammar allows no token here "
                 f"({self.matcher.stop_reason()})", 500, "constraint_dead_end",
             )
-        return bits
+        return words
 
     def advance(self, token: int) -> None:
         """Move past `token` (one the mask allowed)."""

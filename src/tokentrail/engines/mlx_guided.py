@@ -62,8 +62,8 @@ class GuidedRecorder(Recorder):
             # While the model reasons (a constraint that starts after it) nothing is
             # masked, and the step records no allowed mass.
             guided = self.guide.active
-            if guided:  # llguidance's packed words, unpacked on the device
-                args.append(mx.array(self.guide.allowed_words()))
+            if guided:
+                args.append(mx.array(self.guide.allowed(logprobs.shape[-1])))
         if self.key is not None:  # a seeded sequence draws from its own key
             self.key, sub = mx.random.split(self.key)
             args.append(sub)
@@ -83,7 +83,7 @@ class GuidedRecorder(Recorder):
                 temp=self.temp,
                 k=k,
                 filters=self.filters,
-                guided=self.guide.size if guided else 0,
+                guided=guided,
                 keyed=self.key is not None,
                 processed=self.distribution == "processed",
             )
@@ -95,31 +95,21 @@ class GuidedRecorder(Recorder):
         return fn
 
 
-def _unpack(words: mx.array, width: int, size: int) -> mx.array:
-    """llguidance's packed mask (bit `i % 32` of int32 word `i // 32` for id `i`) as
-    `width` booleans; ids from `size` on (padding rows) are never allowed."""
-    ids = mx.arange(width)
-    word = mx.take(words, mx.minimum(ids >> 5, words.size - 1))
-    return (((word >> (ids & 31)) & 1) == 1) & (ids < size)
-
-
 def _core(
     *args: mx.array,
     temp: float,
     k: int,
     filters: Any,
-    guided: int,
+    guided: bool,
     keyed: bool,
     processed: bool,
 ) -> list[mx.array]:
     """[token, logprob, (top-k ids, top-k logprobs), (log allowed mass)] of one step from
-    args [logprobs, (allowed words), (key)]; `guided`: the grammar's vocabulary size
-    (0: no mask this step)."""
+    args [logprobs, (allowed), (key)]."""
     logprobs = args[0]
     masked = logprobs
     if guided:
-        allowed = _unpack(args[1], logprobs.shape[-1], guided)
-        kept = mx.where(allowed, logprobs, -mx.inf)
+        kept = mx.where(args[1], logprobs, -mx.inf)
         log_mass = mx.logsumexp(kept, axis=-1, keepdims=True)
         masked = kept - log_mass
     if temp == 0:

@@ -90,3 +90,37 @@ def test_schema_that_cannot_compile_names_the_flag(tmp_path: Path) -> None:
     r = generate("--json-schema", str(path), "Hi")
     assert r.returncode == 2 and r.stderr.count("\n") == 1
     assert "--json-schema" in r.stderr and "frob" in r.stderr
+
+
+def test_json_schema_after_reasoning_markers(tmp_path: Path) -> None:
+    """--json-schema with --reasoning-markers '' END: END is two segments of the model's
+    own greedy reply (a string it writes early, ending where a token ends); the
+    reasoning is that reply's text before END, the content after it validates."""
+    jsonschema = require("jsonschema")
+    free, lines = reply(generate("--max-tokens", "16", "The answer:"))
+    texts = [d["text"] for d in lines]
+    for i in range(1, len(texts) - 2):
+        marker = texts[i] + texts[i + 1]
+        if marker.strip() and free.index(marker) == len("".join(texts[:i])):
+            break
+    else:
+        pytest.skip(f"no early marker in {free!r}")
+    path = tmp_path / "schema.json"
+    path.write_text(json.dumps(SCHEMA))
+    _, lines = reply(
+        generate(
+            "--json-schema",
+            str(path),
+            "--reasoning-markers",
+            "",
+            marker,
+            "--max-tokens",
+            "60",
+            "The answer:",
+        )
+    )
+    reasoning = "".join(d.get("reasoning_text") or "" for d in lines)
+    content = "".join(d.get("content_text") or "" for d in lines)
+    assert reasoning == free[: free.index(marker)]
+    jsonschema.validate(json.loads(content), SCHEMA)
+    assert lines[-1]["finish_reason"] == "stop"

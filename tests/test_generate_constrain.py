@@ -71,5 +71,49 @@ def test_bad_constraints_are_errors_naming_the_keyword(loaded) -> None:
     assert e.value.param == "json_schema" and "frob" in str(e.value)
     with pytest.raises(ValueError, match="one constraint"):
         tokentrail.stream_generate(model, tok, "Hi", regex="a", choice=["a"])
-    with pytest.raises(ValueError, match="reasoning"):
-        tokentrail.stream_generate(model, tok, "Hi", regex="a", reasoning=("<t>", "</t>"))
+
+
+def _early_marker(tok, tokens: list[int]) -> str:
+    """Two tokens' text the greedy reply writes early, found first where they stand."""
+    for i in range(1, min(12, len(tokens) - 2)):
+        marker = tok.decode(tokens[i : i + 2])
+        text = tok.decode(tokens[: i + 2])
+        if marker.strip() and text.index(marker) == len(tok.decode(tokens[:i])):
+            return marker
+    pytest.skip(f"no early marker in {tok.decode(tokens)!r}")
+
+
+def test_json_schema_applies_after_the_reasoning(loaded) -> None:
+    """reasoning=("", END) with a schema: the reasoning is the model's own unconstrained
+    greedy text up to END (END cut from that text), the content after it validates."""
+    jsonschema = require("jsonschema")
+    import tokentrail
+
+    model, tok = loaded
+    prompt = "The capital of France is"
+    free = list(tokentrail.stream_generate(model, tok, prompt, max_tokens=16))
+    text = "".join(r.text for r in free)
+    marker = _early_marker(tok, [r.token for r in free])
+    rs = list(
+        tokentrail.stream_generate(
+            model, tok, prompt, max_tokens=80, reasoning=("", marker), json_schema=SCHEMA
+        )
+    )
+    last = rs[-1]
+    assert last.finish_reason == "stop"
+    assert last.reasoning == text[: text.index(marker)]
+    jsonschema.validate(json.loads(last.content), SCHEMA)
+    assert {f.path for f in last.all_fields} == {"/city", "/ok"}
+    # a reasoning that never ends is never masked: the free text, cut at max_tokens
+    rs = list(
+        tokentrail.stream_generate(
+            model,
+            tok,
+            prompt,
+            max_tokens=16,
+            reasoning=("", "\u2603never\u2603"),
+            json_schema=SCHEMA,
+        )
+    )
+    assert rs[-1].finish_reason == free[-1].finish_reason and rs[-1].reasoning == text
+    assert rs[-1].content == ""

@@ -383,6 +383,66 @@ def test_constraint_with_reasoning_is_refused(reasoning_server: Any) -> None:
     assert "reasoning" in r.json()["error"]["message"]
 
 
+def _lp_bytes(entries: list[Any]) -> bytes:
+    return b"".join(bytes(e["bytes"] if isinstance(e, dict) else e.bytes) for e in entries)
+
+
+def test_constraint_after_per_request_reasoning(client: Any) -> None:
+    """`response_format` with `"tokentrail": {"reasoning": ["", END]}`: END is two tokens
+    of the model's own greedy reply (read from its logprobs), so the reasoning is that
+    reply's text before END and the content after it validates. `logprobs.content`
+    lists exactly the content's tokens, `logprobs.reasoning_content` the reasoning's."""
+    jsonschema = require("jsonschema")
+    free = client.chat.completions.create(
+        model=SERVED[0], messages=MSG, max_tokens=16, logprobs=True
+    )
+    toks = [bytes(t.bytes).decode("utf-8", "replace") for t in free.choices[0].logprobs.content]
+    text = "".join(toks)
+    for i in range(1, len(toks) - 2):
+        end = toks[i] + toks[i + 1]
+        if end.strip() and text.index(end) == len("".join(toks[:i])):
+            break
+    else:
+        pytest.skip(f"no early marker in {text!r}")
+    body = {"tokentrail": {"reasoning": ["", end]}}
+    r = client.chat.completions.create(
+        model=SERVED[0],
+        messages=MSG,
+        max_tokens=80,
+        logprobs=True,
+        response_format=RESPONSE_FORMAT,
+        extra_body=body,
+    )
+    msg, lp = r.choices[0].message, r.choices[0].logprobs
+    reasoning = text[: text.index(end)]
+    assert msg.model_extra["reasoning_content"] == reasoning
+    jsonschema.validate(json.loads(msg.content), SCHEMA)
+    assert _lp_bytes(lp.content) == msg.content.encode()
+    assert _lp_bytes(lp.model_extra["reasoning_content"]) == reasoning.encode()
+    segs = _ext(r)["segments"]
+    assert all(t.get("allowed_mass") is None for s in segs if s["channel"] != "content"
+               for t in s["tokens"])  # fmt: skip
+    # streamed: the same reply, each chunk's logprobs with its own channel's tokens
+    got: dict[str, Any] = {"content": "", "lp": [], "rlp": []}
+    for chunk in client.chat.completions.create(
+        model=SERVED[0],
+        messages=MSG,
+        max_tokens=80,
+        logprobs=True,
+        stream=True,
+        response_format=RESPONSE_FORMAT,
+        extra_body=body,
+    ):
+        choice = chunk.choices[0]
+        got["content"] += choice.delta.content or ""
+        if choice.logprobs is not None:
+            got["lp"] += choice.logprobs.content or []
+            got["rlp"] += (choice.logprobs.model_extra or {}).get("reasoning_content") or []
+    assert got["content"] == msg.content
+    assert _lp_bytes(got["lp"]) == msg.content.encode()
+    assert _lp_bytes(got["rlp"]) == reasoning.encode()
+
+
 def test_per_request_markers(client: Any, greedy: str) -> None:
     """`tokentrail.reasoning` as [START, END] on a server without a reasoning format."""
     start = greedy[:2]
@@ -416,10 +476,14 @@ NAMED = {"type": "function", "function": {"name": "get_weather"}}
 def test_named_tool_call_whole_and_streamed(client: Any) -> None:
     jsonschema = require("jsonschema")
     r = client.chat.completions.create(
-        model=SERVED[0], messages=MSG, max_tokens=60, tools=TOOLS, tool_choice=NAMED
+        model=SERVED[0], messages=MSG, max_tokens=60, tools=TOOLS, tool_choice=NAMED,
+        logprobs=True,
     )
     choice = r.choices[0]
     assert choice.finish_reason == "tool_calls"
+    # the call's tokens are not content: logprobs.content lists none with text
+    assert choice.message.content is None
+    assert _lp_bytes(choice.logprobs.content) == b""
     (call,) = choice.message.tool_calls
     assert call.function.name == "get_weather" and call.type == "function"
     args = json.loads(call.function.arguments)

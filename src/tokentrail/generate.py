@@ -209,7 +209,8 @@ def stream_generate(
     `reasoning` (a `structure.REASONING_PARSERS` name, (START, END), a `ReasoningFormat`)
     and `fields=True` add channels and JSON fields (`structure.pipeline`). `json_schema`,
     `regex`, `choice` or `grammar` constrain the output through llguidance
-    (`tokentrail.constrain`; a JSON schema turns `fields` on); `logprobs_mode` "raw" (the
+    (`tokentrail.constrain`; a JSON schema turns `fields` on; with `reasoning`, the
+    content after the reasoning, as in vLLM); `logprobs_mode` "raw" (the
     model's own distribution, before the mask) or "processed" (what the token was drawn
     from). Arguments are checked here; generation starts on the first `next()`.
     """
@@ -217,7 +218,9 @@ def stream_generate(
     limit = check_max_tokens(max_tokens)
     constraint = _constraint(tokenizer, json_schema, regex, choice, grammar)
     fields = fields or (constraint is not None and constraint.kind == "json_schema")
-    fmt = _structure_format(reasoning, fields, whole_tokens, constraint is not None)
+    fmt = _structure_format(reasoning, fields, whole_tokens)
+    if constraint is not None and fmt is not None:  # the content after the reasoning
+        constraint = constraint.after_reasoning(fmt.constraint_after)
     mlx = _takes_mlx_options(engine)
     logits_processors = _check_engine_options(
         engine, mlx, mlx_options, sampler, logits_processors, draft_model, stream,
@@ -310,16 +313,10 @@ def _structure_format(
     reasoning: str | tuple[str, str] | ReasoningFormat | None,
     fields: bool,
     whole_tokens: bool,
-    constrained: bool = False,
 ) -> ReasoningFormat | None:
     """The checked reasoning format (None: no reasoning split)."""
     if not isinstance(fields, bool):
         raise TypeError(f"fields must be True or False, got {fields!r}")
-    if constrained and reasoning is not None:
-        raise ValueError(
-            "a constraint applies to the content after the reasoning, which the grammar "
-            "mask cannot start late yet: give reasoning or a constraint, not both"
-        )
     if whole_tokens and (reasoning is not None or fields):
         raise ValueError("reasoning and fields need each token's byte ranges: whole_tokens=False")
     return None if reasoning is None else reasoning_format(reasoning)

@@ -15,6 +15,10 @@ Per step, engines report on `Step` which distribution `logprob`/`top_logprobs` c
 (`distribution`: "raw", the model's own before the mask, by default; "processed" with
 `logprobs_mode="processed"`) and `allowed_mass`: the probability the model put on the
 tokens the grammar allowed.
+
+With a reasoning format, `Constraint.after_reasoning(end_markers)` applies the constraint
+to the content after the reasoning, as vLLM does: the guide leaves the logits unmasked
+(`Guide.active` False, no allowed mass) until the end marker has been generated (`gate`).
 """
 
 from ..errors import ConstraintError

@@ -4,6 +4,12 @@ An engine asks the `Guide` which ids may come next (`allowed`: a boolean mask as
 as the model's logits), masks its logits with it, samples, and tells the guide the
 token (`advance`). When the grammar is complete only end-of-sequence ids are allowed,
 so the stream ends with EOS ("stop") where the caller watches for it.
+
+A constraint that applies after the reasoning (`Constraint.after`: the reasoning's end
+markers) starts inactive: `allowed` then allows every id and `active` is False (an
+engine reports no allowed mass for such a step), and `advance` watches for the end
+marker (`gate.ReasoningGate`); the grammar starts on the bytes after it, past leading
+whitespace (see `gate`).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import llguidance.numpy as llg_np
 import numpy as np
 
 from ..errors import EngineError
+from .gate import WHITESPACE, ReasoningGate, blank_words, whitespace_ids
 
 
 class BoundGrammar(Protocol):
@@ -24,6 +31,7 @@ class BoundGrammar(Protocol):
     tokenizer: Any
     grammar: str
     param: str
+    after: tuple[str, ...]
 
 __all__ = ["Guide"]
 
@@ -31,7 +39,7 @@ __all__ = ["Guide"]
 class Guide:
     """llguidance's matcher for one sequence of a bound `Constraint`."""
 
-    __slots__ = ("_bits", "constraint", "matcher", "size")
+    __slots__ = ("_bits", "_lead", "_open", "constraint", "gate", "matcher", "size")
 
     def __init__(self, constraint: BoundGrammar) -> None:
         if not constraint.bound:
@@ -46,28 +54,82 @@ class Guide:
                               "invalid_constraint")
         self.size = int(constraint.tokenizer.vocab_size)
         self._bits = llg_np.allocate_token_bitmask(1, self.size)
+        after = getattr(constraint, "after", ())
+        self.gate = ReasoningGate(after, constraint.tokenizer) if after else None
+        self._open: np.ndarray | None = None
+        self._lead = False  # after the reasoning, nothing taken yet: one blank token may come
+
+    @property
+    def active(self) -> bool:
+        """Whether the grammar masks the next token (False while the model reasons)."""
+        return self.gate is None
 
     def allowed(self, width: int) -> np.ndarray:
         """The ids the grammar allows next, as a bool array of `width` entries (ids past
         the tokenizer's vocabulary, e.g. padding rows of the embedding, are never
-        allowed)."""
-        llg_np.fill_next_token_bitmask(self.matcher, self._bits)
-        self._raise_if_error()
-        bits = np.unpackbits(self._bits.view(np.uint8), count=min(width, self.size),
-                             bitorder="little").view(np.bool_)
+        allowed). Every id while the guide is not `active`."""
+        if self.gate is not None:
+            if self._open is None or self._open.size != width:
+                self._open = np.ones(width, dtype=np.bool_)
+            return self._open
+        words = self.allowed_words()
+        bits = np.unpackbits(
+            words.view(np.uint8), count=min(width, self.size), bitorder="little"
+        ).view(np.bool_)
         if width > bits.size:
             bits = np.concatenate([bits, np.zeros(width - bits.size, dtype=np.bool_)])
-        if not bits.any():
+        return bits
+
+    def allowed_words(self) -> np.ndarray:
+        """What `allowed` says while `active`, packed as llguidance fills it: int32 words,
+        bit `i % 32` of word `i // 32` for id `i` (an engine unpacks it on its device).
+        The array is reused by the next call."""
+        words = self._bits[0]
+        self.matcher.unsafe_compute_mask_ptr(words.ctypes.data, words.nbytes)
+        self._raise_if_error()
+        if self._lead:
+            words |= blank_words(self.constraint.tokenizer)
+        if not words.any():
             raise EngineError(
                 f"{self.constraint.param}: the grammar allows no token here "
                 f"({self.matcher.stop_reason()})", 500, "constraint_dead_end",
             )
-        return bits
+        return words
 
     def advance(self, token: int) -> None:
         """Move past `token` (one the mask allowed)."""
+        if self.gate is not None:
+            tail = self.gate.feed(token)
+            if tail is not None:
+                self.gate = None
+                self._begin(tail)
+            return
+        if self._lead:
+            self._lead = False
+            if whitespace_ids(self.constraint.tokenizer)[token]:
+                self.matcher.try_consume_tokens([int(token)])  # taken, or skipped
+                return
         if not self.matcher.consume_token(int(token)):
             self._raise_if_error()
+
+    def _begin(self, tail: bytes) -> None:
+        """Start the grammar on `tail`, the content bytes of the token that ended the
+        reasoning (leading whitespace the grammar does not take is skipped)."""
+        lltok = self.constraint.tokenizer
+        for data in (tail, tail.lstrip(WHITESPACE)):
+            ids = lltok.tokenize_bytes(data) if data else []
+            taken = self.matcher.try_consume_tokens(ids)
+            if taken == len(ids):
+                self._lead = not data
+                return
+            self.matcher.rollback(taken)
+        self._raise_if_error()
+        raise EngineError(
+            f"{self.constraint.param}: the token that ended the reasoning goes on with "
+            f"{tail!r}, which cannot start output the constraint allows",
+            500,
+            "constraint_dead_end",
+        )
 
     @property
     def done(self) -> bool:

@@ -46,7 +46,9 @@ class Constraint:
     `grammar` llguidance's grammar definition, `param` the request field it came from
     (named in errors), `warnings` what llguidance noted while validating it (e.g. a
     keyword ignored by a non-strict schema). `tokenizer` is llguidance's tokenizer once
-    bound (`bind`); engines need a bound constraint.
+    bound (`bind`); engines need a bound constraint. `after`: the reasoning's end
+    markers when the constraint applies to the content after the reasoning
+    (`after_reasoning`; empty: from the first generated token).
     """
 
     kind: Kind
@@ -55,6 +57,7 @@ class Constraint:
     param: str = "response_format"
     warnings: tuple[str, ...] = ()
     tokenizer: Any = field(default=None, repr=False)
+    after: tuple[str, ...] = ()
 
     @property
     def bound(self) -> bool:
@@ -72,6 +75,16 @@ class Constraint:
         if message:
             raise ConstraintError(f"{self.param}: {message}", self.param)
         return replace(self, tokenizer=lltok)
+
+    def after_reasoning(self, ends: Sequence[str] = ()) -> Constraint:
+        """This constraint applied to the content after the reasoning, which ends at any
+        of `ends` (the reasoning format's end markers, for a reply that starts in the
+        reasoning): the mask is off until one of them has been generated, as vLLM's
+        structured outputs with a reasoning parser. No `ends`: from the first token."""
+        ends = tuple(ends)
+        if not all(isinstance(e, str) and e for e in ends):
+            raise ValueError(f"reasoning end markers must be non-empty strings, got {ends!r}")
+        return self if ends == self.after else replace(self, after=ends)
 
     def guide(self) -> Guide:
         """A fresh matcher at the start of the grammar, for one sequence."""

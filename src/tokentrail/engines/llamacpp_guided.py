@@ -57,9 +57,10 @@ class GuidedChain:
         self.recorded: tuple[np.ndarray, np.ndarray] | None = None
 
     def prepare(self) -> None:
-        """Compute this step's mask (before the chain samples)."""
+        """Compute this step's mask (before the chain samples); none while the guide is
+        not active (the model reasons before a constraint that starts after it)."""
         if self.guide is not None:
-            self.allowed = self.guide.allowed(self.n_vocab)
+            self.allowed = self.guide.allowed(self.n_vocab) if self.guide.active else None
 
     def mask(self, cur_p: Any) -> None:
         """Custom sampler: disallowed ids to -inf; note the allowed mass."""
@@ -95,8 +96,9 @@ class GuidedChain:
         return lp, top
 
     def allowed_mass(self) -> float | None:
-        """The raw mass the model put on this step's allowed ids (None: no constraint)."""
-        return math.exp(self.log_mass) if self.guide is not None else None
+        """The raw mass the model put on this step's allowed ids (None: no constraint,
+        or none masked this step)."""
+        return math.exp(self.log_mass) if self.allowed is not None else None
 
     def finish(self, token: int) -> None:
         """Move the guide past the sampled token."""

@@ -36,8 +36,13 @@ class GuidedRecorder(Recorder):
     __slots__ = ("cache", "distribution", "filters", "guide", "last")
 
     def __init__(
-        self, params: SamplingParams, vocab_size: int | None, guide: Any = None,
-        k: int = 0, schedule: bool = True, sink: Sink | None = None,
+        self,
+        params: SamplingParams,
+        vocab_size: int | None,
+        guide: Any = None,
+        k: int = 0,
+        schedule: bool = True,
+        sink: Sink | None = None,
     ) -> None:
         self.filters = filters(params, vocab_size)
         super().__init__(self.filters, k, schedule, sink)
@@ -45,19 +50,24 @@ class GuidedRecorder(Recorder):
         self.guide = guide
         self.distribution = params.logprobs_mode
         self.last: mx.array | None = None
-        self.cache: dict[int, Any] = {}  # top-k -> the compiled step
+        self.cache: dict[tuple[int, bool], Any] = {}  # (top-k, masked) -> compiled step
 
     def __call__(self, logprobs: mx.array) -> mx.array:
         args = [logprobs]
+        guided = False
         if self.guide is not None:
             mx.async_eval(logprobs)  # the forward pass runs while llguidance works
             if self.last is not None:
                 self.guide.advance(self.last.item())
-            args.append(mx.array(self.guide.allowed(logprobs.shape[-1])))
+            # While the model reasons (a constraint that starts after it) nothing is
+            # masked, and the step records no allowed mass.
+            guided = self.guide.active
+            if guided:
+                args.append(mx.array(self.guide.allowed(logprobs.shape[-1])))
         if self.key is not None:  # a seeded sequence draws from its own key
             self.key, sub = mx.random.split(self.key)
             args.append(sub)
-        out = self._compiled(self.sink.k)(*args)
+        out = self._compiled(self.sink.k, guided)(*args)
         token = out[0]
         self.last = token
         if self.schedule:
@@ -65,22 +75,33 @@ class GuidedRecorder(Recorder):
         self.sink.calls.append(out)
         return token
 
-    def _compiled(self, k: int) -> Any:
-        fn = self.cache.get(k)
+    def _compiled(self, k: int, guided: bool) -> Any:
+        fn = self.cache.get((k, guided))
         if fn is None:
             core = functools.partial(
-                _core, temp=self.temp, k=k, filters=self.filters, guided=self.guide is not None,
-                keyed=self.key is not None, processed=self.distribution == "processed",
+                _core,
+                temp=self.temp,
+                k=k,
+                filters=self.filters,
+                guided=guided,
+                keyed=self.key is not None,
+                processed=self.distribution == "processed",
             )
             # One compiled graph per step (as mlx-lm compiles its samplers): the random
             # state goes in and out for unseeded draws.
-            fn = self.cache[k] = mx.compile(core, inputs=mx.random.state,
-                                            outputs=mx.random.state)
+            fn = self.cache[k, guided] = mx.compile(
+                core, inputs=mx.random.state, outputs=mx.random.state
+            )
         return fn
 
 
 def _core(
-    *args: mx.array, temp: float, k: int, filters: Any, guided: bool, keyed: bool,
+    *args: mx.array,
+    temp: float,
+    k: int,
+    filters: Any,
+    guided: bool,
+    keyed: bool,
     processed: bool,
 ) -> list[mx.array]:
     """[token, logprob, (top-k ids, top-k logprobs), (log allowed mass)] of one step from
@@ -111,7 +132,10 @@ def _core(
 
 
 def guided_recorder(
-    params: SamplingParams, vocab_size: int | None, k: int = 0, schedule: bool = True,
+    params: SamplingParams,
+    vocab_size: int | None,
+    k: int = 0,
+    schedule: bool = True,
     sink: Sink | None = None,
 ) -> GuidedRecorder | None:
     """A `GuidedRecorder` for one sequence when `params` needs one (a constraint, or

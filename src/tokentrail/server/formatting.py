@@ -119,6 +119,7 @@ class Formatter:
         self.finish_reason: str | None = None
         self.n_tokens = 0
         self.n_listed = 0  # tokens listed in the standard logprobs so far (by index)
+        self.listed_in: dict[str, int] = {}  # the same per `logprobs` key (channels on)
         self.prompt_tokens = 0
         self.constrained = req.structure.constraint is not None
         self.mass: dict[int, float | None] = {}  # token index -> allowed mass
@@ -315,6 +316,36 @@ class Formatter:
             pos += span.end - span.start
         return out
 
+    def chat_logprobs(
+        self,
+        steps: list[StepRecord],
+        listed: list[tuple[TokenSpan, int]],
+        whole: bool,
+        skip: frozenset[int] = frozenset(),
+    ) -> dict[str, Any]:
+        """A chat choice's `logprobs`: `content` lists the tokens the content has. With a
+        reasoning format only the content channel's, as OpenAI (and SGLang's fix of its
+        #25055) keep it aligned with `content`; the reasoning's tokens go in
+        `reasoning_content` (named as the message field most servers send), the marker
+        text's in neither. A token that straddles two channels is in each it wrote to;
+        the extension's segments keep every channel's tokens with their byte ranges.
+        `skip`: the indexes of tokens that wrote only tool calls (not content either)."""
+        if not steps or steps[-1].channels is None:
+            return {"content": [self.chat_logprob(s) for s, _ in listed if s.index not in skip]}
+        out: dict[str, list[dict[str, Any]]] = {"content": [], "reasoning_content": []}
+        for step in steps:
+            for part in step.channels or ():
+                key = _LOGPROB_KEYS.get(part.channel)
+                if key is None:
+                    continue
+                for span in part.tokens:
+                    if span.index >= self.listed_in.get(key, 0) and span.index not in skip:
+                        out[key].append(self.chat_logprob(span))
+                        self.listed_in[key] = span.index + 1
+        if not whole and not out["reasoning_content"]:
+            del out["reasoning_content"]
+        return out
+
     def chat_logprob(self, span: TokenSpan) -> dict[str, Any]:
         silent = self._silent(span)
         return {
@@ -390,11 +421,12 @@ class Formatter:
                 self._tool_delta(step, delta, ext)
             if self.first:
                 delta = {"role": "assistant", **delta}
-            lps = [self.chat_logprob(s) for s, _ in listed]
             choice: dict[str, Any] = {
                 "index": self.choice,
                 "delta": delta,
-                "logprobs": {"content": lps} if self.req.logprobs else None,
+                "logprobs": self.chat_logprobs([step], listed, False)
+                if self.req.logprobs
+                else None,
                 "finish_reason": self._finish(step.finish_reason),
             }
             out = self._envelope("chat.completion.chunk")
@@ -442,13 +474,14 @@ class Formatter:
         finish = self.finish_reason or "stop"
         if self.req.kind == "chat":
             message = self._message(steps, text, ext)
+            calls = frozenset() if self.tools is None else self.tools.call_only_tokens()
             finish = self._finish(finish) or finish
             out = self._envelope("chat.completion")
             out["choices"] = [
                 {
                     "index": self.choice,
                     "message": message,
-                    "logprobs": {"content": [self.chat_logprob(s) for s, _ in listed]}
+                    "logprobs": self.chat_logprobs(steps, listed, True, calls)
                     if self.req.logprobs
                     else None,
                     "finish_reason": finish,
@@ -467,6 +500,10 @@ class Formatter:
         out["usage"] = self.usage()
         out["tokentrail"] = ext
         return out
+
+
+#: The `logprobs` key of each channel's tokens (markup and tool calls: none).
+_LOGPROB_KEYS = {"content": "content", "reasoning": "reasoning_content"}
 
 
 def _merged(pieces: list[dict[str, Any]]) -> list[dict[str, Any]]:

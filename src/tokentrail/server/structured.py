@@ -42,6 +42,7 @@ __all__ = [
     "TokentrailOptions",
     "bound",
     "open_structure",
+    "reply_format",
     "structure_of",
 ]
 
@@ -110,15 +111,34 @@ class Structure:
         return value if isinstance(value, Mapping) else None
 
 
-def bound(structure: Structure, tokenizer: Any) -> Any:
+def reply_format(
+    structure: Structure, server_reasoning: ReasoningFormat | None, chat: bool
+) -> ReasoningFormat | None:
+    """The reasoning format a choice's reply is split with (None: none): the request's
+    own, else the server's; completions have none."""
+    fmt = structure.reasoning if chat else False
+    if fmt is None:
+        fmt = server_reasoning
+    return fmt or None
+
+
+def bound(
+    structure: Structure,
+    tokenizer: Any,
+    server_reasoning: ReasoningFormat | None = None,
+    chat: bool = True,
+) -> Any:
     """The structure's constraint bound to the model's tokenizer (None: none), or a 400
-    naming its field."""
+    naming its field. With a reasoning format (`reply_format`) the constraint applies
+    to the content after the reasoning (`Constraint.after_reasoning`), as in vLLM."""
     if structure.constraint is None:
         return None
     try:
-        return structure.constraint.bind(tokenizer)
+        constraint = structure.constraint.bind(tokenizer)
     except ConstraintError as e:
         raise _bad(e.param, str(e)) from None
+    fmt = reply_format(structure, server_reasoning, chat)
+    return constraint if fmt is None else constraint.after_reasoning(fmt.constraint_after)
 
 
 def _bad(param: str, message: str) -> APIError:
@@ -127,7 +147,8 @@ def _bad(param: str, message: str) -> APIError:
 
 def _constraint(wire: StructuredFields) -> Constraint | None:
     given = [
-        name for name in CONSTRAINT_FIELDS
+        name
+        for name in CONSTRAINT_FIELDS
         if getattr(wire, name) is not None
         and not (name == "response_format" and getattr(wire, name) == {"type": "text"})
     ]
@@ -169,23 +190,21 @@ def structure_of(wire: StructuredFields, chat: bool) -> Structure:
         raise _bad("tokentrail", "'tokentrail.reasoning' is for chat completions only")
     constraint = _constraint(wire)
     reasoning = _reasoning(options.reasoning)
-    structure = Structure(
+    return Structure(
         constraint=constraint,
         logprobs_mode=options.logprobs or "raw",
         fields=bool(options.fields),
         reasoning=reasoning,
     )
-    if constraint is not None and reasoning:
-        raise _no_reasoning_with(constraint)
-    return structure
 
 
-def _no_reasoning_with(constraint: Constraint) -> APIError:
+def _ungated(constraint: Constraint) -> APIError:
     return _bad(
         constraint.param,
-        f"'{constraint.param}' constrains the content after the reasoning, which the grammar "
-        "mask cannot start late yet: send it without reasoning (\"tokentrail\": "
-        "{\"reasoning\": false}, or a server without --reasoning-parser)",
+        f"'{constraint.param}' constrains the content after the server's reasoning "
+        "(--reasoning-parser), and this scheduler bound it without that format: send "
+        'the reasoning with the request ("tokentrail": {"reasoning": ...}) or '
+        'turn it off ("tokentrail": {"reasoning": false})',
     )
 
 
@@ -194,23 +213,29 @@ def open_structure(
     server_reasoning: ReasoningFormat | None,
     chat: bool,
     scorer_for: Any,
+    gated: bool = False,
 ) -> tuple[StructuredStream | None, list[int]]:
     """The `StructuredStream` for one choice (None: plain text) and the output-id list
     its scorer reads. `scorer_for(output_ids)` returns a `ContinuationScorer` or None;
-    it is called only when fields are on. APIError 400 when a constraint meets the
-    server's reasoning format."""
-    fmt = structure.reasoning if chat else False
-    if fmt is None:
-        fmt = server_reasoning
-    if fmt is not False and fmt is not None and structure.constraint is not None:
-        raise _no_reasoning_with(structure.constraint)
+    it is called only when fields are on. `gated`: the caller bound the constraint with
+    `server_reasoning` (`bound(structure, tokenizer, server_reasoning, chat)`); else a
+    constraint that would start after the server's reasoning is a 400 (never a mask
+    that starts before the reasoning ends)."""
+    fmt = reply_format(structure, server_reasoning, chat)
+    c = structure.constraint
+    from_server = chat and structure.reasoning is None and fmt is not None
+    if c is not None and from_server and fmt.constraint_after and not gated:
+        raise _ungated(c)
     fields = structure.fields or structure.json_constrained
     output_ids: list[int] = []
     if not fields and not fmt:
         return None, output_ids
     scorer = scorer_for(output_ids) if fields else None
     stream = StructuredStream(
-        fmt or None, fields=fields, scorer=scorer, output_ids=output_ids,
+        fmt or None,
+        fields=fields,
+        scorer=scorer,
+        output_ids=output_ids,
         schema=structure.schema(),
     )
     return stream, output_ids

@@ -213,6 +213,22 @@ class ToolReply:
         self.result = parse_tool_calls(text, self.segments, self.parser)
         return piece, [d.to_dict() for d in deltas]
 
+    def call_only_tokens(self) -> frozenset[int]:
+        """The indexes of the tokens whose content bytes all went into the calls: they
+        are not content, so `logprobs.content` leaves them out (the calls' fields and
+        the extension's segments list them)."""
+        if self.result is None:
+            return frozenset()
+        inside: dict[int, int] = {}
+        for call in self.result.calls:
+            for t in call.tokens:
+                inside[t.index] = inside.get(t.index, 0) + t.end - t.start
+        total: dict[int, int] = {}
+        for seg in self.segments:
+            for t in seg.tokens:
+                total[t.index] = total.get(t.index, 0) + t.end - t.start
+        return frozenset(i for i, n in inside.items() if n >= total.get(i, 0))
+
     @property
     def calls(self) -> list[dict[str, Any]]:
         return [] if self.result is None else [c.to_dict() for c in self.result.calls]

@@ -53,7 +53,9 @@ class ContinuationScorer(Protocol):
     tokens, no added prefix space). `continuation_logprobs(prefix_index, token_ids)` is
     the model's logprob of each of `token_ids` in turn, teacher-forced, right after the
     prompt and the output's first `prefix_index` tokens, taken from the full
-    distribution (before any grammar mask).
+    distribution (before any grammar mask). A scorer may also have `output_ids` (the
+    ids generated so far, by index): the value written is then scored on its own
+    generated tokens rather than on the tokenizer's encoding of its text.
     """
 
     def tokenize(self, text: str) -> Sequence[int]: ...
@@ -205,13 +207,14 @@ class TokenPlacement:
                 out.append(t)
         return tuple(out)
 
-    def bounds(self, a: int, b: int) -> tuple[int, int, TokenSpan] | None:
+    def bounds(self, a: int, b: int) -> tuple[int, int, TokenSpan, TokenSpan] | None:
         """(the first byte of the first token of [a, b), the byte after its last token,
-        the first token), or None when a token there is not exactly placed."""
+        the first token, the last token), or None when a token there is not exactly
+        placed."""
         idx = [i for i in self.overlapping(a, b) if self._ends[i] > self._starts[i]]
         if not idx or not all(self._exact[i] for i in idx):
             return None
-        return self._starts[idx[0]], self._ends[idx[-1]], self._spans[idx[0]]
+        return self._starts[idx[0]], self._ends[idx[-1]], self._spans[idx[0]], self._spans[idx[-1]]
 
 
 def allowed_values(schema: Mapping[str, Any] | None, path: Sequence[str | int]) -> list | None:
@@ -255,16 +258,21 @@ def _score(
     placement: TokenPlacement,
     a: int,
     b: int,
-    candidates: Sequence[tuple[Any, str]],
+    candidates: Sequence[tuple[Any, str, bool]],
     scorer: ContinuationScorer,
 ) -> tuple[tuple[AllowedValue, ...] | None, str | None]:
-    """Each candidate's probability where the leaf [a, b) stands: its text, with the
-    bytes the leaf's first token had before it and its last token after it, tokenized
-    and scored from the first token of the leaf on."""
+    """Each candidate's probability where the leaf [a, b) stands, scored from the leaf's
+    first token on (where the values can first part): the product of the model's raw
+    probabilities of its tokens. The chosen value's tokens are the ones generated (from
+    the leaf's first token to its last, so its probability is that of what the model
+    wrote, whatever tokenization the sampler or grammar took); another value's are its
+    text, with the bytes the leaf's first token had before it and its last token after
+    it, as the tokenizer encodes it."""
     bounds = placement.bounds(a, b)
     if bounds is None:
         return None, "the leaf's tokens are not exactly placed (text that is not its bytes)"
-    g0, g1, first = bounds
+    g0, g1, first, last = bounds
+    generated = getattr(scorer, "output_ids", None)
     if first.index < 0:
         return None, "the leaf starts inside the prompt's last token"
     data = placement.data
@@ -274,8 +282,11 @@ def _score(
     except UnicodeDecodeError:
         return None, "the leaf's first or last token is cut inside a character"
     logps = []
-    for _value, text in candidates:
-        ids = list(scorer.tokenize(lead + text + tail))
+    for _value, text, chosen in candidates:
+        if chosen and generated is not None and len(generated) > last.index:
+            ids = list(generated[first.index : last.index + 1])
+        else:
+            ids = list(scorer.tokenize(lead + text + tail))
         lps = list(scorer.continuation_logprobs(first.index, ids))
         if len(lps) != len(ids):
             raise StructureError(
@@ -286,7 +297,7 @@ def _score(
     z = math.fsum(math.exp(lp - top) for lp in logps) if math.isfinite(top) else 0.0
     return tuple(
         AllowedValue(v, math.exp(lp), math.exp(lp - top) / z if z > 0 else None)
-        for (v, _t), lp in zip(candidates, logps, strict=True)
+        for (v, _t, _c), lp in zip(candidates, logps, strict=True)
     ), None
 
 
@@ -329,8 +340,8 @@ class FieldBuilder:
             if self.scorer is None:
                 field.reason = NO_SCORER
             else:
-                cands = [(v, raw if v == value and type(v) is type(value) else _dump(v))
-                         for v in allowed]  # fmt: skip
+                cands = [(v, raw, True) if v == value and type(v) is type(value)
+                         else (v, _dump(v), False) for v in allowed]  # fmt: skip
                 field.alternatives, field.reason = _score(self.placement, a, b, cands, self.scorer)
         return field
 

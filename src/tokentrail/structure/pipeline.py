@@ -21,9 +21,10 @@ fields say where each part of it went:
   (text after the value) does not take it back, `fields_error` says so at the end.
 
 It works on the responses alone (duck-typed), so it never imports `generate` and runs
-the same wherever responses come from. A constraint (a JSON schema, later) applies to
-the content after the reasoning: it reads `channel` to know when the reasoning is over
-and passes its schema here, so fields get the schema's allowed values.
+the same wherever responses come from. A constraint (a JSON schema) applies to the
+content after the reasoning: the engine's guide watches for the reasoning's end marker
+(`tokentrail.constrain.gate`), and the schema comes here, so fields get its allowed
+values.
 """
 
 from __future__ import annotations

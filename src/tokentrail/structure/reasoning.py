@@ -90,6 +90,14 @@ class ReasoningFormat:
         if self.tool_call is not None and not self.tool_call[0]:
             raise StructureError(f"reasoning format {self.name!r}: empty tool-call marker")
 
+    @property
+    def constraint_after(self) -> tuple[str, ...]:
+        """The markers after which a constraint (a JSON schema, tools) starts, as in vLLM:
+        the end markers when the reply starts in the reasoning; none when it starts as
+        content (the constraint then applies from the first token, so the model opens no
+        reasoning the grammar does not allow)."""
+        return self.end if self.starts_in_reasoning else ()
+
     @classmethod
     def from_markers(cls, start: str, end: str, name: str = "markers") -> ReasoningFormat:
         """Any other model's markers (`--reasoning-markers START END`): an empty START

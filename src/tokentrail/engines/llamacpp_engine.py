@@ -136,14 +136,15 @@ class LlamaCppTokenizer:
         ]
         marked = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL | llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED
         eog = {
-            i for i, a in enumerate(self._attrs)
+            i
+            for i, a in enumerate(self._attrs)
             if a & marked and llama_cpp.llama_vocab_is_eog(self._vocab_p, i)
         }
         if self.eos_token_id is not None:
             eog.add(self.eos_token_id)
         self.eos_token_ids: frozenset[int] = frozenset(eog)
         self._compiled: Vocab | None = None
-        self._formatter: Any = None
+        self._formatters: dict[bool, Any] = {}  # add_generation_prompt -> its formatter
 
     def _text(self, token: int) -> str:
         return llama_cpp.llama_vocab_get_text(self._vocab_p, token).decode("utf-8", "replace")
@@ -180,14 +181,17 @@ class LlamaCppTokenizer:
         """Render `messages` with the GGUF's chat template; token ids unless tokenize=False."""
         if self.chat_template is None:
             raise ValueError("this GGUF model has no tokenizer.chat_template")
-        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+        formatter = self._formatters.get(add_generation_prompt)
+        if formatter is None:  # the template compiles once, not at every request
+            from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-        formatter = Jinja2ChatFormatter(
-            template=self.chat_template,
-            eos_token=self.eos_token or "",
-            bos_token=self.bos_token or "",
-            add_generation_prompt=add_generation_prompt,
-        )
+            formatter = Jinja2ChatFormatter(
+                template=self.chat_template,
+                eos_token=self.eos_token or "",
+                bos_token=self.bos_token or "",
+                add_generation_prompt=add_generation_prompt,
+            )
+            self._formatters[add_generation_prompt] = formatter
         text = formatter(messages=[dict(m) for m in messages], **kwargs).prompt
         if not tokenize:
             return text
@@ -306,7 +310,11 @@ class LlamaCppEngine:
         self.decodes += 1
 
     def _logprobs(
-        self, token: int, k: int, bias: Mapping[int, float] | None, window: deque[int],
+        self,
+        token: int,
+        k: int,
+        bias: Mapping[int, float] | None,
+        window: deque[int],
         penalty: float | None,
     ) -> tuple[float, list[tuple[int, float]], LazyLogprobs]:
         """logprob of `token` and the top-k, from llama.cpp's logits (a numpy view)."""

@@ -118,6 +118,12 @@ def start(kind: str, args: argparse.Namespace, logs: Path) -> tuple[subprocess.P
     return proc, url
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process `pid` so far (all its threads), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def repeated(url: str, name: str, body: dict[str, Any], n: int) -> dict[str, float]:
     """One client, the same request `n` times: TTFT p50 and cached prompt tokens (median)."""
 
@@ -134,7 +140,11 @@ def repeated(url: str, name: str, body: dict[str, Any], n: int) -> dict[str, flo
 
 
 def measure(
-    args: argparse.Namespace, urls: dict[str, str], names: dict[str, str], bias: dict[str, int]
+    args: argparse.Namespace,
+    urls: dict[str, str],
+    names: dict[str, str],
+    bias: dict[str, int],
+    pids: dict[str, int],
 ) -> dict[str, Any]:
     levels = [int(c) for c in args.clients.split(",")]
     runs: dict[str, dict[int, list[dict[str, Any]]]] = {k: {c: [] for c in levels} for k in KINDS}
@@ -144,10 +154,12 @@ def measure(
         for c in levels:
             order = KINDS if r % 2 == 0 else KINDS[::-1]
             for kind in order:
+                cpu = cpu_seconds(pids[kind])
                 results, wall = asyncio.run(
                     run_level(urls[kind], names[kind], c, args.requests, args.max_tokens, bias)
                 )
                 s = summarize(results, wall)
+                s["tok_cpu_s"] = s["tokens"] / max(cpu_seconds(pids[kind]) - cpu, 1e-9)
                 runs[kind][c].append(s)
                 print(
                     json.dumps(
@@ -193,13 +205,15 @@ def report(args: argparse.Namespace, data: dict[str, Any], load: tuple[float, ..
         f"level, max_tokens {args.max_tokens}, temperature 0, end-of-generation suppressed, "
         "`logprobs: true, top_logprobs: 5` asked of both (tokentrail's attribution always on); "
         f"{args.rounds} round(s), the server order alternating; medians over rounds",
-        "- TTFT and ITL: the first and following content-bearing chunks; ratio: ours / "
+        "- TTFT and ITL: the first and following content-bearing chunks; tok/CPU-s: "
+        "completion tokens per CPU second of the server process (all its threads; less "
+        "disturbed than wall time by other load on a shared machine); ratios: ours / "
         "llama-server's",
         "",
         "| clients | tok/s llama-server | tok/s tokentrail | ratio | TTFT p50 llama-server (ms) "
         "| TTFT p50 tokentrail (ms) | TTFT ratio | ITL p50 llama-server / tokentrail (ms) "
-        "| errors |",
-        "|---:|---:|---:|---:|---:|---:|---:|---|---:|",
+        "| tok/CPU-s llama-server / tokentrail | CPU ratio | errors |",
+        "|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---:|",
     ]
     for c in data["levels"]:
         a, b = runs["llama-server"][c], runs["tokentrail"][c]
@@ -209,7 +223,8 @@ def report(args: argparse.Namespace, data: dict[str, Any], load: tuple[float, ..
             f"{med(b, 'tok_s') / med(a, 'tok_s'):.2f} | {med(a, 'ttft_p50') * 1e3:.1f} | "
             f"{med(b, 'ttft_p50') * 1e3:.1f} | {med(b, 'ttft_p50') / med(a, 'ttft_p50'):.2f} | "
             f"{med(a, 'itl_p50') * 1e3:.2f} / {med(b, 'itl_p50') * 1e3:.2f} | "
-            f"{errors[0]} / {errors[1]} |"
+            f"{med(a, 'tok_cpu_s'):.0f} / {med(b, 'tok_cpu_s'):.0f} | "
+            f"{med(b, 'tok_cpu_s') / med(a, 'tok_cpu_s'):.2f} | {errors[0]} / {errors[1]} |"
         )
     lines += [
         "",
@@ -245,13 +260,14 @@ def main() -> int:
     bias = eog_bias(args.gguf)
     logs = Path(tempfile.mkdtemp(prefix="bench-llamacpp-server-"))
     procs: list[subprocess.Popen] = []
-    urls, names = {}, {}
+    urls, names, pids = {}, {}, {}
     try:
         for kind in KINDS:
             proc, urls[kind] = start(kind, args, logs)
             procs.append(proc)
+            pids[kind] = proc.pid
             names[kind] = httpx.get(urls[kind] + "/v1/models").json()["data"][0]["id"]
-        data = measure(args, urls, names, bias)
+        data = measure(args, urls, names, bias, pids)
     finally:
         for proc in procs:
             proc.terminate()

@@ -58,7 +58,8 @@ def load(
     """Load a `.gguf` model file (or a named model such as ``smollm2``) with llama.cpp.
 
     `n_ctx` defaults to the model's training context, at most 4096 tokens; `n_threads`
-    to llama-cpp-python's default; `n_gpu_layers` offloads layers where llama.cpp was
+    (CPU threads for generation and for prompts, as llama-server's ``-t``) to
+    llama-cpp-python's defaults; `n_gpu_layers` offloads layers where llama.cpp was
     built with a GPU backend. Returns (engine, tokenizer) for `stream_generate`.
     """
     p = gguf_source(path)
@@ -71,8 +72,8 @@ def load(
             )
     check_magic(p)
     kwargs: dict[str, Any] = {"n_gpu_layers": n_gpu_layers, "n_batch": n_batch}
-    if n_threads is not None:
-        kwargs["n_threads"] = n_threads
+    if n_threads is not None:  # for generation and prompts alike, as llama-server's -t
+        kwargs["n_threads"] = kwargs["n_threads_batch"] = n_threads
     try:
         llama = llama_cpp.Llama(
             model_path=str(p), n_ctx=n_ctx or 0, verbose=False, logits_all=False, **kwargs

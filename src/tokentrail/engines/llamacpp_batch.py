@@ -6,7 +6,13 @@ the prompts still being read (generating sequences first, prompts filling the re
 `n_batch` budget), runs one `llama_decode`, then samples each sequence that produced
 logits with its own llama.cpp sampler chain at its row (`llama_sampler_sample(chain, ctx,
 i)`) and reads its logprob and top-k from that row, as the single-sequence engine does.
-A finished or removed sequence's KV cells are freed (`llama_memory_seq_rm`).
+
+Prompt cache, as llama-server's slots: a finished or removed sequence's KV cells stay in
+its llama.cpp sequence, with the tokens they hold. A new sequence takes the free sequence
+whose cached tokens share the longest prefix with its prompt (else the least recently
+used one), drops the cells past that prefix (`llama_memory_seq_rm(mem, seq, keep, -1)`)
+and evaluates only the rest; `cached_tokens(uid)` reports the reused prefix. When the
+shared KV cache has no room for a step, the idle sequences' cells are freed first.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import llama_cpp
@@ -33,6 +39,18 @@ __all__ = ["DEFAULT_SLOTS", "LlamaCppBatch", "LlamaSlot", "slots"]
 
 #: Parallel sequences when the model was loaded with one slot (llama-server's default).
 DEFAULT_SLOTS = 4
+#: How many finished sequences' `cached_tokens` stay readable after they leave.
+_CACHED_KEPT = 256
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens `a` and `b` share."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def slots(engine: Any) -> int:
@@ -59,6 +77,8 @@ class LlamaSlot:
     produced: int = 0
     row: int = -1  # this step's logits row in the batch, -1 when none
     guided: Any = None  # a llamacpp_guided.GuidedChain (constraint, processed logprobs)
+    cached: int = 0  # prompt tokens whose KV cells were reused from the prompt cache
+    tokens: list[int] = field(default_factory=list)  # what its KV cells hold, in order
 
 
 class LlamaCppBatch(BaseBatch):
@@ -69,8 +89,9 @@ class LlamaCppBatch(BaseBatch):
     `max_batch` None: `slots(engine)` sequences.
     """
 
-    def __init__(self, engine: Any, max_batch: int | None = None, *,
-                 n_ctx: int | None = None, **options: Any) -> None:
+    def __init__(
+        self, engine: Any, max_batch: int | None = None, *, n_ctx: int | None = None, **options: Any
+    ) -> None:
         super().__init__(slots(engine) if max_batch is None else max_batch)
         if options:
             log.debug("llama.cpp batch ignores options %s", sorted(options))
@@ -85,19 +106,19 @@ class LlamaCppBatch(BaseBatch):
         params.n_ctx = n_ctx or engine.context_length or 4096
         params.n_seq_max = self.max_batch
         params.kv_unified = True
-        self.n_ctx = int(params.n_ctx)
         self.n_batch = int(params.n_batch)
         self._ctx = LlamaContext(model=engine.llama._model, params=params, verbose=False)
+        self.n_ctx = int(llama_cpp.llama_n_ctx(self._ctx.ctx))  # as llama.cpp rounded it
         self._batch = LlamaBatch(n_tokens=self.n_batch, embd=0, n_seq_max=1, verbose=False)
         self._mem = llama_cpp.llama_get_memory(self._ctx.ctx)
-        self._free = list(range(self.max_batch))
+        self._free = list(range(self.max_batch))  # least recently used first
+        self._held: list[list[int]] = [[] for _ in range(self.max_batch)]  # free seqs' cells
+        self._cached: dict[int, int] = {}  # uid -> prompt tokens reused (recent uids)
         self._live: dict[int, LlamaSlot] = {}
         self.decodes = 0  # bumped at every decode: which logits the buffer holds
         self._scratch = np.empty(engine.vocab_size or 0, dtype=np.float32)
 
-    def add(
-        self, prompt_ids: Sequence[int], params: SamplingParams, max_tokens: int | None
-    ) -> int:
+    def add(self, prompt_ids: Sequence[int], params: SamplingParams, max_tokens: int | None) -> int:
         ids = check_generate_args(prompt_ids, params, max_tokens, self.engine.vocab_size)
         if not self._free:
             raise RuntimeError(f"the batch is full ({self.max_batch} sequences)")
@@ -111,18 +132,66 @@ class LlamaCppBatch(BaseBatch):
         guided = guided_chain(params, self.engine.vocab_size or 0)
         chain = make_sampler(params, ids, self.engine.vocab_size or 0, guided)
         window = deque(ids[-REPEAT_LAST_N:], maxlen=REPEAT_LAST_N)
+        seq_id, keep = self._claim(ids)
         self._live[uid] = LlamaSlot(
-            self._free.pop(0), params, max_tokens, chain, list(ids), window, guided=guided
+            seq_id,
+            params,
+            max_tokens,
+            chain,
+            ids[keep:],
+            window,
+            n_past=keep,
+            guided=guided,
+            cached=keep,
+            tokens=ids[:keep],
         )
+        self._cached[uid] = keep
+        if len(self._cached) > _CACHED_KEPT:
+            del self._cached[next(iter(self._cached))]
         return uid
+
+    def _claim(self, ids: list[int]) -> tuple[int, int]:
+        """A free sequence for prompt `ids` and how many of its tokens its KV cells
+        already hold: the one whose cells share the longest prefix with `ids` (else an
+        empty one, else the least recently used), its cells past that prefix dropped.
+        At least the prompt's last token is left to evaluate (its logits are needed)."""
+        lengths = [common_prefix(self._held[s], ids) for s in self._free]
+        best = max(range(len(lengths)), key=lambda j: (lengths[j], -j))
+        if lengths[best] == 0:
+            best = next((j for j, s in enumerate(self._free) if not self._held[s]), 0)
+        seq_id = self._free.pop(best)
+        held, self._held[seq_id] = self._held[seq_id], []
+        keep = min(lengths[best], len(ids) - 1)
+        rm = llama_cpp.llama_memory_seq_rm
+        if keep < len(held) and not (keep > 0 and rm(self._mem, seq_id, keep, -1)):
+            keep = 0
+        if keep == 0 or llama_cpp.llama_memory_seq_pos_min(self._mem, seq_id) != 0:
+            rm(self._mem, seq_id, -1, -1)  # nothing to reuse, or cells already pruned (SWA)
+            keep = 0
+        return seq_id, keep
+
+    def cached_tokens(self, uid: int) -> int:
+        """How many of sequence `uid`'s prompt tokens came from the prompt cache."""
+        return self._cached.get(uid, 0)
 
     def remove(self, uid: int) -> None:
         seq = self._live.pop(uid, None)
         if seq is None:
             return
-        llama_cpp.llama_memory_seq_rm(self._mem, seq.seq_id, -1, -1)
+        if len(seq.tokens) == seq.n_past:  # its cells hold exactly seq.tokens: keep them
+            self._held[seq.seq_id] = seq.tokens
+        else:
+            llama_cpp.llama_memory_seq_rm(self._mem, seq.seq_id, -1, -1)
         seq.chain.close()
         self._free.append(seq.seq_id)
+
+    def _evict(self) -> bool:
+        """Free the idle sequences' cached cells; whether there were any."""
+        idle = [s for s in self._free if self._held[s]]
+        for s in idle:
+            llama_cpp.llama_memory_seq_rm(self._mem, s, -1, -1)
+            self._held[s] = []
+        return bool(idle)
 
     def close(self) -> None:
         super().close()
@@ -149,6 +218,7 @@ class LlamaCppBatch(BaseBatch):
                 n += 1
             del seq.pending[: len(take)]
             seq.n_past += len(take)
+            seq.tokens += take
             if not seq.pending:  # its last prompt token (or its new token): sample here
                 b.logits[n - 1] = True
                 seq.row = n - 1
@@ -166,7 +236,11 @@ class LlamaCppBatch(BaseBatch):
         if not used:
             return []
         rc = llama_cpp.llama_decode(self._ctx.ctx, self._batch.batch)
+        if rc == 1 and self._evict():  # no room in the KV cache: not for idle caches
+            rc = llama_cpp.llama_decode(self._ctx.ctx, self._batch.batch)
         if rc != 0:
+            for seq in self._live.values():
+                seq.tokens = []  # what its cells hold is unknown now: never reused
             raise RuntimeError(
                 f"llama_decode returned {rc} (the shared KV cache of {self.n_ctx} tokens is "
                 "full; open the batch with a larger n_ctx or fewer sequences)"
@@ -184,7 +258,12 @@ class LlamaCppBatch(BaseBatch):
             x = np.ctypeslib.as_array(ptr, shape=(vocab,))
             p = seq.params
             lp, top, lse, affected = step_logprobs(
-                x, token, p.top_logprobs, p.logit_bias, seq.window, p.repetition_penalty,
+                x,
+                token,
+                p.top_logprobs,
+                p.logit_bias,
+                seq.window,
+                p.repetition_penalty,
                 self._scratch,
             )
             seq.window.append(token)

@@ -58,7 +58,8 @@ def load(
     """Load a `.gguf` model file (or a named model such as ``smollm2``) with llama.cpp.
 
     `n_ctx` defaults to the model's training context, at most 4096 tokens; `n_threads`
-    to llama-cpp-python's default; `n_gpu_layers` offloads layers where llama.cpp was
+    (CPU threads for generation and for prompts, as llama-server's ``-t``) to
+    llama-cpp-python's defaults; `n_gpu_layers` offloads layers where llama.cpp was
     built with a GPU backend. Returns (engine, tokenizer) for `stream_generate`.
     """
     p = gguf_source(path)
@@ -71,8 +72,8 @@ def load(
             )
     check_magic(p)
     kwargs: dict[str, Any] = {"n_gpu_layers": n_gpu_layers, "n_batch": n_batch}
-    if n_threads is not None:
-        kwargs["n_threads"] = n_threads
+    if n_threads is not None:  # for generation and prompts alike, as llama-server's -t
+        kwargs["n_threads"] = kwargs["n_threads_batch"] = n_threads
     try:
         llama = llama_cpp.Llama(
             model_path=str(p), n_ctx=n_ctx or 0, verbose=False, logits_all=False, **kwargs
@@ -136,14 +137,15 @@ class LlamaCppTokenizer:
         ]
         marked = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL | llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED
         eog = {
-            i for i, a in enumerate(self._attrs)
+            i
+            for i, a in enumerate(self._attrs)
             if a & marked and llama_cpp.llama_vocab_is_eog(self._vocab_p, i)
         }
         if self.eos_token_id is not None:
             eog.add(self.eos_token_id)
         self.eos_token_ids: frozenset[int] = frozenset(eog)
         self._compiled: Vocab | None = None
-        self._formatter: Any = None
+        self._formatters: dict[bool, Any] = {}  # add_generation_prompt -> its formatter
 
     def _text(self, token: int) -> str:
         return llama_cpp.llama_vocab_get_text(self._vocab_p, token).decode("utf-8", "replace")
@@ -180,14 +182,17 @@ class LlamaCppTokenizer:
         """Render `messages` with the GGUF's chat template; token ids unless tokenize=False."""
         if self.chat_template is None:
             raise ValueError("this GGUF model has no tokenizer.chat_template")
-        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+        formatter = self._formatters.get(add_generation_prompt)
+        if formatter is None:  # the template compiles once, not at every request
+            from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-        formatter = Jinja2ChatFormatter(
-            template=self.chat_template,
-            eos_token=self.eos_token or "",
-            bos_token=self.bos_token or "",
-            add_generation_prompt=add_generation_prompt,
-        )
+            formatter = Jinja2ChatFormatter(
+                template=self.chat_template,
+                eos_token=self.eos_token or "",
+                bos_token=self.bos_token or "",
+                add_generation_prompt=add_generation_prompt,
+            )
+            self._formatters[add_generation_prompt] = formatter
         text = formatter(messages=[dict(m) for m in messages], **kwargs).prompt
         if not tokenize:
             return text
@@ -306,7 +311,11 @@ class LlamaCppEngine:
         self.decodes += 1
 
     def _logprobs(
-        self, token: int, k: int, bias: Mapping[int, float] | None, window: deque[int],
+        self,
+        token: int,
+        k: int,
+        bias: Mapping[int, float] | None,
+        window: deque[int],
         penalty: float | None,
     ) -> tuple[float, list[tuple[int, float]], LazyLogprobs]:
         """logprob of `token` and the top-k, from llama.cpp's logits (a numpy view)."""

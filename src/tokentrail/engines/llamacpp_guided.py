@@ -116,8 +116,12 @@ def guided_chain(params: SamplingParams, n_vocab: int) -> GuidedChain | None:
 
 
 def guided_step(
-    guided: GuidedChain | None, token: int, lp: float, top: list[tuple[int, float]],
-    full: Any, params: SamplingParams,
+    guided: GuidedChain | None,
+    token: int,
+    lp: float,
+    top: list[tuple[int, float]],
+    full: Any,
+    params: SamplingParams,
 ) -> Step:
     """The Step of a sampled token (raw `lp`/`top`, as read from the logits), with the
     processed logprobs and allowed mass when `guided`; moves the guide past `token`."""

@@ -69,8 +69,13 @@ def make_sampler(
 
 
 def step_logprobs(
-    x: np.ndarray, token: int, k: int, bias: Mapping[int, float] | None, window: Iterable[int],
-    penalty: float | None, scratch: np.ndarray,
+    x: np.ndarray,
+    token: int,
+    k: int,
+    bias: Mapping[int, float] | None,
+    window: Iterable[int],
+    penalty: float | None,
+    scratch: np.ndarray,
 ) -> tuple[float, list[tuple[int, float]], float, dict[int, float]]:
     """The logprob of `token`, the top-k (id, logprob), the log-normalizer and the ids whose
     logits bias or penalty changed (with their new logits), from logits `x` (a view).

@@ -1,0 +1,289 @@
+"""`tokentrail serve --engine llamacpp` against llama.cpp's own `llama-server`, side by side.
+
+Both servers run at once on loopback, on the same GGUF (SmolLM2-135M-Instruct Q4_1 by
+default), with the same sequence slots (`-np S` / `--max-batch S`), the same context
+(`-c N --kv-unified` / `--n-ctx N`: one KV cache shared by the slots) and the same CPU
+threads (`-t T` / `--n-threads T`). For C = 1, 4, 16 concurrent streaming chat clients
+(greedy, the end-of-generation tokens suppressed with logit_bias so every request makes
+exactly --max-tokens tokens, logprobs with 5 alternatives asked of both; tokentrail's
+attribution is always on), each level runs on llama-server, then on tokentrail, --rounds
+times, and the report gives medians over rounds: throughput (completion tokens from
+`usage` over wall time), time to first token (TTFT) and inter-token latency, and the
+ratios ours / llama-server's.
+
+Then the repeated-prompt case: one client sends the same chat prompt --repeats times;
+TTFT p50 of each server and the prompt tokens it reports as cached
+(`usage.prompt_tokens_details.cached_tokens`).
+
+    python benchmarks/bench_llamacpp_server.py --rounds 3 \\
+        --output benchmarks/results/llamacpp-server.md
+
+The client code (requests, timing, summaries) is `bench_server.py`'s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_proxy import wait
+from bench_server import (
+    body_for,
+    free_port,
+    one_request,
+    percentile,
+    run_level,
+    summarize,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+GGUF = Path.home() / ".cache/tokentrail/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+SERVER = Path.home() / ".cache/tokentrail/llama.cpp-0.3.36/build/bin/llama-server"
+KINDS = ("llama-server", "tokentrail")
+
+
+def eog_bias(gguf: Path) -> dict[str, int]:
+    """logit_bias -100 for every end-of-generation id, as llama.cpp's vocabulary says."""
+    import llama_cpp
+
+    from tokentrail.engines.llamacpp_engine import LlamaCppTokenizer
+
+    llama = llama_cpp.Llama(model_path=str(gguf), vocab_only=True, verbose=False)
+    return {str(i): -100 for i in sorted(LlamaCppTokenizer(llama).eos_token_ids)}
+
+
+def start(kind: str, args: argparse.Namespace, logs: Path) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    if kind == "llama-server":
+        cmd = [
+            str(args.server),
+            "-m",
+            str(args.gguf),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "-c",
+            str(args.ctx),
+            "-np",
+            str(args.slots),
+            "--kv-unified",
+            "-t",
+            str(args.threads),
+            "--no-webui",
+        ]
+        env = None
+    else:
+        cmd = [
+            sys.executable,
+            "-m",
+            "tokentrail",
+            "serve",
+            "--engine",
+            "llamacpp",
+            "--model",
+            str(args.gguf),
+            "--port",
+            str(port),
+            "--n-ctx",
+            str(args.ctx),
+            "--max-batch",
+            str(args.slots),
+            "--n-threads",
+            str(args.threads),
+            "--max-queue",
+            str(4 * args.slots),
+            "--log-level",
+            "warning",
+        ]
+        env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    out = (logs / f"{kind}.log").open("wb")
+    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    wait(url, proc)
+    return proc, url
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process `pid` so far (all its threads), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def repeated(url: str, name: str, body: dict[str, Any], n: int) -> dict[str, float]:
+    """One client, the same request `n` times: TTFT p50 and cached prompt tokens (median)."""
+
+    async def go() -> list[Any]:
+        async with httpx.AsyncClient(timeout=600) as client:
+            return [await one_request(client, url, body) for _ in range(n)]
+
+    res = [r for r in asyncio.run(go()) if r.ok]
+    return {
+        "ttft_p50": percentile([r.ttft for r in res], 0.5),
+        "cached": statistics.median(r.cached for r in res) if res else float("nan"),
+        "prompt": statistics.median(r.prompt_tokens for r in res) if res else float("nan"),
+    }
+
+
+def measure(
+    args: argparse.Namespace,
+    urls: dict[str, str],
+    names: dict[str, str],
+    bias: dict[str, int],
+    pids: dict[str, int],
+) -> dict[str, Any]:
+    levels = [int(c) for c in args.clients.split(",")]
+    runs: dict[str, dict[int, list[dict[str, Any]]]] = {k: {c: [] for c in levels} for k in KINDS}
+    for kind in KINDS:  # warm up both
+        asyncio.run(run_level(urls[kind], names[kind], 2, 1, 8, bias))
+    for r in range(args.rounds):
+        for c in levels:
+            order = KINDS if r % 2 == 0 else KINDS[::-1]
+            for kind in order:
+                cpu = cpu_seconds(pids[kind])
+                results, wall = asyncio.run(
+                    run_level(urls[kind], names[kind], c, args.requests, args.max_tokens, bias)
+                )
+                s = summarize(results, wall)
+                s["tok_cpu_s"] = s["tokens"] / max(cpu_seconds(pids[kind]) - cpu, 1e-9)
+                runs[kind][c].append(s)
+                print(
+                    json.dumps(
+                        {
+                            "round": r,
+                            "server": kind,
+                            "clients": c,
+                            **{k: v for k, v in s.items() if k != "error_kinds"},
+                        }
+                    ),
+                    flush=True,
+                )
+    rep: dict[str, list[dict[str, float]]] = {k: [] for k in KINDS}
+    for kind in KINDS:
+        body = body_for(0, names[kind], args.max_tokens, bias)
+        rep[kind].append(repeated(urls[kind], names[kind], body, args.repeats))
+    return {"levels": levels, "runs": runs, "repeated": rep}
+
+
+def med(rows: list[dict[str, Any]], key: str) -> float:
+    return statistics.median(row[key] for row in rows)
+
+
+def report(args: argparse.Namespace, data: dict[str, Any], load: tuple[float, ...]) -> str:
+    import llama_cpp
+
+    runs = data["runs"]
+    cmd = " ".join(["python benchmarks/bench_llamacpp_server.py", *sys.argv[1:]])
+    lines = [
+        "# `tokentrail serve --engine llamacpp` vs llama-server",
+        "",
+        f"Command: `{cmd}`",
+        "",
+        f"- machine: {platform.machine()} {platform.system()} {platform.release()}, "
+        f"{os.cpu_count()} CPUs (shared with the clients and other work; load average "
+        f"{' '.join(f'{x:.2f}' for x in load)} at the end); Python {platform.python_version()}, "
+        f"llama-cpp-python {llama_cpp.__version__}; llama-server from the same llama.cpp tree",
+        f"- model `{args.gguf.name}`; both servers: {args.slots} slots, one unified KV cache of "
+        f"{args.ctx} tokens, {args.threads} threads (`-np {args.slots} -c {args.ctx} "
+        f"--kv-unified -t {args.threads}` / `--max-batch {args.slots} --n-ctx {args.ctx} "
+        f"--n-threads {args.threads}`)",
+        f"- streaming chat requests cycled from 4 fixed prompts, {args.requests} per client per "
+        f"level, max_tokens {args.max_tokens}, temperature 0, end-of-generation suppressed, "
+        "`logprobs: true, top_logprobs: 5` asked of both (tokentrail's attribution always on); "
+        f"{args.rounds} round(s), the server order alternating; medians over rounds",
+        "- TTFT and ITL: the first and following content-bearing chunks; tok/CPU-s: "
+        "completion tokens per CPU second of the server process (all its threads; less "
+        "disturbed than wall time by other load on a shared machine); ratios: ours / "
+        "llama-server's",
+        "",
+        "| clients | tok/s llama-server | tok/s tokentrail | ratio | TTFT p50 llama-server (ms) "
+        "| TTFT p50 tokentrail (ms) | TTFT ratio | ITL p50 llama-server / tokentrail (ms) "
+        "| tok/CPU-s llama-server / tokentrail | CPU ratio | errors |",
+        "|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---:|",
+    ]
+    for c in data["levels"]:
+        a, b = runs["llama-server"][c], runs["tokentrail"][c]
+        errors = (sum(s["errors"] for s in a), sum(s["errors"] for s in b))
+        lines.append(
+            f"| {c} | {med(a, 'tok_s'):.1f} | {med(b, 'tok_s'):.1f} | "
+            f"{med(b, 'tok_s') / med(a, 'tok_s'):.2f} | {med(a, 'ttft_p50') * 1e3:.1f} | "
+            f"{med(b, 'ttft_p50') * 1e3:.1f} | {med(b, 'ttft_p50') / med(a, 'ttft_p50'):.2f} | "
+            f"{med(a, 'itl_p50') * 1e3:.2f} / {med(b, 'itl_p50') * 1e3:.2f} | "
+            f"{med(a, 'tok_cpu_s'):.0f} / {med(b, 'tok_cpu_s'):.0f} | "
+            f"{med(b, 'tok_cpu_s') / med(a, 'tok_cpu_s'):.2f} | {errors[0]} / {errors[1]} |"
+        )
+    lines += [
+        "",
+        f"Repeated prompt (one client, the same request {args.repeats} times):",
+        "",
+        "| server | TTFT p50 (ms) | cached prompt tokens (median, of prompt) |",
+        "|---|---:|---|",
+    ]
+    for kind in KINDS:
+        r = data["repeated"][kind][0]
+        lines.append(
+            f"| {kind} | {r['ttft_p50'] * 1e3:.1f} | {r['cached']:.0f} of {r['prompt']:.0f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--gguf", type=Path, default=GGUF)
+    ap.add_argument(
+        "--server", type=Path, default=Path(os.environ.get("TOKENTRAIL_LLAMA_SERVER") or SERVER)
+    )
+    ap.add_argument("--clients", default="1,4,16", help="concurrency levels (comma list)")
+    ap.add_argument("--slots", type=int, default=16)
+    ap.add_argument("--ctx", type=int, default=4096, help="KV cache tokens, all slots")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--requests", type=int, default=2, help="requests per client per level")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=8, help="requests in the repeated case")
+    ap.add_argument("--output", type=Path, default=None, help="write the markdown report here")
+    args = ap.parse_args()
+    bias = eog_bias(args.gguf)
+    logs = Path(tempfile.mkdtemp(prefix="bench-llamacpp-server-"))
+    procs: list[subprocess.Popen] = []
+    urls, names, pids = {}, {}, {}
+    try:
+        for kind in KINDS:
+            proc, urls[kind] = start(kind, args, logs)
+            procs.append(proc)
+            pids[kind] = proc.pid
+            names[kind] = httpx.get(urls[kind] + "/v1/models").json()["data"][0]["id"]
+        data = measure(args, urls, names, bias, pids)
+    finally:
+        for proc in procs:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        time.sleep(0.1)
+    text = report(args, data, os.getloadavg())
+    print(text)
+    if args.output is not None:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(text, encoding="utf-8")
+        args.output.with_suffix(".json").write_text(json.dumps(data, indent=1), "utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

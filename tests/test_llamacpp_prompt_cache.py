@@ -1,0 +1,213 @@
+"""The llama.cpp batch's prompt cache (llama-server's slot reuse), on real GGUF models.
+
+A finished sequence's KV cells stay in its llama.cpp sequence; the next prompt that shares
+a prefix with them evaluates only the rest. Oracles: llama-cpp-python's own greedy decode
+on an independent `Llama` over the same file (`Llama.generate`, which evaluates the whole
+prompt cold), and the batch's own cold run (a fresh batch) for logprobs; cached counts
+follow from what llama.cpp's KV cells hold (a sequence's last sampled token is never
+evaluated). Served: `usage.prompt_tokens_details.cached_tokens` through the official
+`openai` client on a real `tokentrail serve --engine llamacpp` process.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.helpers.env import require
+from tests.helpers.net import free_port
+from tests.helpers.servers import launch
+from tokentrail.sampling import make_params
+
+PROMPTS = [
+    "The capital of France is",
+    "The capital of France is Paris, and the capital of Italy is",
+    "東京は日本の首都で、",
+    "def fibonacci(n):\n    ",
+]
+CHAT = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def ref_greedy(ref: Any, ids: list[int], n: int) -> list[int]:
+    """llama-cpp-python's own greedy decode of `ids`, cold (its KV cache reset first)."""
+    ref.reset()
+    out = []
+    for tok in ref.generate(
+        ids, temp=0.0, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.0, reset=True
+    ):
+        out.append(int(tok))
+        if len(out) == n:
+            break
+    return out
+
+
+def run(batch: Any, ids: list[int], n: int, **params: Any) -> tuple[list[Any], int]:
+    """One sequence through `batch` to its end: its steps and its cached prompt tokens."""
+    uid = batch.add(ids, make_params(**params), n)
+    steps = []
+    while len(batch):
+        steps += [s for u, s in batch.step() if u == uid]
+    return steps, batch.cached_tokens(uid)
+
+
+def test_a_repeated_prompt_reuses_all_but_its_last_token(demo: Any, demo_ref: Any) -> None:
+    engine, tok = demo
+    ids = tok.encode(PROMPTS[1])
+    want = ref_greedy(demo_ref, ids, 8)
+    batch = engine.open_batch(2, n_ctx=512)
+    cold, cached_cold = run(batch, ids, 8, top_logprobs=3)
+    warm, cached_warm = run(batch, ids, 8, top_logprobs=3)
+    batch.close()
+    assert cached_cold == 0
+    assert cached_warm == len(ids) - 1  # the last prompt token is run again for its logits
+    assert [s.token for s in cold] == [s.token for s in warm] == want
+    for a, b in zip(cold, warm, strict=True):
+        assert a.logprob == pytest.approx(b.logprob, abs=1e-3)
+        assert [i for i, _ in a.top_logprobs] == [i for i, _ in b.top_logprobs]
+
+
+def test_a_follow_up_reuses_the_prompt_and_the_reply(demo: Any, demo_ref: Any) -> None:
+    """A chat's next turn: the previous prompt and all but the last generated token (the
+    one never evaluated) come from the cache; the new ids equal a cold decode."""
+    engine, tok = demo
+    first = tok.encode(PROMPTS[0])
+    batch = engine.open_batch(1, n_ctx=512)
+    out = [s.token for s in run(batch, first, 5)[0]]
+    follow = [*first, *out, *tok.encode(" and the river")]
+    steps, cached = run(batch, follow, 6)
+    batch.close()
+    assert cached == len(first) + len(out) - 1
+    assert [s.token for s in steps] == ref_greedy(demo_ref, follow, 6)
+
+
+def test_a_new_prompt_takes_the_slot_with_the_longest_shared_prefix(demo: Any) -> None:
+    engine, tok = demo
+    short, longer, other = (tok.encode(p) for p in (PROMPTS[0], PROMPTS[1], PROMPTS[3]))
+    assert longer[: len(short)] == short
+    batch = engine.open_batch(3, n_ctx=512)
+    run(batch, other, 2)
+    run(batch, short, 2)
+    _, cached = run(batch, longer, 2)  # the slot that holds `short` (not the LRU one)
+    batch.close()
+    assert cached == len(short)
+
+
+def test_a_full_cache_frees_idle_slots_instead_of_failing(demo: Any) -> None:
+    """Idle sequences' cells fill the shared KV cache; a new prompt that needs the room
+    frees them and still decodes exactly what it decodes alone."""
+    engine, tok = demo
+    batch = engine.open_batch(3, n_ctx=512)
+    words = ("Alpha", "Bravo", "Charlie")
+    prompts = [tok.encode(f"{w} story: " + "the quick brown fox jumps " * 16) for w in words]
+    n = max(len(p) for p in prompts) + 4
+    assert 2 * n < batch.n_ctx < 3 * n  # two idle caches leave no room for the third
+    solo = []
+    for p in prompts:
+        fresh = engine.open_batch(1, n_ctx=512)
+        solo.append([s.token for s in run(fresh, p, 4)[0]])
+        fresh.close()
+    got = [[s.token for s in run(batch, p, 4)[0]] for p in prompts]
+    assert got == solo
+    _, cached = run(batch, prompts[0], 1)  # its cells were freed: only the third's remain
+    batch.close()
+    shared = next(i for i, (a, b) in enumerate(zip(prompts[0], prompts[2], strict=False)) if a != b)
+    assert cached == shared
+
+
+POOL = [
+    "The capital of France is",
+    "The capital of France is a city",
+    "The capital of Spain is",
+    "def add(a, b):",
+    "def add(a, b):\n    return",
+]
+
+
+@settings(
+    max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    order=st.lists(st.integers(0, len(POOL) - 1), min_size=2, max_size=6), width=st.integers(1, 3)
+)
+def test_any_order_of_prompts_decodes_what_each_decodes_cold(
+    demo: Any, cold_ids: dict[int, list[int]], order: list[int], width: int
+) -> None:
+    """Prompts sharing prefixes, joining `width` at a time in any order: every sequence's
+    greedy ids equal llama-cpp-python's cold decode of its prompt."""
+    engine, tok = demo
+    batch = engine.open_batch(width, n_ctx=1024)
+    todo = list(order)
+    got: dict[int, tuple[int, list[int]]] = {}
+    while todo or len(batch):
+        while todo and len(batch) < width:
+            k = todo.pop(0)
+            got[batch.add(tok.encode(POOL[k]), make_params(), 6)] = (k, [])
+        for uid, s in batch.step():
+            got[uid][1].append(s.token)
+    batch.close()
+    for k, ids in got.values():
+        assert ids == cold_ids[k], POOL[k]
+
+
+@pytest.fixture(scope="module")
+def cold_ids(demo: Any, demo_ref: Any) -> dict[int, list[int]]:
+    _, tok = demo
+    return {k: ref_greedy(demo_ref, tok.encode(p), 6) for k, p in enumerate(POOL)}
+
+
+# -- served: usage.prompt_tokens_details.cached_tokens ------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server(smollm2_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    require("uvicorn")
+    port = free_port()
+    log = tmp_path_factory.mktemp("llamacpp-cache") / "server.log"
+    cmd = [
+        sys.executable,
+        "-m",
+        "tokentrail",
+        "serve",
+        "--engine",
+        "llamacpp",
+        "--model",
+        str(smollm2_gguf),
+        "--n-ctx",
+        "2048",
+        "--max-batch",
+        "2",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+    ]
+    srv = launch(cmd, log, f"http://127.0.0.1:{port}", timeout=180.0)
+    yield srv.url
+    srv.stop()
+
+
+def test_the_server_reports_cached_prompt_tokens(server: str, smol_ref: Any) -> None:
+    openai = require("openai")
+    client = openai.OpenAI(base_url=server + "/v1", api_key="unused", max_retries=0)
+    model = client.models.list().data[0].id
+    kw: dict[str, Any] = {"model": model, "messages": CHAT, "temperature": 0, "max_tokens": 12}
+    first = client.chat.completions.create(**kw)
+    second = client.chat.completions.create(**kw)
+    ref = smol_ref.create_chat_completion(CHAT, max_tokens=12, temperature=0.0)
+    want = ref["choices"][0]["message"]["content"]
+    assert first.choices[0].message.content == second.choices[0].message.content == want
+    n = first.usage.prompt_tokens
+    assert n == ref["usage"]["prompt_tokens"]
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    assert second.usage.prompt_tokens_details.cached_tokens == n - 1
+    stream = client.chat.completions.create(
+        stream=True, stream_options={"include_usage": True}, **kw
+    )
+    usage = [c.usage for c in stream if c.usage is not None]
+    assert usage and usage[-1].prompt_tokens_details.cached_tokens == n - 1

@@ -316,7 +316,8 @@ class TorchEngine:
             top = list(zip(map(int, values[2 : 2 + k]), values[2 + k : 2 + 2 * k], strict=True))
             if processed:  # ids the processed distribution rules out are no alternatives
                 top = [(i, lp) for i, lp in top if lp > -math.inf]
-            mass = math.exp(values[2 + 2 * k]) if guide is not None else None
+            # The log mass is packed last only while the guide masks (not while reasoning).
+            mass = math.exp(values[2 + 2 * k]) if len(values) > 2 + 2 * k else None
             return int(values[0]), values[1], top, mass
 
         token, info, logprobs = step(rest, True)
@@ -354,13 +355,16 @@ def _copy_to_host(info: torch.Tensor) -> tuple[torch.Tensor, Any]:
 
 def _guide_mask(
     guide: Any, logprobs: torch.Tensor, previous: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`logprobs` masked to what `guide` allows (renormalised) and the log of the raw
-    mass on the allowed ids. `previous` is the token just sampled (None at the first
+    mass on the allowed ids (None, and `logprobs` as they are, while the guide's gate
+    keeps the mask off). `previous` is the token just sampled (None at the first
     step): the guide moves past it first. The model's forward pass is already queued,
     so on CUDA llguidance works while the device computes."""
     if previous is not None:
         guide.advance(int(previous.item()))
+    if not guide.active:  # the model still reasons: no mask yet, and no mass to report
+        return logprobs, None
     allowed = torch.from_numpy(guide.allowed(logprobs.shape[-1])).to(logprobs.device)
     kept = logprobs.masked_fill(~allowed, -math.inf)
     log_mass = torch.logsumexp(kept, dim=-1)

@@ -419,7 +419,11 @@ def _generation_error(exc: BaseException) -> APIError:
         kind = "invalid_request_error" if 400 <= exc.status < 500 else "upstream_error"
         return APIError(exc.status, str(exc), type=kind, code=exc.code)
     if isinstance(exc, ValueError | TypeError):
-        return APIError(400, f"the model rejected the request: {exc}", code="invalid_request")
+        # A ConstraintError (e.g. a constraint the upstream cannot serve) names its field.
+        param = getattr(exc, "param", None)
+        return APIError(
+            400, f"the model rejected the request: {exc}", code="invalid_request", param=param
+        )
     return APIError(
         500,
         f"generation failed: {type(exc).__name__}: {exc}",

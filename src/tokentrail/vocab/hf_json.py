@@ -220,6 +220,53 @@ def _compile_decoder(
     return pipeline.result()
 
 
+def _normalized_forms(tok: Any, added: list[dict[str, Any]], tokens: list[str | None]) -> None:
+    """Put in `tokens` the string the decoder really receives for each added token.
+
+    Since tokenizers 0.23 (huggingface/tokenizers#1995, `AddedVocabulary::
+    simple_id_to_token`), `Tokenizer.decode` hands the decoder a `normalized` added
+    token's *normalized* form, not its content: under a Llama-2-style normalizer
+    (Prepend "▁", Replace " " -> "▁") `<tok>` decodes as `▁<tok>`, so the decoder puts a
+    space before it. Older versions pass the content. Which one the installed library
+    does is asked of it: its decode of the id twice against its decoder on each form.
+    """
+    norm = getattr(tok, "normalizer", None)
+    if norm is None:
+        return
+    decoder = getattr(tok, "decoder", None)
+
+    def decoded(s: str) -> str:
+        return decoder.decode([s, s]) if decoder is not None else f"{s} {s}"
+
+    for a in added:
+        i, content = int(a["id"]), a["content"]
+        if not a.get("normalized") or tokens[i] != content:
+            continue
+        form = norm.normalize_str(content)
+        if not form or form == content:
+            continue
+        try:
+            got = tok.decode([i, i], skip_special_tokens=False)
+            as_form, as_content = decoded(form), decoded(content)
+        except Exception:  # a decoder that refuses the probe: keep the content
+            continue
+        if got == as_form != as_content:
+            tokens[i] = form
+
+
+def _skipped_ids(added: list[dict[str, Any]], tokens: list[str | None]) -> set[int]:
+    """The ids `Tokenizer.decode(..., skip_special_tokens=True)` drops.
+
+    tokenizers drops a token when the string it decodes (see `_normalized_forms`) is
+    the content of an added token flagged `special` (tokenizer/mod.rs `decode`,
+    `AddedVocabulary::is_special_token`, a set of contents). So a token the file does
+    not flag special stays, whatever its name (`<unk>` with `special: false`), and a
+    special token whose normalized form differs from its content stays too.
+    """
+    contents = {a["content"] for a in added if a.get("special")}
+    return {i for i, s in enumerate(tokens) if s is not None and s in contents}
+
+
 def vocab_from_hf_tokenizer(
     tok: Any,
     name: str = "tokenizers.Tokenizer",
@@ -241,10 +288,9 @@ def vocab_from_hf_tokenizer(
     tokens: list[str | None] = [None] * size
     for s, i in table.items():
         tokens[i] = s
-    special = set(special_ids or ())
-    for added in spec.get("added_tokens", []):
-        if added.get("special"):
-            special.add(int(added["id"]))
+    added_tokens = [a for a in spec.get("added_tokens", []) if 0 <= int(a["id"]) < size]
+    _normalized_forms(tok, added_tokens, tokens)
+    special = _skipped_ids(added_tokens, tokens) | set(special_ids or ())
     if cleanup is None:
         cleanup = bool((config or {}).get("clean_up_tokenization_spaces", False))
 

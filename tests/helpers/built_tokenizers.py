@@ -38,6 +38,8 @@ ADDED = [
     ("<|sp|>", True, True),
     ("<|sp_raw|>", True, False),
     ("▁<mark>", True, False),
+    ("<MASK>", True, True),  # a lowercasing normalizer changes it
+    ("<Plain>", False, True),
 ]
 
 NORMALIZERS = ("none", "llama-legacy", "replace-only", "lowercase")
@@ -106,7 +108,10 @@ def _decoder(kind: str) -> dict[str, Any]:
         "metaspace-never": {**meta, "prepend_scheme": "never", "split": False},
         "llama2": {"type": "Sequence", "decoders": [*llama2, strip]},
         "llama2-no-strip": {"type": "Sequence", "decoders": llama2},
-        "bytefallback-metaspace": {"type": "Sequence", "decoders": [{"type": "ByteFallback"}, meta]},
+        "bytefallback-metaspace": {
+            "type": "Sequence",
+            "decoders": [{"type": "ByteFallback"}, meta],
+        },
     }[kind]
 
 
@@ -123,8 +128,15 @@ def _normalizer(kind: str) -> dict[str, Any] | None:
 
 def build(b: Build, folder: Path) -> Path:
     """Write the tokenizer.json of `b` under `folder` and return its path."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, trainers
-    from tokenizers import pre_tokenizers
+    from tokenizers import (
+        AddedToken,
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        trainers,
+    )
 
     specials = ["<unk>", "<s>", "</s>"]
     if b.model == "bpe":

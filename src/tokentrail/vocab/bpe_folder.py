@@ -84,7 +84,9 @@ def via_transformers(path: Path, family: str) -> Vocab:
             else f"a {family} tokenizer folder without tokenizer.json is defined by its "
             "transformers class (ids, special tokens); reading it"
         )
-        raise TokenizerLoadError(f"{path}: {what} needs transformers (pip install 'tokentrail[hf]')")
+        raise TokenizerLoadError(
+            f"{path}: {what} needs transformers (pip install 'tokentrail[hf]')"
+        )
     from transformers import AutoTokenizer, BertTokenizer, PreTrainedTokenizerFast
 
     try:

@@ -40,6 +40,7 @@ ADDED = [
     ("▁<mark>", True, False),
     ("<MASK>", True, True),  # a lowercasing normalizer changes it
     ("<Plain>", False, True),
+    ("ﬁne", False, True),  # NFKC makes it "fine"
 ]
 
 NORMALIZERS = ("none", "llama-legacy", "replace-only", "lowercase")
@@ -60,7 +61,7 @@ DECODERS = (
 class Build:
     """One point of the grid: how the tokenizer.json is made."""
 
-    model: str  # "bpe" | "unigram"
+    model: str  # "bpe" | "unigram" | "bytelevel" | "wordpiece"
     normalizer: str
     decoder: str
     unk_special: bool = True
@@ -76,6 +77,10 @@ def grid() -> list[Build]:
     out = [Build(m, n, d) for m, n, d in itertools.product(("bpe",), NORMALIZERS, DECODERS)]
     out += [Build("unigram", n, d) for n in ("none", "llama-legacy") for d in DECODERS[:3]]
     out += [Build("bpe", n, "llama2", unk_special=False) for n in ("none", "llama-legacy")]
+    # The trained decoder kept: ByteLevel and WordPiece, under normalizers that change
+    # an added token (lower case, NFKC's "ﬁ" -> "fi", BERT's).
+    out += [Build("bytelevel", n, "trained") for n in ("none", "lowercase", "nfkc")]
+    out += [Build("wordpiece", n, "trained") for n in ("none", "bert-lower", "nfkc")]
     return out
 
 
@@ -123,37 +128,61 @@ def _normalizer(kind: str) -> dict[str, Any] | None:
         "llama-legacy": {"type": "Sequence", "normalizers": [prepend, replace]},
         "replace-only": replace,
         "lowercase": {"type": "Lowercase"},
+        "nfkc": {"type": "NFKC"},
+        "bert-lower": {
+            "type": "BertNormalizer",
+            "clean_text": True,
+            "handle_chinese_chars": True,
+            "strip_accents": None,
+            "lowercase": True,
+        },
     }[kind]
+
+
+def _trained(model: str) -> Any:
+    """A small tokenizer of the given model kind, trained on `TEXTS`."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+    specials = ["<unk>", "<s>", "</s>"]
+    if model == "bytelevel":  # GPT-2 style: no byte fallback, bytes as characters
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer: Any = trainers.BpeTrainer(
+            vocab_size=400,
+            special_tokens=specials,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        )
+    elif model == "wordpiece":  # BERT style
+        tok = Tokenizer(models.WordPiece(unk_token="<unk>"))
+        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        tok.decoder = decoders.WordPiece()
+        trainer = trainers.WordPieceTrainer(vocab_size=400, special_tokens=specials)
+    else:
+        if model == "bpe":
+            tok = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>", fuse_unk=True))
+            trainer = trainers.BpeTrainer(
+                vocab_size=300, special_tokens=specials, initial_alphabet=["▁"]
+            )
+        else:
+            tok = Tokenizer(models.Unigram())
+            trainer = trainers.UnigramTrainer(
+                vocab_size=200, special_tokens=specials, unk_token="<unk>", byte_fallback=True
+            )
+        # Trained with the Metaspace pre-tokenizer: pieces carry "▁" as real files do.
+        tok.pre_tokenizer = pre_tokenizers.Metaspace()
+        tok.decoder = decoders.Metaspace()
+    tok.normalizer = normalizers.Sequence([])
+    tok.train_from_iterator(TEXTS * 20, trainer)
+    return tok
 
 
 def build(b: Build, folder: Path) -> Path:
     """Write the tokenizer.json of `b` under `folder` and return its path."""
-    from tokenizers import (
-        AddedToken,
-        Tokenizer,
-        decoders,
-        models,
-        normalizers,
-        pre_tokenizers,
-        trainers,
-    )
+    from tokenizers import AddedToken, Tokenizer
 
     specials = ["<unk>", "<s>", "</s>"]
-    if b.model == "bpe":
-        tok = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>", fuse_unk=True))
-        trainer: Any = trainers.BpeTrainer(
-            vocab_size=300, special_tokens=specials, initial_alphabet=["▁"]
-        )
-    else:
-        tok = Tokenizer(models.Unigram())
-        trainer = trainers.UnigramTrainer(
-            vocab_size=200, special_tokens=specials, unk_token="<unk>", byte_fallback=True
-        )
-    # Train with the Metaspace pre-tokenizer so that pieces carry "▁" as real files do.
-    tok.normalizer = normalizers.Sequence([])
-    tok.pre_tokenizer = pre_tokenizers.Metaspace()
-    tok.decoder = decoders.Metaspace()
-    tok.train_from_iterator(TEXTS * 20, trainer)
+    tok = _trained(b.model)
     spec = json.loads(tok.to_str())
     if b.model == "bpe":
         vocab = spec["model"]["vocab"]
@@ -162,7 +191,8 @@ def build(b: Build, folder: Path) -> Path:
     spec["normalizer"] = _normalizer(b.normalizer)
     if b.normalizer == "llama-legacy":
         spec["pre_tokenizer"] = None  # the normalizer does the "▁" work (Llama 2 files)
-    spec["decoder"] = _decoder(b.decoder)
+    if b.decoder in DECODERS:
+        spec["decoder"] = _decoder(b.decoder)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "tokenizer.json"
     path.write_text(json.dumps(spec, ensure_ascii=False), encoding="utf-8")

@@ -220,44 +220,28 @@ def _compile_decoder(
     return pipeline.result()
 
 
-def _normalized_forms(tok: Any, added: list[dict[str, Any]], tokens: list[str | None]) -> None:
+def _decoded_forms(tok: Any, added: list[dict[str, Any]], tokens: list[str | None]) -> None:
     """Put in `tokens` the string the decoder really receives for each added token.
 
-    Since tokenizers 0.23 (huggingface/tokenizers#1995, `AddedVocabulary::
-    simple_id_to_token`), `Tokenizer.decode` hands the decoder a `normalized` added
-    token's *normalized* form, not its content: under a Llama-2-style normalizer
-    (Prepend "▁", Replace " " -> "▁") `<tok>` decodes as `▁<tok>`, so the decoder puts a
-    space before it. Older versions pass the content. Which one the installed library
-    does is asked of it: its decode of the id twice against its decoder on each form.
+    `Tokenizer.decode` looks each id up as `Tokenizer.id_to_token` does (tokenizer/mod.rs:
+    both call `AddedVocabulary::simple_id_to_token`, then the model), so that answer is
+    the library's own. It need not be the token's content: since tokenizers 0.23
+    (huggingface/tokenizers#1995) a `normalized` added token is handed over in its
+    normalized form, so under Llama 2's legacy normalizer (Prepend "▁", Replace " " ->
+    "▁") `<tok>` decodes as `▁<tok>` and the decoder puts a space before it; a
+    lower-casing normalizer lower-cases it. Older versions pass the content.
     """
-    norm = getattr(tok, "normalizer", None)
-    if norm is None:
-        return
-    decoder = getattr(tok, "decoder", None)
-
-    def decoded(s: str) -> str:
-        return decoder.decode([s, s]) if decoder is not None else f"{s} {s}"
-
     for a in added:
-        i, content = int(a["id"]), a["content"]
-        if not a.get("normalized") or tokens[i] != content:
-            continue
-        form = norm.normalize_str(content)
-        if not form or form == content:
-            continue
-        try:
-            got = tok.decode([i, i], skip_special_tokens=False)
-            as_form, as_content = decoded(form), decoded(content)
-        except Exception:  # a decoder that refuses the probe: keep the content
-            continue
-        if got == as_form != as_content:
+        i = int(a["id"])
+        form = tok.id_to_token(i)
+        if form is not None:
             tokens[i] = form
 
 
 def _skipped_ids(added: list[dict[str, Any]], tokens: list[str | None]) -> set[int]:
     """The ids `Tokenizer.decode(..., skip_special_tokens=True)` drops.
 
-    tokenizers drops a token when the string it decodes (see `_normalized_forms`) is
+    tokenizers drops a token when the string it decodes (see `_decoded_forms`) is
     the content of an added token flagged `special` (tokenizer/mod.rs `decode`,
     `AddedVocabulary::is_special_token`, a set of contents). So a token the file does
     not flag special stays, whatever its name (`<unk>` with `special: false`), and a
@@ -289,7 +273,7 @@ def vocab_from_hf_tokenizer(
     for s, i in table.items():
         tokens[i] = s
     added_tokens = [a for a in spec.get("added_tokens", []) if 0 <= int(a["id"]) < size]
-    _normalized_forms(tok, added_tokens, tokens)
+    _decoded_forms(tok, added_tokens, tokens)
     special = _skipped_ids(added_tokens, tokens) | set(special_ids or ())
     if cleanup is None:
         cleanup = bool((config or {}).get("clean_up_tokenization_spaces", False))

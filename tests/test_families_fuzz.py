@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 from collections.abc import Callable, Sequence
@@ -151,6 +152,65 @@ def test_unk_flag_decides_under_tokenizers(
         want = tok.decode(ids, skip_special_tokens=True)
         assert ("<unk>" in want) == (not unk_special)  # the oracle follows the file's flag
         assert _stream(Aligner(str(path), skip_special_tokens=True), ids) == want
+
+
+@pytest.fixture(scope="module")
+def llama2_legacy(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Llama 2's real vocabulary in the layout of its published tokenizer.json (normalizer
+    Prepend "▁" + Replace " " -> "▁", no pre-tokenizer, Replace/ByteFallback/Fuse/Strip
+    decoder), with tokens added the way chat fine-tunes add them: `add_tokens` (normalized)
+    and `add_special_tokens` with `normalized=True`."""
+    from tokenizers import AddedToken, Tokenizer
+
+    from tests.helpers.tokenizer_specs import converted
+
+    require("transformers")
+    model = corpus / "tokenizers/llama2/tokenizer.model"
+    if not model.is_file():
+        pytest.skip(f"{model} missing from the corpus")
+    spec = json.loads((converted(str(model)) / "tokenizer.json").read_text(encoding="utf-8"))
+    spec["normalizer"] = {
+        "type": "Sequence",
+        "normalizers": [
+            {"type": "Prepend", "prepend": "▁"},
+            {"type": "Replace", "pattern": {"String": " "}, "content": "▁"},
+        ],
+    }
+    spec["pre_tokenizer"] = None
+    out = tmp_path_factory.mktemp("llama2-legacy") / "tokenizer.json"
+    out.write_text(json.dumps(spec, ensure_ascii=False), encoding="utf-8")
+    tok = Tokenizer.from_file(str(out))
+    tok.add_tokens(["<|im_start|>", "<|im_end|>", AddedToken("<pad>", normalized=True)])
+    tok.add_special_tokens([AddedToken("<|tool|>", special=True, normalized=True)])
+    tok.save(str(out))
+    return out
+
+
+@pytest.mark.corpus
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_llama2_legacy_layout_with_added_tokens(llama2_legacy: Path, data: st.DataObject) -> None:
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(llama2_legacy))
+    words = [
+        tok.encode(t, add_special_tokens=False).ids
+        for t in ("Hello", " world", "user\n", "你好", "🙂", " ", "")
+    ]
+    marks = [tok.token_to_id(t) for t in ("<|im_start|>", "<|im_end|>", "<pad>", "<|tool|>")]
+    marks += [tok.token_to_id(t) for t in ("<s>", "</s>", "<unk>")]
+    ids = _ids(data, [w for w in words if w], marks, tok.get_vocab_size(with_added_tokens=True))
+    cut = data.draw(st.integers(0, len(ids)))
+    for skip in (False, True):
+        want = tok.decode(ids, skip_special_tokens=skip)
+        a = _aligner(llama2_legacy, skip).fresh(None)
+        assert _stream(a, ids) == want, (skip, [tok.id_to_token(i) for i in ids])
+        assert _in_context(a, ids, cut) == want, (skip, cut)
+
+
+@functools.cache
+def _aligner(path: Path, skip: bool) -> Aligner:
+    return Aligner(str(path), skip_special_tokens=skip)
 
 
 # -- reference="transformers" on tokenizer.json -------------------------------------------

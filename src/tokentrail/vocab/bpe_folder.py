@@ -78,16 +78,22 @@ def via_transformers(path: Path, family: str) -> Vocab:
     """A folder whose tokenizer class adds what no file states, through transformers."""
 
     if importlib.util.find_spec("transformers") is None:
-        raise TokenizerLoadError(
-            f"{path}: a {family} tokenizer folder without tokenizer.json is defined by its "
-            "transformers class (ids, special tokens); reading it needs transformers "
-            "(pip install 'tokentrail[hf]')"
+        what = (
+            "decoding it as transformers does (reference='transformers')"
+            if family == "tokenizer.json"
+            else f"a {family} tokenizer folder without tokenizer.json is defined by its "
+            "transformers class (ids, special tokens); reading it"
         )
-    from transformers import AutoTokenizer, BertTokenizer
+        raise TokenizerLoadError(
+            f"{path}: {what} needs transformers (pip install 'tokentrail[hf]')"
+        )
+    from transformers import AutoTokenizer, BertTokenizer, PreTrainedTokenizerFast
 
     try:
         if (path / "config.json").is_file() or (path / "tokenizer_config.json").is_file():
             tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        elif (path / "tokenizer.json").is_file():  # no config: the file's own class
+            tok = PreTrainedTokenizerFast(tokenizer_file=str(path / "tokenizer.json"))
         else:  # a bare vocab.txt: BERT's class, as transformers' own examples load it
             tok = BertTokenizer(vocab_file=str(path / "vocab.txt"))
     except Exception as e:  # transformers raises ValueError/OSError/KeyError

@@ -127,6 +127,8 @@ def _from_json(path: Path, data: Any, reference: str = "auto") -> Vocab:
         from tokenizers import Tokenizer
 
         check_reference(reference, "a Hugging Face tokenizer.json", path, _HF)
+        if reference == "transformers" and path.name == "tokenizer.json":
+            return via_transformers(path.parent, "tokenizer.json")
         tok = Tokenizer.from_file(str(path))
         cfg = None
         if path.name == "tokenizer.json":
@@ -148,6 +150,12 @@ def _from_dir(path: Path, reference: str = "auto") -> Vocab:
         from tokenizers import Tokenizer
 
         check_reference(reference, "a Hugging Face tokenizer folder", path, _HF)
+        if reference == "transformers":
+            # transformers' decode, not the file's: its tokenizer class may rebuild the
+            # decoder (LlamaTokenizer adds ByteFallback), tokenizer_config.json's
+            # added_tokens_decoder overrides the file's `special` flags, and the tokens
+            # the config names (unk/bos/eos) become special (tokenization_utils_base).
+            return via_transformers(path, "tokenizer.json")
         tok = Tokenizer.from_file(str(path / "tokenizer.json"))
         return vocab_from_hf_tokenizer(tok, name=str(path), config=cfg)
     family = tokenizer_family(path, cfg)

@@ -220,6 +220,37 @@ def _compile_decoder(
     return pipeline.result()
 
 
+def _decoded_forms(tok: Any, added: list[dict[str, Any]], tokens: list[str | None]) -> None:
+    """Put in `tokens` the string the decoder really receives for each added token.
+
+    `Tokenizer.decode` looks each id up as `Tokenizer.id_to_token` does (tokenizer/mod.rs:
+    both call `AddedVocabulary::simple_id_to_token`, then the model), so that answer is
+    the library's own. It need not be the token's content: since tokenizers 0.23
+    (huggingface/tokenizers#1995) a `normalized` added token is handed over in its
+    normalized form, so under Llama 2's legacy normalizer (Prepend "▁", Replace " " ->
+    "▁") `<tok>` decodes as `▁<tok>` and the decoder puts a space before it; a
+    lower-casing normalizer lower-cases it. Older versions pass the content.
+    """
+    for a in added:
+        i = int(a["id"])
+        form = tok.id_to_token(i)
+        if form is not None:
+            tokens[i] = form
+
+
+def _skipped_ids(added: list[dict[str, Any]], tokens: list[str | None]) -> set[int]:
+    """The ids `Tokenizer.decode(..., skip_special_tokens=True)` drops.
+
+    tokenizers drops a token when the string it decodes (see `_decoded_forms`) is
+    the content of an added token flagged `special` (tokenizer/mod.rs `decode`,
+    `AddedVocabulary::is_special_token`, a set of contents). So a token the file does
+    not flag special stays, whatever its name (`<unk>` with `special: false`), and a
+    special token whose normalized form differs from its content stays too.
+    """
+    contents = {a["content"] for a in added if a.get("special")}
+    return {i for i, s in enumerate(tokens) if s is not None and s in contents}
+
+
 def vocab_from_hf_tokenizer(
     tok: Any,
     name: str = "tokenizers.Tokenizer",
@@ -241,10 +272,9 @@ def vocab_from_hf_tokenizer(
     tokens: list[str | None] = [None] * size
     for s, i in table.items():
         tokens[i] = s
-    special = set(special_ids or ())
-    for added in spec.get("added_tokens", []):
-        if added.get("special"):
-            special.add(int(added["id"]))
+    added_tokens = [a for a in spec.get("added_tokens", []) if 0 <= int(a["id"]) < size]
+    _decoded_forms(tok, added_tokens, tokens)
+    special = _skipped_ids(added_tokens, tokens) | set(special_ids or ())
     if cleanup is None:
         cleanup = bool((config or {}).get("clean_up_tokenization_spaces", False))
 

@@ -143,6 +143,8 @@ class Scheduler:
         self._job_tokens: deque[int] = deque(maxlen=64)
         #: Events of the jobs in the batch, handed over once per pass of the loop.
         self._outbox = Outbox()
+        #: Whether the batch hands the events over itself (`before_compute`).
+        self._deferred = False
 
     # -- lifecycle --
 
@@ -258,6 +260,12 @@ class Scheduler:
             batch = open_batch(self._engine, self.max_batch, **options)
             self.batch_kind = type(batch).__name__
             self.max_batch = batch_capacity(batch)
+            # A batch that says when a step's graph is built gets the previous step's
+            # events handed over there, so the event loop formats them while the model
+            # computes rather than while this thread builds the next step.
+            self._deferred = hasattr(batch, "before_compute")
+            if self._deferred:
+                batch.before_compute = self._outbox.flush
         except BaseException as e:  # re-raised by start(); the loop has nothing to do
             logger.debug("loading the model failed", exc_info=True)
             self._load_error = e
@@ -299,7 +307,9 @@ class Scheduler:
 
     def _pass(self, batch: Any) -> bool:
         """One pass of the loop: admit, reap, one batch step; False once stopping. The
-        events it posted go to the event loop when it ends."""
+        events it posted go to the event loop when it ends, or, with a batch that has
+        `before_compute` and sequences left, during the next step's compute (before that
+        pass admits anybody, if it does)."""
         try:
             with self._cond:
                 if self._stopping:
@@ -309,6 +319,8 @@ class Scheduler:
                 if self._stopping:
                     return False
                 admit = self._admit()
+            if admit:
+                self._outbox.flush()  # preparing prompts takes a while: deliver first
             for job in admit:
                 self._join(batch, job)
             self._reap(batch)
@@ -316,7 +328,8 @@ class Scheduler:
                 self._step(batch)
             return True
         finally:
-            self._outbox.flush()
+            if not (self._deferred and self._seqs):
+                self._outbox.flush()
 
     def _step(self, batch: Any) -> None:
         """One batch step, each sequence's token through its own per-token loop."""
@@ -325,11 +338,13 @@ class Scheduler:
         try:
             steps = batch.step()
         except Exception as e:  # the engine failed: every sequence in it is lost
+            self._outbox.flush()
             logger.exception("a batch step failed")
             for seq in list(self._seqs.values()):
                 seq.job.post("error", seq.choice, e)
                 self._leave(batch, seq, "failed")
             return
+        self._outbox.flush()  # what `before_compute` did not hand over (no decoding step)
         if steps:
             self._step_seconds.append(time.perf_counter() - tic)
         for uid, engine_step in steps:

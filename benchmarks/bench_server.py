@@ -71,6 +71,17 @@ def percentile(values: list[float], q: float) -> float:
     return values[lo] + (values[hi] - values[lo]) * (k - lo)
 
 
+def process_cpu(pid: int) -> float | None:
+    """CPU seconds (user + system, all threads) the process `pid` has used so far, from
+    /proc (None where there is none)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -95,12 +106,30 @@ def start_server(kind: str, folder: Path, log: Path) -> tuple[subprocess.Popen, 
     it answers."""
     port = free_port()
     if kind == "tokentrail":
-        cmd = [sys.executable, "-m", "tokentrail.server", "--model", str(folder),
-               "--port", str(port), "--log-level", "warning"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "tokentrail.server",
+            "--model",
+            str(folder),
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ]
         probe = "/health"
     else:
-        cmd = [sys.executable, "-m", "mlx_lm.server", "--model", str(folder), "--port",
-               str(port), "--log-level", "WARNING"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "mlx_lm.server",
+            "--model",
+            str(folder),
+            "--port",
+            str(port),
+            "--log-level",
+            "WARNING",
+        ]
         probe = "/v1/models"
     out = log.open("wb")
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
@@ -205,7 +234,9 @@ async def run_level(
     return [r for rs in per_client for r in rs], wall
 
 
-def summarize(results: list[RequestResult], wall: float) -> dict[str, Any]:
+def summarize(
+    results: list[RequestResult], wall: float, cpu: float | None = None
+) -> dict[str, Any]:
     good = [r for r in results if r.ok]
     gaps = [g for r in good for g in r.gaps]
     ttfts = [r.ttft for r in good]
@@ -222,18 +253,27 @@ def summarize(results: list[RequestResult], wall: float) -> dict[str, Any]:
         "itl_mean": statistics.mean(gaps) if gaps else float("nan"),
         "streaming_tok_s": 1 / statistics.mean(gaps) if gaps else float("nan"),
         "wall": wall,
+        # the server process's CPU time per completion token (both servers do the same
+        # model work; the rest is each one's own overhead)
+        "cpu_per_token": cpu / tokens if cpu is not None and tokens else float("nan"),
         "error_kinds": sorted({r.error for r in results if not r.ok}),
     }
 
 
-def second_turn(url: str, model_name: str, conversations: int, max_tokens: int,
-                bias: dict[str, int]) -> dict[str, list[float]]:
+def second_turn(
+    url: str, model_name: str, conversations: int, max_tokens: int, bias: dict[str, int]
+) -> dict[str, list[float]]:
     """One client: each conversation's first turn, then the same conversation one message
     longer (which must reuse the prompt cache). TTFT and cached prompt tokens of each."""
 
     async def run() -> dict[str, list[float]]:
-        out: dict[str, list[float]] = {"first": [], "second": [], "cached_first": [],
-                                       "cached_second": [], "prompt_second": []}
+        out: dict[str, list[float]] = {
+            "first": [],
+            "second": [],
+            "cached_first": [],
+            "cached_second": [],
+            "prompt_second": [],
+        }
         async with httpx.AsyncClient(timeout=600) as client:
             for k in range(conversations):
                 body = body_for(k, model_name, max_tokens, bias)
@@ -241,9 +281,11 @@ def second_turn(url: str, model_name: str, conversations: int, max_tokens: int,
                     {"role": "user", "content": f"Conversation {k}. {PROMPTS[k % len(PROMPTS)]}"}
                 ]
                 first = await one_request(client, url, body)
-                body["messages"] = [*body["messages"],
-                                    {"role": "assistant", "content": first.text},
-                                    {"role": "user", "content": "Tell me more about that."}]
+                body["messages"] = [
+                    *body["messages"],
+                    {"role": "assistant", "content": first.text},
+                    {"role": "user", "content": "Tell me more about that."},
+                ]
                 second = await one_request(client, url, body)
                 if first.ok and second.ok:
                     out["first"].append(first.ttft)
@@ -258,8 +300,12 @@ def second_turn(url: str, model_name: str, conversations: int, max_tokens: int,
 
 def server_metrics(url: str) -> dict[str, float]:
     """tokentrail's /metrics samples that attribute TTFT (sums and counts)."""
-    wanted = ("tokentrail_time_to_first_token_seconds_", "tokentrail_queue_wait_seconds_",
-              "tokentrail_prefill_seconds_", "tokentrail_queued_for_room_total")
+    wanted = (
+        "tokentrail_time_to_first_token_seconds_",
+        "tokentrail_queue_wait_seconds_",
+        "tokentrail_prefill_seconds_",
+        "tokentrail_queued_for_room_total",
+    )
     out = {}
     for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
         name, _, value = line.partition(" ")
@@ -268,24 +314,40 @@ def server_metrics(url: str) -> dict[str, float]:
     return out
 
 
-def bench(kind: str, folder: Path, args: argparse.Namespace, levels: list[int],
-          bias: dict[str, int], notes: dict[str, Any]) -> dict[str, Any]:
+def bench(
+    kind: str,
+    folder: Path,
+    args: argparse.Namespace,
+    levels: list[int],
+    bias: dict[str, int],
+    notes: dict[str, Any],
+) -> dict[str, Any]:
     log = Path(tempfile.mkdtemp(prefix=f"bench-{kind}-")) / "server.log"
     proc, url = start_server(kind, folder, log)
     rows = []
     try:
         # mlx_lm.server serves the model it loaded as "default_model".
-        name = "default_model" if kind == "mlx_lm" else httpx.get(url + "/v1/models").json()[
-            "data"][0]["id"]
+        name = (
+            "default_model"
+            if kind == "mlx_lm"
+            else httpx.get(url + "/v1/models").json()["data"][0]["id"]
+        )
         asyncio.run(run_level(url, name, 1, 2, args.max_tokens, bias))  # warm-up
         for c in levels:
+            cpu_before = process_cpu(proc.pid)
             results, wall = asyncio.run(
                 run_level(url, name, c, args.requests, args.max_tokens, bias)
             )
-            rows.append((c, summarize(results, wall)))
+            cpu_after = process_cpu(proc.pid)
+            cpu = None if cpu_before is None or cpu_after is None else cpu_after - cpu_before
+            rows.append((c, summarize(results, wall, cpu)))
             s = rows[-1][1]
-            print(f"{kind} C={c}: {s['tok_s']:.1f} tok/s, TTFT p50 {s['ttft_p50'] * 1e3:.1f} ms, "
-                  f"ITL p50 {s['itl_p50'] * 1e3:.2f} ms, errors {s['errors']}", flush=True)
+            print(
+                f"{kind} C={c}: {s['tok_s']:.1f} tok/s, TTFT p50 {s['ttft_p50'] * 1e3:.1f} ms, "
+                f"ITL p50 {s['itl_p50'] * 1e3:.2f} ms, server CPU {s['cpu_per_token'] * 1e3:.2f} "
+                f"ms/token, errors {s['errors']}",
+                flush=True,
+            )
         if kind == "tokentrail":
             health = httpx.get(url + "/health").json()
             notes["batch_kind"] = health.get("batch_kind")
@@ -317,20 +379,24 @@ def spread(runs: list[dict[str, Any]], i: int, key: str, scale: float = 1.0) -> 
     return f"{med:.1f} ({min(values):.0f}–{max(values):.0f})"
 
 
-def level_table(levels: list[int], ours: list[dict[str, Any]],
-                theirs: list[dict[str, Any]]) -> list[str]:
+def level_table(
+    levels: list[int], ours: list[dict[str, Any]], theirs: list[dict[str, Any]]
+) -> list[str]:
     lines = [
         "| clients | tok/s ours | tok/s mlx_lm | ratio | TTFT p50 ours (ms) "
         "| TTFT p50 mlx_lm (ms) | TTFT ratio | ITL p50 ours / mlx_lm (ms) "
-        "| ITL mean ours / mlx_lm (ms) | ITL p99 ours / mlx_lm (ms) | errors |",
-        "|---:|---:|---:|---:|---:|---:|---:|---|---|---|---:|",
+        "| ITL mean ours / mlx_lm (ms) | ITL p99 ours / mlx_lm (ms) "
+        "| server CPU per token ours / mlx_lm (ms) | errors |",
+        "|---:|---:|---:|---:|---:|---:|---:|---|---|---|---|---:|",
     ]
-    keys = ("tok_s", "ttft_p50", "itl_p50", "itl_mean", "itl_p99")
+    keys = ("tok_s", "ttft_p50", "itl_p50", "itl_mean", "itl_p99", "cpu_per_token")
     for i, c in enumerate(levels):
         a = {k: median_of(ours, i, k) for k in keys}
         b = {k: median_of(theirs, i, k) for k in keys}
-        errors = (sum(r["levels"][i][1]["errors"] for r in ours),
-                  sum(r["levels"][i][1]["errors"] for r in theirs))
+        errors = (
+            sum(r["levels"][i][1]["errors"] for r in ours),
+            sum(r["levels"][i][1]["errors"] for r in theirs),
+        )
         lines.append(
             f"| {c} | {spread(ours, i, 'tok_s')} | {spread(theirs, i, 'tok_s')} | "
             f"{a['tok_s'] / b['tok_s']:.2f} | "
@@ -339,6 +405,7 @@ def level_table(levels: list[int], ours: list[dict[str, Any]],
             f"{a['itl_p50'] * 1e3:.2f} / {b['itl_p50'] * 1e3:.2f} | "
             f"{a['itl_mean'] * 1e3:.2f} / {b['itl_mean'] * 1e3:.2f} | "
             f"{a['itl_p99'] * 1e3:.2f} / {b['itl_p99'] * 1e3:.2f} | "
+            f"{a['cpu_per_token'] * 1e3:.2f} / {b['cpu_per_token'] * 1e3:.2f} | "
             f"{errors[0]} / {errors[1]} |"
         )
     return lines
@@ -391,8 +458,12 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=2, help="requests per client per level")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=1, help="whole comparisons; medians reported")
-    ap.add_argument("--conversations", type=int, default=6,
-                    help="conversations in the second-turn case, per round")
+    ap.add_argument(
+        "--conversations",
+        type=int,
+        default=6,
+        help="conversations in the second-turn case, per round",
+    )
     ap.add_argument("--output", type=Path, default=None, help="write the markdown report here")
     args = ap.parse_args()
     levels = [int(c) for c in args.clients.split(",")]
@@ -431,7 +502,10 @@ def main() -> int:
         f"{load} (the CPUs are shared with the client process and anything else running)",
         "- TTFT and ITL count content-bearing chunks on both sides (mlx_lm.server sends a "
         "chunk only when text is ready, tokentrail one per token); ratio: ours / mlx_lm "
-        "of the medians; (a–b): the range over rounds",
+        "of the medians; (a–b): the range over rounds; server CPU per token: the server "
+        "process's CPU time (all its threads, from /proc) over a level's run divided by the "
+        "completion tokens it served, a figure that other load on the machine moves less "
+        "than wall-clock latency",
         attribution(notes),
         "",
         *level_table(levels, ours, theirs),
@@ -441,8 +515,15 @@ def main() -> int:
         "",
         *turn_table(ours, theirs),
     ]
-    errors = sorted({e for runs in (ours, theirs) for run in runs for _, s in run["levels"]
-                     for e in s["error_kinds"]})
+    errors = sorted(
+        {
+            e
+            for runs in (ours, theirs)
+            for run in runs
+            for _, s in run["levels"]
+            for e in s["error_kinds"]
+        }
+    )
     if errors:
         lines += ["", "Errors seen: " + "; ".join(errors)]
     report = "\n".join(lines) + "\n"

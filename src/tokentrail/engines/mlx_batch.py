@@ -18,13 +18,19 @@ reports a step's tokens one `next` later (it schedules the following step first)
 for a newcomer would add a whole decoding step of the batch to its time to first token.
 The same token is then skipped when mlx-lm reports it. `max_batch=None` opens the batch
 at `BatchGenerator`'s own completion batch size (its capacity).
+
+`before_compute` (None, or a callable) runs in each step once the step's graph is built,
+just before the wait for it: on MLX's CPU backend `async_eval` of a whole forward pass
+returns only when most of it has run, so work done there (the server hands the previous
+step's events to its event loop) overlaps the model's compute instead of the next step's
+graph building.
 """
 
 from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from mlx_lm.generate import BatchGenerator, GenerationBatch
@@ -109,6 +115,25 @@ class _TracedGenerationBatch(GenerationBatch):
         ]
 
 
+class _Announcing:
+    """A sampler that first calls its batch's `before_compute` (when set), then samples
+    with `sampler`: mlx-lm calls the samplers once the step's graph (the forward pass) is
+    built and just before it is evaluated, so the hook's work runs while the model
+    computes instead of before it."""
+
+    __slots__ = ("batch", "sampler")
+
+    def __init__(self, batch: MLXBatch, sampler: Any) -> None:
+        self.batch = batch
+        self.sampler = sampler
+
+    def __call__(self, logprobs: Any) -> Any:
+        hook = self.batch.before_compute
+        if hook is not None:
+            hook()
+        return self.sampler(logprobs)
+
+
 class MLXBatch(BaseBatch):
     """A `tokentrail.engines.batch.Batch` on mlx-lm's `BatchGenerator`."""
 
@@ -155,15 +180,16 @@ class MLXBatch(BaseBatch):
         self._live: dict[int, int] = {}  # uid -> the top-k it asked for
         self._modes: dict[int, str] = {}  # uid -> its logprobs_mode
         self._cached: dict[int, int] = {}
-        self._shared: dict[tuple[Any, ...], Recorder] = {}
+        self._shared: dict[tuple[Any, ...], _Announcing] = {}
+        #: Called in each decoding step once its graph is built, before the wait for it
+        #: (the server hands the previous step's events to its event loop there).
+        self.before_compute: Callable[[], None] | None = None
         self._started: set[int] = set()  # uids whose first token was handed out
         self._early: set[int] = set()  # ... by the step that sampled it (mlx-lm: not yet)
 
     # -- the Batch protocol ------------------------------------------------------------
 
-    def add(
-        self, prompt_ids: Sequence[int], params: SamplingParams, max_tokens: int | None
-    ) -> int:
+    def add(self, prompt_ids: Sequence[int], params: SamplingParams, max_tokens: int | None) -> int:
         """Queue a sequence (it joins at the next `step`); return its uid."""
         self._check_room()
         ids = [int(i) for i in prompt_ids]
@@ -227,8 +253,9 @@ class MLXBatch(BaseBatch):
         record, row = where
         if record[1] is None:
             has_top = len(record[0]) >= 4  # [token, lp, (ids, vals), (allowed mass)]
-            record[1] = list(zip(read_rows(record[0], has_top),
-                                 read_masses(record[0], has_top), strict=True))
+            record[1] = list(
+                zip(read_rows(record[0], has_top), read_masses(record[0], has_top), strict=True)
+            )
         (token, lp, top), mass = record[1][row]
         k = self._live.get(uid, 0)
         dist = self._modes.get(uid, "raw")
@@ -245,14 +272,14 @@ class MLXBatch(BaseBatch):
 
     # -- internals ---------------------------------------------------------------------
 
-    def _recorder(self, params: SamplingParams, sampler: Any) -> Recorder:
+    def _recorder(self, params: SamplingParams, sampler: Any) -> _Announcing:
         guided = guided_recorder(params, self.vocab_size, sink=self.sink)
         if guided is not None:  # its own grammar state: one recorder per row
-            return guided
+            return _Announcing(self, guided)
         if params.seed is not None and params.temp > 0:
             rec = Recorder(filters(params, self.vocab_size), sink=self.sink)
             rec.seed(params.seed, params.temp)
-            return rec
+            return _Announcing(self, rec)
         if params.temp == 0:
             key: tuple[Any, ...] = ("greedy",)
         else:
@@ -260,7 +287,7 @@ class MLXBatch(BaseBatch):
         # One object per setting: BatchGenerator samples rows that share it in one call.
         rec = self._shared.get(key)
         if rec is None:
-            rec = self._shared[key] = Recorder(sampler, sink=self.sink)
+            rec = self._shared[key] = _Announcing(self, Recorder(sampler, sink=self.sink))
         return rec
 
     def _forget(self, uid: int) -> None:

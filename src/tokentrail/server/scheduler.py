@@ -11,15 +11,15 @@ per sequence, continuing its prompt), and goes through the same per-token loop a
 and each sequence's prompt processing (its first token's wait in the batch) apart.
 
 The loop never waits on a client: it hands each step to its request's event queue on
-the asyncio loop and moves on. A request whose reader has left output unread for
+the asyncio loop and moves on; the events of one batch step go over together, in one
+`call_soon_threadsafe` (`jobs.Outbox`), so the event loop wakes once per step, not once
+per token. A request whose reader has left output unread for
 `client_timeout` seconds, or has more than `max_buffered` steps unread, is dropped
 and its sequences leave the batch.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import math
 import os
@@ -28,7 +28,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from ..batch import open_sequence
 from ..errors import APIError, ContextOverflow, QueueFull
@@ -44,6 +44,7 @@ from .config import (  # noqa: F401  (DEFAULT_*: their old home)
     ServerConfig,
 )
 from .formatting import step_of
+from .jobs import EventKind, Job, Outbox  # noqa: F401  (EventKind, Job: their old home)
 from .metrics import Metrics
 from .protocol import GenRequest
 from .structured import bound, open_structure
@@ -53,64 +54,6 @@ logger = logging.getLogger("tokentrail.server")
 
 #: How many finished requests /health remembers.
 RECENT_JOBS = 32
-
-EventKind = Literal["step", "done", "error", "cancelled"]
-
-
-@dataclass(eq=False)
-class Job:
-    """One request: its `n` sequences are filled by the loop thread, read on the event loop.
-
-    Events are `(kind, choice, value)`. `posted` is written only by the loop thread and
-    `read` only by the reader; their difference is the unread backlog.
-    """
-
-    id: str
-    request: GenRequest
-    loop: asyncio.AbstractEventLoop
-    events: asyncio.Queue[tuple[EventKind, int, Any]] = field(default_factory=asyncio.Queue)
-    cancelled: threading.Event = field(default_factory=threading.Event)
-    generated: int = 0
-    outcome: str = "queued"
-    submitted: float = field(default_factory=time.monotonic)
-    posted: int = 0
-    read: int = 0
-    #: When the reader last took an event, or when output began waiting for it.
-    last_read: float = field(default_factory=time.monotonic)
-    live: int = 0  # sequences still in the batch
-    reason: str = ""
-    #: Set when the client was dropped for not reading (not a hang-up).
-    dropped: bool = False
-    #: Set when it arrived with the batch full, so it had to wait for room.
-    waited_for_room: bool = False
-
-    def post(self, kind: EventKind, choice: int = 0, value: Any = None) -> None:
-        """Hand an event to the reader (called from the loop thread)."""
-        if self.posted == self.read:
-            self.last_read = time.monotonic()  # the reader's clock starts now
-        self.posted += 1
-        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody is reading
-            self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, choice, value))
-
-    def drop(self, reason: str) -> None:
-        """Stop this request because its client stopped reading."""
-        if not self.cancelled.is_set():
-            self.dropped = True
-        self.cancel(reason)
-
-    def cancel(self, reason: str) -> None:
-        """Stop this request (called on the event loop); wakes a reader waiting on it."""
-        if not self.cancelled.is_set():
-            logger.debug("cancelling %s: %s", self.id, reason)
-            self.reason = self.reason or reason
-            self.cancelled.set()
-            self.events.put_nowait(("cancelled", 0, reason))
-
-    async def next_event(self) -> tuple[EventKind, int, Any]:
-        event = await self.events.get()
-        self.read += 1
-        self.last_read = time.monotonic()
-        return event
 
 
 @dataclass(eq=False)
@@ -198,6 +141,10 @@ class Scheduler:
         self._recent: deque[dict[str, Any]] = deque(maxlen=RECENT_JOBS)
         self._step_seconds: deque[float] = deque(maxlen=64)
         self._job_tokens: deque[int] = deque(maxlen=64)
+        #: Events of the jobs in the batch, handed over once per pass of the loop.
+        self._outbox = Outbox()
+        #: Whether the batch hands the events over itself (`before_compute`).
+        self._deferred = False
 
     # -- lifecycle --
 
@@ -313,6 +260,12 @@ class Scheduler:
             batch = open_batch(self._engine, self.max_batch, **options)
             self.batch_kind = type(batch).__name__
             self.max_batch = batch_capacity(batch)
+            # A batch that says when a step's graph is built gets the previous step's
+            # events handed over there, so the event loop formats them while the model
+            # computes rather than while this thread builds the next step.
+            self._deferred = hasattr(batch, "before_compute")
+            if self._deferred:
+                batch.before_compute = self._outbox.flush
         except BaseException as e:  # re-raised by start(); the loop has nothing to do
             logger.debug("loading the model failed", exc_info=True)
             self._load_error = e
@@ -329,6 +282,7 @@ class Scheduler:
                 self._pending.clear()
                 self._running.clear()
                 self._seqs.clear()
+            self._outbox.flush()
 
     def _load(self) -> None:
         from .. import generate
@@ -348,36 +302,55 @@ class Scheduler:
         self._eos = eos_ids(self.tokenizer)
 
     def _loop(self, batch: Any) -> None:
-        while True:
+        while self._pass(batch):
+            pass
+
+    def _pass(self, batch: Any) -> bool:
+        """One pass of the loop: admit, reap, one batch step; False once stopping. The
+        events it posted go to the event loop when it ends, or, with a batch that has
+        `before_compute` and sequences left, during the next step's compute (before that
+        pass admits anybody, if it does)."""
+        try:
             with self._cond:
                 if self._stopping:
-                    return
+                    return False
                 while not self._stopping and not self._seqs and not self._pending:
                     self._cond.wait()
                 if self._stopping:
-                    return
+                    return False
                 admit = self._admit()
+            if admit:
+                self._outbox.flush()  # preparing prompts takes a while: deliver first
             for job in admit:
                 self._join(batch, job)
             self._reap(batch)
-            if not self._seqs:
-                continue
-            self.metrics.batch_size.set(len(self._seqs))
-            tic = time.perf_counter()
-            try:
-                steps = batch.step()
-            except Exception as e:  # the engine failed: every sequence in it is lost
-                logger.exception("a batch step failed")
-                for seq in list(self._seqs.values()):
-                    seq.job.post("error", seq.choice, e)
-                    self._leave(batch, seq, "failed")
-                continue
-            if steps:
-                self._step_seconds.append(time.perf_counter() - tic)
-            for uid, engine_step in steps:
-                seq = self._seqs.get(uid)
-                if seq is not None:
-                    self._advance(batch, uid, seq, engine_step)
+            if self._seqs:
+                self._step(batch)
+            return True
+        finally:
+            if not (self._deferred and self._seqs):
+                self._outbox.flush()
+
+    def _step(self, batch: Any) -> None:
+        """One batch step, each sequence's token through its own per-token loop."""
+        self.metrics.batch_size.set(len(self._seqs))
+        tic = time.perf_counter()
+        try:
+            steps = batch.step()
+        except Exception as e:  # the engine failed: every sequence in it is lost
+            self._outbox.flush()
+            logger.exception("a batch step failed")
+            for seq in list(self._seqs.values()):
+                seq.job.post("error", seq.choice, e)
+                self._leave(batch, seq, "failed")
+            return
+        self._outbox.flush()  # what `before_compute` did not hand over (no decoding step)
+        if steps:
+            self._step_seconds.append(time.perf_counter() - tic)
+        for uid, engine_step in steps:
+            seq = self._seqs.get(uid)
+            if seq is not None:
+                self._advance(batch, uid, seq, engine_step)
 
     def _admit(self) -> list[Job]:
         """Take the queued requests the batch has room for, first come first served
@@ -423,11 +396,19 @@ class Scheduler:
             return
         with self._cond:
             self._running[job.id] = job
+        job.outbox = self._outbox
         try:
             for choice in range(req.n):
                 uid, state = open_sequence(
-                    batch, self._engine, self.tokenizer, ids, params, limit, req.stop,
-                    choice=choice, eos=self._eos,
+                    batch,
+                    self._engine,
+                    self.tokenizer,
+                    ids,
+                    params,
+                    limit,
+                    req.stop,
+                    choice=choice,
+                    eos=self._eos,
                 )
                 job.live += 1
                 now = time.perf_counter()

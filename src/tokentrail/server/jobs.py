@@ -1,0 +1,115 @@
+"""A request as the scheduler's loop thread and the event loop share it: a `Job` and
+the events it posts to its reader, and the `Outbox` that hands a batch step's events to
+the event loop in one call.
+
+The loop thread writes (`post`); the event loop reads (`next_event`) and cancels.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from .protocol import GenRequest
+
+logger = logging.getLogger("tokentrail.server")
+
+__all__ = ["EventKind", "Job", "Outbox"]
+
+EventKind = Literal["step", "done", "error", "cancelled"]
+
+
+def _deliver(events: list[tuple[asyncio.Queue[Any], Any]]) -> None:
+    for queue, event in events:
+        queue.put_nowait(event)
+
+
+class Outbox:
+    """Events posted during one pass of the loop thread, handed to the event loop in one
+    call per loop when the pass ends: one wake-up of the event loop per batch step,
+    not one per token (each `call_soon_threadsafe` writes to the loop's self-pipe)."""
+
+    __slots__ = ("_by_loop",)
+
+    def __init__(self) -> None:
+        self._by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Any, Any]]] = {}
+
+    def add(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[Any], event: Any) -> None:
+        self._by_loop.setdefault(loop, []).append((queue, event))
+
+    def flush(self) -> None:
+        """Hand over everything added so far, in the order it was added."""
+        if not self._by_loop:
+            return
+        pending = list(self._by_loop.items())
+        self._by_loop.clear()
+        for loop, events in pending:
+            with contextlib.suppress(RuntimeError):  # the loop is gone: nobody is reading
+                loop.call_soon_threadsafe(_deliver, events)
+
+
+@dataclass(eq=False)
+class Job:
+    """One request: its `n` sequences are filled by the loop thread, read on the event loop.
+
+    Events are `(kind, choice, value)`. `posted` is written only by the loop thread and
+    `read` only by the reader; their difference is the unread backlog.
+    """
+
+    id: str
+    request: GenRequest
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue[tuple[EventKind, int, Any]] = field(default_factory=asyncio.Queue)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    generated: int = 0
+    outcome: str = "queued"
+    submitted: float = field(default_factory=time.monotonic)
+    posted: int = 0
+    read: int = 0
+    #: When the reader last took an event, or when output began waiting for it.
+    last_read: float = field(default_factory=time.monotonic)
+    live: int = 0  # sequences still in the batch
+    reason: str = ""
+    #: Set when the client was dropped for not reading (not a hang-up).
+    dropped: bool = False
+    #: Set when it arrived with the batch full, so it had to wait for room.
+    waited_for_room: bool = False
+    #: The scheduler's `Outbox` once the job is in the batch (None: events go out at once).
+    outbox: Outbox | None = None
+
+    def post(self, kind: EventKind, choice: int = 0, value: Any = None) -> None:
+        """Hand an event to the reader (called from the loop thread): at once, or with
+        the rest of its step when the job has an `outbox`."""
+        if self.posted == self.read:
+            self.last_read = time.monotonic()  # the reader's clock starts now
+        self.posted += 1
+        if self.outbox is not None:
+            self.outbox.add(self.loop, self.events, (kind, choice, value))
+            return
+        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody is reading
+            self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, choice, value))
+
+    def drop(self, reason: str) -> None:
+        """Stop this request because its client stopped reading."""
+        if not self.cancelled.is_set():
+            self.dropped = True
+        self.cancel(reason)
+
+    def cancel(self, reason: str) -> None:
+        """Stop this request (called on the event loop); wakes a reader waiting on it."""
+        if not self.cancelled.is_set():
+            logger.debug("cancelling %s: %s", self.id, reason)
+            self.reason = self.reason or reason
+            self.cancelled.set()
+            self.events.put_nowait(("cancelled", 0, reason))
+
+    async def next_event(self) -> tuple[EventKind, int, Any]:
+        event = await self.events.get()
+        self.read += 1
+        self.last_read = time.monotonic()
+        return event

@@ -82,7 +82,8 @@ def spawn(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subpr
 def start_llama(args: argparse.Namespace, logs: Path) -> tuple[subprocess.Popen[bytes], str, str]:
     port = free_port()
     cmd = [str(args.server), "-m", str(args.gguf), "--host", "127.0.0.1", "--port", str(port)]
-    cmd += ["-c", str(512 * args.slots), "-np", str(args.slots), "-t", "2", "--no-webui"]
+    cmd += ["-c", str(512 * args.slots), "-np", str(args.slots), "-t", str(args.threads)]
+    cmd += ["--no-webui"]
     proc = spawn(cmd, logs / "llama.log")
     url = f"http://127.0.0.1:{port}"
     wait(url, proc)
@@ -259,7 +260,8 @@ def write(args: argparse.Namespace, rows: list[dict[str, Any]], command: str) ->
         "# Proxy (`tokentrail serve --upstream`) vs its upstream directly",
         "",
         f"Model SmolLM2-135M-Instruct ({args.gguf.name} for llama-server with {args.slots} "
-        f"slots; its float32 HF folder for vLLM), {args.max_tokens} tokens per request, "
+        f"slots and {args.threads} thread(s); its float32 HF folder for vLLM), "
+        f"{args.max_tokens} tokens per request, "
         f"greedy, logprobs with top_logprobs={TOP} in both cases (the proxy adds its "
         f"attribution), medians of alternating rounds ({args.repeat} for llama-server, "
         f"{args.vllm_repeat} for vLLM); {platform.platform()}, {os.cpu_count()} CPUs "
@@ -289,6 +291,7 @@ def main() -> None:
     ap.add_argument("--gguf", type=Path, required=True)
     ap.add_argument("--server", type=Path, default=SERVER)
     ap.add_argument("--slots", type=int, default=16, help="llama-server's -np (default 16)")
+    ap.add_argument("--threads", type=int, default=2, help="llama-server's -t (default 2)")
     ap.add_argument("--vllm-python", type=Path, help="a python with vLLM (skip vLLM without)")
     ap.add_argument("--vllm-model", type=Path, help="the HF folder vLLM serves")
     ap.add_argument("--clients", default="1,4,16,64")

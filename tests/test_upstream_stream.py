@@ -174,9 +174,26 @@ def test_more_clients_than_slots_are_queued_not_refused(
         health = proxy.health()
         assert health["max_batch"] == SLOTS and health["batch_kind"] == "AsyncUpstreamBatch"
         statuses = asyncio.run(_clients(proxy, 2 * SLOTS, 24))
+        streams = _streams(proxy, 2 * SLOTS * 24)
     finally:
         proxy.stop()
     assert statuses == [(200, 24)] * (2 * SLOTS), statuses
+    # What reading the upstream costs is served, per token (JSON numbers).
+    assert streams["max_batch"] == SLOTS and streams["tokens"] == 2 * SLOTS * 24, streams
+    assert streams["realign_us_per_token"] > 0 and streams["parse_us_per_token"] > 0
+
+
+def _streams(proxy: Server, tokens: int) -> dict[str, Any]:
+    """``streams`` of the proxy's GET /tokentrail/upstream, once `tokens` were read (the
+    last sequence's count lands as its task ends, just after its last step)."""
+    deadline = time.monotonic() + 10
+    while True:
+        r = httpx.get(proxy.url + "/tokentrail/upstream", timeout=30)
+        assert r.status_code == 200, r.text
+        streams = r.json()["streams"]
+        if streams["tokens"] >= tokens or time.monotonic() > deadline:
+            return dict(streams)
+        time.sleep(0.2)
 
 
 async def _clients(proxy: Server, k: int, n: int) -> list[tuple[int, int]]:

@@ -61,14 +61,14 @@ class ReadCost:
         self.chunks += other.chunks
 
     def to_dict(self) -> dict[str, Any]:
-        per = 1e6 / self.tokens if self.tokens else math.nan
+        per = 1e6 / self.tokens if self.tokens else None  # JSON: no NaN
         return {
             "tokens": self.tokens,
             "chunks": self.chunks,
             "parse_s": self.parse,
             "realign_s": self.realign,
-            "parse_us_per_token": self.parse * per,
-            "realign_us_per_token": self.realign * per,
+            "parse_us_per_token": None if per is None else self.parse * per,
+            "realign_us_per_token": None if per is None else self.realign * per,
         }
 
 

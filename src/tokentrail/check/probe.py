@@ -29,7 +29,10 @@ log = logging.getLogger("tokentrail.check")
 #: http.server, whose Server header starts with "BaseHTTP").
 OWNERS = {"llamacpp": "llamacpp", "vllm": "vllm", "tokentrail": "tokentrail"}
 #: Dialects no server of that kind has been run against here.
-UNTESTED = {"vllm": "vLLM's dialect is read from its documented format; no vLLM runs here"}
+UNTESTED: dict[str, str] = {}
+#: What each dialect's streams are asked for beyond OpenAI's fields, as the proxy asks
+#: (`tokentrail.engines.upstream`): vLLM lists each chunk's token ids only when asked.
+ASK_IDS: dict[str, dict[str, Any]] = {"vllm": {"return_token_ids": True}}
 
 
 def proxy_dialect(models: Any, server_header: str) -> str:
@@ -117,7 +120,12 @@ class Checker:
 
     def ask(self, probe: Probe, stream: bool = True, **extra: Any) -> Answer:
         """Send `probe` (chat, or completions for a server without chat)."""
-        body: dict[str, Any] = {"max_tokens": probe.max_tokens, **probe.settings, **extra}
+        body: dict[str, Any] = {
+            "max_tokens": probe.max_tokens,
+            **ASK_IDS.get(self.report.dialect or "", {}),
+            **probe.settings,
+            **extra,
+        }
         if self.model is not None:
             body["model"] = self.model
         if self.chat:
@@ -339,4 +347,3 @@ def wire_sources(chunks: list[Any]) -> set[str]:
             out.add("tokentrail-extension")
         out.update(w.source for w in frame.tokens if w.source)
     return out
-

@@ -33,6 +33,7 @@ __all__ = [
     "Batch",
     "SerialBatch",
     "ThreadedBatch",
+    "arrived",
     "batch_capacity",
     "open_batch",
 ]
@@ -210,17 +211,8 @@ class ThreadedBatch(BaseBatch):
             stop.set()
 
     def step(self) -> list[tuple[int, Outcome]]:
-        try:
-            items = [self._out.get(timeout=self.wait)]
-        except queue.Empty:
-            return []
-        while True:
-            try:
-                items.append(self._out.get_nowait())
-            except queue.Empty:
-                break
         out: list[tuple[int, Outcome]] = []
-        for uid, item in items:
+        for uid, item in arrived(self._out, self.wait):
             if uid not in self._live:
                 continue  # removed: what it still sent is dropped
             if item is _END:
@@ -230,6 +222,19 @@ class ThreadedBatch(BaseBatch):
             if isinstance(item, Exception):
                 del self._live[uid]
         return out
+
+
+def arrived(q: queue.SimpleQueue[Any], wait: float) -> list[Any]:
+    """Everything on `q` now, waiting at most `wait` seconds for the first of it."""
+    try:
+        items = [q.get(timeout=wait)]
+    except queue.Empty:
+        return []
+    while True:
+        try:
+            items.append(q.get_nowait())
+        except queue.Empty:
+            return items
 
 
 def open_batch(engine: Engine, max_batch: int | None = None, **options: Any) -> Batch:

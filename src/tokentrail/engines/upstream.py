@@ -30,32 +30,25 @@ upstream stream, which cancels the upstream's generation.
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from ..errors import EngineError, UpstreamError  # noqa: F401  (EngineError: old home)
-from ..realign.core import Realigner
-from ..realign.result import RealignError, TokenEvent
 from ..sampling import SamplingParams
 from ..vocab import Vocab
 from .base import Step
-from .batch import ThreadedBatch
+from .batch import UPSTREAM_CAPACITY
+from .upstream_stream import AsyncUpstreamBatch
+from .upstream_wire import StepReader, UpstreamStep, status_error  # noqa: F401
 
 log = logging.getLogger("tokentrail.upstream")
 
 DIALECTS = ("auto", "vllm", "llamacpp", "openai", "tokentrail", "mlx")
-
-
-@dataclass(slots=True)
-class UpstreamStep(Step):
-    """A `Step` from an upstream; `refused` (when not None) says why its token id is
-    a stand-in that only spells the right bytes: the upstream did not identify it."""
-
-    refused: str | None = None
+#: Requests kept in flight to a vLLM upstream, which does not say its ``max_num_seqs``:
+#: the default of vLLM's OpenAI server on GPUs (arg_utils; 128 on CPU, 1024 on H100-class
+#: GPUs). Requests beyond its own figure wait in vLLM's queue, as they would sent directly.
+VLLM_CAPACITY = 256
 
 
 def _base_url(url: str) -> str:
@@ -99,19 +92,20 @@ class UpstreamEngine:
         self.context_length: int | None = None
         self.eos_ids = tuple(eos_ids)
         self._decode = decode
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        # One connection per request, never kept alive: streams run on threads of their
-        # own, and a stream cut short must not leave its connection to the next request
-        # (llama-server was seen to misbehave on a connection reused after a stream).
-        self.client = httpx.Client(
-            base_url=self.url,
-            headers=headers,
-            timeout=httpx.Timeout(timeout, connect=10.0),
-            limits=httpx.Limits(max_keepalive_connections=0),
-        )
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.timeout = timeout
+        # Connections are kept alive: a response read to its end leaves its connection
+        # clean, and one cut short (a closed generator) is closed by httpx, never reused.
+        self.client = httpx.Client(**self.client_options())
         self.model = model
+        #: Streams the upstream runs at once (llama-server's slots, from /props), or
+        #: None where it does not say; `capacity` is what the batch opens with.
+        self.slots: int | None = None
+        #: The batch the server opened (`open_batch`), for its `stream_stats`.
+        self.batch: AsyncUpstreamBatch | None = None
         self.dialect = self.detect() if dialect == "auto" else dialect
+        if self.dialect in ("llamacpp", "tokentrail"):
+            self.slots = self._own_slots()
         if self.model is None:
             self.model = self._first_model()
         if self.dialect == "mlx":
@@ -169,15 +163,54 @@ class UpstreamEngine:
             return None
         return str(data[0]["id"]) if data and isinstance(data[0], Mapping) else None
 
+    def _own_slots(self) -> int | None:
+        """The sequences the upstream says it runs at once: llama-server's
+        ``total_slots`` (its /props), tokentrail's ``max_batch`` (its /health)."""
+        path, key = (
+            ("/props", "total_slots") if self.dialect == "llamacpp" else ("/health", "max_batch")
+        )
+        r = self._get(path)
+        try:
+            slots = r.json().get(key) if r.status_code == 200 else None
+        except (ValueError, AttributeError):
+            return None
+        ok = isinstance(slots, int) and not isinstance(slots, bool) and slots >= 1
+        return slots if ok else None
+
+    @property
+    def capacity(self) -> int:
+        """Requests the proxy keeps in flight upstream: the upstream's own figure where it
+        says (`slots`); for vLLM, which does not, `VLLM_CAPACITY` (its own queue holds what
+        it cannot run yet); else `UPSTREAM_CAPACITY`."""
+        if self.slots is not None:
+            return self.slots
+        return VLLM_CAPACITY if self.dialect == "vllm" else UPSTREAM_CAPACITY
+
+    def client_options(self) -> dict[str, Any]:
+        """What an httpx client talking to the upstream is opened with."""
+        import httpx
+
+        return {
+            "base_url": self.url,
+            "headers": self._headers,
+            "timeout": httpx.Timeout(self.timeout, connect=10.0),
+        }
+
     def peak_memory(self) -> float:
         return 0.0
 
-    def open_batch(self, max_batch: int, **options: Any) -> ThreadedBatch:
-        """Concurrent requests go upstream at once, each read on its own thread (the
-        upstream batches them), so a slow stream holds up no other."""
-        return ThreadedBatch(self, max_batch)
+    def open_batch(self, max_batch: int | None, **options: Any) -> AsyncUpstreamBatch:
+        """Concurrent requests go upstream at once, read on one event loop
+        (`AsyncUpstreamBatch`; the upstream batches them), so a slow stream holds up no
+        other. `max_batch` None: the upstream's `capacity`."""
+        self.batch = AsyncUpstreamBatch(self, max_batch)
+        return self.batch
 
-    def _filler(self) -> int:
+    def stream_stats(self) -> dict[str, Any] | None:
+        """The open batch's `AsyncUpstreamBatch.stats` (None before one is open)."""
+        return None if self.batch is None else self.batch.stats()
+
+    def filler(self) -> int:
         """A token with no text (a special one, not EOS) to stand for a token the
         upstream counted but sent nothing of."""
         for i in sorted(self.vocab.hidden | self.vocab.special):
@@ -277,125 +310,30 @@ class UpstreamEngine:
     ) -> Iterator[Step]:
         """Yield one `UpstreamStep` per token the upstream generated (see the module)."""
         path, body = self.request(prompt_ids, params, max_tokens)
-        return self._steps(path, body, list(prompt_ids), max_tokens)
+        return self._steps(path, body, StepReader(self, body, list(prompt_ids), max_tokens))
 
-    def _steps(
-        self, path: str, body: dict[str, Any], prompt_ids: list[int], max_tokens: int | None
-    ) -> Iterator[Step]:
+    def _steps(self, path: str, body: dict[str, Any], reader: StepReader) -> Iterator[Step]:
         import httpx
-
-        # Every token the realigner gives its aligner becomes a step, in order.
-        events: list[TokenEvent] = []
-        r = Realigner(
-            self.vocab, skip_special_tokens=True, prompt_ids=prompt_ids, on_token=events.append
-        )
-        n = 0
-        finish: str | None = None
-        last: int | None = None
-
-        def drain() -> Iterator[Step]:
-            nonlocal n, last
-            for e in events:
-                tid, why = e.id, e.reason
-                if tid is None:
-                    tid = self._filler()
-                    why = f"{why}; it added no text, and a special token stands for it"
-                n += 1
-                last = tid
-                lp_value = math.nan if e.logprob is None else float(e.logprob)
-                yield UpstreamStep(tid, lp_value, list(e.top or ()), None, refused=why)
-            events.clear()
 
         try:
             with self.client.stream("POST", path, json=body) as resp:
                 if resp.status_code >= 400:
                     resp.read()
-                    raise _status_error(resp.status_code, resp.text, self.url + path)
-                for chunk in _chunks(resp, body.get("stream", True)):
-                    finish = _finish_reason(chunk) or finish
-                    try:
-                        r.feed(chunk)
-                    except RealignError as e:
-                        raise UpstreamError(f"the upstream sent what cannot be read: {e}") from e
-                    if r.errors:
-                        raise UpstreamError(f"the upstream reported an error: {r.errors[0]}")
-                    yield from drain()
-        except httpx.TimeoutException as e:
-            raise UpstreamError(
+                    raise status_error(resp.status_code, resp.text, self.url + path)
+                for data in resp.iter_bytes():
+                    yield from reader.feed(data)
+        except httpx.HTTPError as e:
+            raise self.transport_error(e) from e
+        yield from reader.finish()
+
+    def transport_error(self, e: Exception) -> UpstreamError:
+        """The `UpstreamError` for an httpx error talking to the upstream (504: timeout)."""
+        import httpx
+
+        if isinstance(e, httpx.TimeoutException):
+            return UpstreamError(
                 f"the upstream {self.url} did not answer within {self.timeout} s",
                 504,
                 "upstream_timeout",
-            ) from e
-        except httpx.HTTPError as e:
-            raise UpstreamError(f"the upstream {self.url} failed: {type(e).__name__}: {e}") from e
-        try:
-            r.finish()
-        except RealignError as e:
-            raise UpstreamError(
-                f"the upstream ({self.dialect} dialect) sent no per-token data: {e}"
-            ) from e
-        yield from drain()
-        if max_tokens is not None and n >= max_tokens:
-            return
-        if last is not None and last in self.eos_ids:
-            return
-        if finish == "stop" and self.eos_ids:
-            # The upstream ended the text without sending its end token (it left it out
-            # of its logprobs): one step stands for it, marked as not identified.
-            yield UpstreamStep(
-                self.eos_ids[0],
-                math.nan,
-                [],
-                None,
-                refused="the upstream ended the text (finish_reason 'stop') without sending "
-                "its end token; the tokenizer's EOS stands for it",
             )
-            return
-        raise UpstreamError(
-            f"the upstream stopped after {n} token(s) (finish_reason {finish!r}) before the "
-            f"token limit and without an end token",
-        )
-
-
-def _status_error(status: int, text: str, where: str) -> UpstreamError:
-    try:
-        err = json.loads(text).get("error")
-        message = err.get("message") if isinstance(err, Mapping) else err
-    except (ValueError, AttributeError):
-        message = text[:300]
-    if 400 <= status < 500 and status not in (401, 403):
-        return UpstreamError(
-            f"the upstream rejected the request: {message}", status, "upstream_rejected"
-        )
-    return UpstreamError(f"the upstream {where} answered {status}: {message}", 502)
-
-
-def _chunks(resp: Any, streamed: bool) -> Iterator[Any]:
-    """Parsed SSE ``data:`` objects, or the one JSON body of a whole response."""
-    if not streamed:
-        resp.read()
-        yield resp.json()
-        return
-    for line in resp.iter_lines():
-        line = line.strip()
-        if not line.startswith("data:"):
-            continue
-        data = line[5:].strip()
-        if data == "[DONE]":
-            return
-        try:
-            yield json.loads(data)
-        except ValueError as e:
-            raise UpstreamError(f"the upstream sent a line that is not JSON: {data[:80]!r}") from e
-
-
-def _finish_reason(chunk: Any) -> str | None:
-    if not isinstance(chunk, Mapping):
-        return None
-    for ch in chunk.get("choices") or []:
-        if isinstance(ch, Mapping) and ch.get("finish_reason"):
-            return str(ch["finish_reason"])
-    if chunk.get("stop") is True:
-        kind = chunk.get("stop_type")
-        return "length" if kind == "limit" else "stop"
-    return None
+        return UpstreamError(f"the upstream {self.url} failed: {type(e).__name__}: {e}")

@@ -9,6 +9,7 @@ bytes (marked refused), and releases each segment once the content confirms its 
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -22,6 +23,18 @@ from .result import RealignedSegment, RefusedToken, TokenEvent, TokenHook, first
 from .vocabmap import continued, reverse
 
 log = logging.getLogger("tokentrail.realign")
+
+
+@functools.lru_cache(maxsize=16)
+def _template(vocab: Vocab, skip_special_tokens: bool) -> Aligner:
+    """An aligner over `vocab`'s compiled tables, built once per vocabulary and setting
+    (compiling them costs milliseconds per stream on a large vocabulary)."""
+    return Aligner(vocab, skip_special_tokens=skip_special_tokens)
+
+
+def new_aligner(vocab: Vocab, skip_special_tokens: bool, prompt_ids: Sequence[int] = ()) -> Aligner:
+    """`Aligner(vocab, skip_special_tokens=..., prompt_ids=...)`, from a cached template."""
+    return _template(vocab, skip_special_tokens).fresh(prompt_ids=tuple(prompt_ids) or None)
 
 
 class Feeder:
@@ -188,10 +201,7 @@ class Feeder:
         skips = [True, False] if self._skip is None else [self._skip]
         if self.prompt_ids:
             vocab = self.vocab  # the prompt itself takes the first-token rules
-        self._aligners = {
-            s: Aligner(vocab, skip_special_tokens=s, prompt_ids=self.prompt_ids or None)
-            for s in skips
-        }
+        self._aligners = {s: new_aligner(vocab, s, self.prompt_ids) for s in skips}
         self._primary = skips[0]
         return True
 
@@ -285,7 +295,7 @@ class Feeder:
             self._text_emitted += len(text.encode("utf-8"))
             self._text_seen = True
             vocab = continued(self.vocab)
-            self._aligners = {s: Aligner(vocab, skip_special_tokens=s) for s in self._aligners}
+            self._aligners = {s: new_aligner(vocab, s) for s in self._aligners}
             self._map = []  # the new aligner counts its tokens from 0
             return
         for tid in ids:

@@ -164,8 +164,16 @@ class Guard:
 
 
 _ROUTES = frozenset(
-    {"/", "/health", "/metrics", "/favicon.ico", "/v1/models", "/v1/completions",
-     "/v1/chat/completions", "/tokentrail/upstream"}
+    {
+        "/",
+        "/health",
+        "/metrics",
+        "/favicon.ico",
+        "/v1/models",
+        "/v1/completions",
+        "/v1/chat/completions",
+        "/tokentrail/upstream",
+    }
 )
 
 
@@ -310,6 +318,9 @@ class _Server:
         if report is None:
             raise APIError(404, "this server has no upstream (it is not `serve --upstream`)",
                            type="not_found_error", code="not_found")  # fmt: skip
+        streams = getattr(request.app.state, "upstream_streams", None)
+        if callable(streams):  # the proxy's reading of its upstream streams
+            report = {**report, "streams": streams()}
         return _json_response(report)
 
     async def index(self, request: Request) -> Response:

@@ -86,6 +86,7 @@ def create_upstream_app(
     name = model_name or engine.model or "upstream"
     app = create_app(engine, tok, model_name=name, **server_options)
     app.state.upstream = engine
+    app.state.upstream_streams = engine.stream_stats
     app.state.upstream_check = {"status": "not run"}
     if check_upstream:
         app.state.upstream_check = {"status": "running"}

@@ -1,0 +1,222 @@
+"""The proxy's upstream reading: `StepReader` (bytes in, steps out) and
+`AsyncUpstreamBatch` (many streams on one event loop) against a real llama-server.
+
+- However a response's bytes are cut into reads, the steps are the same, and they are
+  the recording's own ids (the recordings of tests/data/realign, made with each
+  tokenizer's library);
+- the batch's capacity is the upstream's slots (`llama-server -np 4`); its streams give
+  llama-server's own greedy tokens for the same prompt ids, also on connections kept
+  alive after streams that were cut short;
+- through `tokentrail serve --upstream`, more concurrent clients than slots are queued,
+  none answered 429, up to slots + --max-queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.helpers.env import require
+from tests.helpers.llamacpp import find_smollm2, llama_server_binary
+from tests.helpers.servers import Server, start_llama_server, start_server
+
+DATA = Path(__file__).resolve().parent / "data" / "realign"
+SLOTS = 4
+
+
+def recordings() -> list[dict[str, Any]]:
+    manifest = json.loads((DATA / "MANIFEST.json").read_text("utf-8"))
+    return [e for e in manifest if not e["lossy"]]
+
+
+def sse(entry: dict[str, Any]) -> bytes:
+    lines = (DATA / entry["file"]).read_text("utf-8").splitlines()
+    return ("".join(f"data: {line}\n\n" for line in lines) + "data: [DONE]\n\n").encode()
+
+
+def read(engine: Any, data: bytes, cuts: list[int], n: int) -> list[int]:
+    from tokentrail.engines.upstream_wire import StepReader
+
+    reader = StepReader(engine, {"stream": True}, [], n)
+    steps = []
+    bounds = [0, *sorted(set(cuts)), len(data)]
+    for a, b in itertools.pairwise(bounds):
+        steps += reader.feed(data[a:b])
+    steps += reader.finish()
+    return [s.token for s in steps]
+
+
+@pytest.fixture(scope="module")
+def engines(corpus: Path) -> dict[str, Any]:
+    from tokentrail import load_vocab
+    from tokentrail.engines.upstream import UpstreamEngine
+
+    out = {}
+    for e in recordings():
+        vocab = load_vocab(corpus / "tokenizers" / e["tokenizer"])
+        # A named dialect and model: nothing is asked of the (absent) server.
+        out[e["name"]] = UpstreamEngine("http://127.0.0.1:9", vocab, dialect="vllm", model="m")
+    return out
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(data=st.data())
+def test_any_cut_of_the_bytes_reads_the_same_steps(engines: dict[str, Any], data: Any) -> None:
+    entry = data.draw(st.sampled_from(recordings()))
+    raw = sse(entry)
+    cuts = data.draw(st.lists(st.integers(0, len(raw)), max_size=30))
+    engine = engines[entry["name"]]
+    assert read(engine, raw, cuts, len(entry["ids"])) == entry["ids"]
+
+
+def test_a_line_that_is_not_json_is_an_upstream_error(engines: dict[str, Any]) -> None:
+    from tokentrail.engines.upstream_wire import StepReader
+    from tokentrail.errors import UpstreamError
+
+    reader = StepReader(next(iter(engines.values())), {"stream": True}, [], 4)
+    with pytest.raises(UpstreamError, match="not JSON"):
+        reader.feed(b'data: {"choices": [\n\n')
+
+
+# -- a real llama-server with 4 slots ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    llama_server_binary()
+    log = tmp_path_factory.mktemp("logs") / "llama-server.log"
+    server = start_llama_server(find_smollm2(), log, parallel=SLOTS)
+    yield server
+    server.stop()
+
+
+def greedy(llama: Server, ids: list[int], n: int) -> list[int]:
+    """llama-server's own greedy tokens after `ids` (its native /completion), with the
+    end-of-turn token suppressed as the batch asks."""
+    body = {"prompt": ids, "n_predict": n, "temperature": 0, "return_tokens": True}
+    body["logit_bias"] = [[2, -100.0]]
+    r = httpx.post(llama.url + "/completion", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    return list(r.json()["tokens"])
+
+
+def collect(batch: Any, uids: set[int], cut: dict[int, int]) -> dict[int, list[int]]:
+    """Steps per uid until every uid left; a uid in `cut` is removed after that many."""
+    got: dict[int, list[int]] = {u: [] for u in uids}
+    deadline = time.monotonic() + 120
+    while len(batch) and time.monotonic() < deadline:
+        for uid, step in batch.step():
+            assert not isinstance(step, Exception), step
+            got[uid].append(step.token)
+            if uid in cut and len(got[uid]) >= cut[uid]:
+                batch.remove(uid)
+    assert not len(batch), "the batch did not finish in time"
+    return got
+
+
+def test_batch_runs_the_upstreams_slots_and_its_tokens(llama: Server) -> None:
+    from tokentrail.engines.upstream import UpstreamEngine
+    from tokentrail.engines.upstream_stream import AsyncUpstreamBatch
+    from tokentrail.sampling import SamplingParams
+    from tokentrail.server.proxy import load_tokenizer
+
+    engine = UpstreamEngine(llama.url, load_tokenizer(str(llama.model_dir)), eos_ids=[2])
+    assert engine.dialect == "llamacpp" and engine.capacity == SLOTS
+    prompts = [
+        engine.tokenizer.encode(p) for p in ("The sea is", "A list in Python", "你好", "1, 2,")
+    ]
+    n = 12
+    batch = engine.open_batch(None)
+    try:
+        assert isinstance(batch, AsyncUpstreamBatch) and batch.max_batch == SLOTS
+        params = SamplingParams(temp=0.0, top_logprobs=2, logit_bias={2: -100.0})
+        uids = {batch.add(p, params, n): i for i, p in enumerate(prompts)}
+        with pytest.raises(RuntimeError, match="full"):
+            batch.add(prompts[0], params, n)
+        got = collect(batch, set(uids), {})
+        oracle = [greedy(llama, p, n) for p in prompts]
+        assert [got[u] for u in sorted(uids, key=uids.get)] == oracle
+        # Streams cut short, then whole ones, on the same kept-alive client: each whole
+        # one is still exactly llama-server's.
+        for _ in range(3):
+            cut = batch.add(prompts[0], params, 200)
+            whole = batch.add(prompts[1], params, n)
+            out = collect(batch, {cut, whole}, {cut: 2})
+            assert out[whole] == oracle[1]
+        assert batch.stats()["tokens"] >= 4 * n
+    finally:
+        batch.close()
+        engine.close()
+
+
+def test_more_clients_than_slots_are_queued_not_refused(
+    llama: Server, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """`serve --upstream` in front of 4 slots with --max-queue 4: 8 concurrent streams
+    all complete (none 429), the proxy's batch is the upstream's 4 slots."""
+    require("uvicorn")
+    log = tmp_path_factory.mktemp("logs") / "proxy.log"
+    args = ("--upstream", llama.url, "--tokenizer", str(llama.model_dir), "--max-queue", "4")
+    proxy = start_server(None, log, *args)
+    try:
+        health = proxy.health()
+        assert health["max_batch"] == SLOTS and health["batch_kind"] == "AsyncUpstreamBatch"
+        statuses = asyncio.run(_clients(proxy, 2 * SLOTS, 24))
+        streams = _streams(proxy, 2 * SLOTS * 24)
+    finally:
+        proxy.stop()
+    assert statuses == [(200, 24)] * (2 * SLOTS), statuses
+    # What reading the upstream costs is served, per token (JSON numbers).
+    assert streams["max_batch"] == SLOTS and streams["tokens"] == 2 * SLOTS * 24, streams
+    assert streams["realign_us_per_token"] > 0 and streams["parse_us_per_token"] > 0
+
+
+def _streams(proxy: Server, tokens: int) -> dict[str, Any]:
+    """``streams`` of the proxy's GET /tokentrail/upstream, once `tokens` were read (the
+    last sequence's count lands as its task ends, just after its last step)."""
+    deadline = time.monotonic() + 10
+    while True:
+        r = httpx.get(proxy.url + "/tokentrail/upstream", timeout=30)
+        assert r.status_code == 200, r.text
+        streams = r.json()["streams"]
+        if streams["tokens"] >= tokens or time.monotonic() > deadline:
+            return dict(streams)
+        time.sleep(0.2)
+
+
+async def _clients(proxy: Server, k: int, n: int) -> list[tuple[int, int]]:
+    async def one(client: httpx.AsyncClient, i: int) -> tuple[int, int]:
+        body = {
+            "model": proxy.model,
+            "messages": [{"role": "user", "content": f"Count to {i + 5}."}],
+            "max_tokens": n,
+            "temperature": 0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "logit_bias": {"2": -100},
+        }
+        async with client.stream("POST", proxy.url + "/v1/chat/completions", json=body) as r:
+            if r.status_code != 200:
+                await r.aread()
+                return r.status_code, 0
+            used = 0
+            async for line in r.aiter_lines():
+                if line.startswith("data: {"):
+                    usage = json.loads(line[6:]).get("usage")
+                    used = usage["completion_tokens"] if usage else used
+            return 200, used
+
+    async with httpx.AsyncClient(timeout=300) as client:
+        return list(await asyncio.gather(*(one(client, i) for i in range(k))))

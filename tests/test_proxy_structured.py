@@ -242,12 +242,6 @@ def test_what_llamacpp_cannot_do_is_refused_naming_the_field(
     engine.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engines/batch.py ThreadedBatch._run calls engine.generate() outside its try, so "
-    "an exception from UpstreamEngine.request() never reaches the job and the request "
-    "waits (lead: move `gen = iter(...)` into the try); then this passes",
-)
 @pytest.mark.parametrize(("extra", "param", "says"), REFUSED[:1])
 def test_what_llamacpp_cannot_do_is_a_400_naming_the_field(
     proxy: Server, extra: dict[str, Any], param: str, says: str
@@ -258,6 +252,7 @@ def test_what_llamacpp_cannot_do_is_a_400_naming_the_field(
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert error["message"].startswith("the model rejected the request: " + param), error
+    assert error["param"] == param
     assert says in error["message"]
 
 

@@ -371,16 +371,22 @@ def test_reasoning_in_the_message(reasoning_server: Any) -> None:
     assert off.choices[0].message.content == reasoning + end + content
 
 
-def test_constraint_with_reasoning_is_refused(reasoning_server: Any) -> None:
-    srv = reasoning_server[0]
+def test_constraint_after_the_servers_reasoning_format(reasoning_server: Any) -> None:
+    """`--reasoning-markers '' END` on the server and `response_format` in the request: the
+    reasoning is the model's own greedy text up to END (no mask while it reasons), and
+    the content after END validates against the schema."""
+    jsonschema = require("jsonschema")
+    srv, reasoning, _end, _ = reasoning_server
     r = httpx.post(
         srv.url + "/v1/chat/completions",
-        json={"messages": MSG, "max_tokens": 4, "response_format": RESPONSE_FORMAT},
-        timeout=60,
+        json={"messages": MSG, "max_tokens": 120, "response_format": RESPONSE_FORMAT},
+        timeout=120,
     )
-    assert r.status_code == 400, r.text
-    assert r.json()["error"]["param"] == "response_format"
-    assert "reasoning" in r.json()["error"]["message"]
+    assert r.status_code == 200, r.text
+    message = r.json()["choices"][0]["message"]
+    assert message["reasoning_content"] == reasoning
+    assert message.get("reasoning") == reasoning
+    jsonschema.validate(json.loads(message["content"]), SCHEMA)
 
 
 def _lp_bytes(entries: list[Any]) -> bytes:

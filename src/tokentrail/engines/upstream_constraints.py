@@ -43,6 +43,16 @@ def request_fields(constraint: Any, logprobs_mode: str, dialect: str) -> dict[st
     "processed"); ``{}`` when there is nothing to ask. `ConstraintError` naming the
     request field when the upstream cannot do what is asked."""
     fields: dict[str, Any] = {}
+    if constraint is not None and getattr(constraint, "after", ()):
+        # The upstream would mask from the first token; tokentrail's reasoning format says
+        # the reply starts in the reasoning, which no upstream request field can express.
+        raise ConstraintError(
+            f"{constraint.param}: a constraint after tokentrail's reasoning format cannot be "
+            "sent upstream (the upstream would constrain the reasoning too); send it without "
+            'reasoning ("tokentrail": {"reasoning": false}) or use the upstream\'s own '
+            "reasoning parser",
+            constraint.param,
+        )
     if constraint is not None:
         fields.update(_constraint_fields(constraint, dialect))
     if logprobs_mode != "raw":

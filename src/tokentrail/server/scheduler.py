@@ -383,7 +383,9 @@ class Scheduler:
             ids = prompt_ids(self.tokenizer, req.prompt, self._engine.vocab_size, req.tools)
             limit = self._limit(req, len(ids))
             stop_matcher(req.stop)
-            params = req.params(self._engine.vocab_size, bound(req.structure, self.tokenizer))
+            chat = req.kind == "chat"
+            constraint = bound(req.structure, self.tokenizer, self.config.reasoning, chat)
+            params = req.params(self._engine.vocab_size, constraint)
             structures = [self._structure(req, ids) for _ in range(req.n)]
         except SamplingError as e:  # e.g. a logit_bias id past the engine's vocabulary
             job.post("error", 0, APIError(400, str(e), param=e.param, code="invalid_value"))
@@ -442,7 +444,7 @@ class Scheduler:
                 req.structure.tool_choice, self.config.tool_call_parser, self.tokenizer
             )
         reasoning = self.config.reasoning
-        return open_structure(req.structure, reasoning, req.kind == "chat", scorer)[0]
+        return open_structure(req.structure, reasoning, req.kind == "chat", scorer, gated=True)[0]
 
     def _limit(self, req: GenRequest, n_prompt: int) -> int:
         """The token limit for a prompt of `n_prompt` tokens, or APIError (context).

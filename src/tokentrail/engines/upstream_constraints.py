@@ -31,7 +31,7 @@ from typing import Any
 
 from ..errors import ConstraintError
 
-__all__ = ["gbnf_literal", "request_fields"]
+__all__ = ["gbnf_literal", "request_fields", "vllm_structured_outputs"]
 
 #: Dialects that take vLLM's ``structured_outputs`` on ``/v1/completions``.
 _STRUCTURED_OUTPUTS = ("vllm", "tokentrail")
@@ -80,7 +80,7 @@ def _logprobs_fields(mode: str, dialect: str) -> dict[str, Any]:
 def _constraint_fields(constraint: Any, dialect: str) -> dict[str, Any]:
     kind, source, param = constraint.kind, constraint.source, constraint.param
     if dialect in _STRUCTURED_OUTPUTS:
-        return {"structured_outputs": _structured_outputs(kind, source)}
+        return {"structured_outputs": vllm_structured_outputs(kind, source)}
     if dialect == "llamacpp":
         return _llamacpp_fields(kind, source, param)
     raise ConstraintError(
@@ -91,8 +91,9 @@ def _constraint_fields(constraint: Any, dialect: str) -> dict[str, Any]:
     )
 
 
-def _structured_outputs(kind: str, source: str) -> dict[str, Any]:
-    """vLLM's ``structured_outputs`` object for one constraint."""
+def vllm_structured_outputs(kind: str, source: str) -> dict[str, Any]:
+    """vLLM's ``structured_outputs`` fields for one constraint (the proxy sends them as
+    JSON; `tokentrail.engines.vllm_engine` builds vLLM's params object from them)."""
     if kind == "json_object":
         return {"json_object": True}
     if kind == "json_schema":

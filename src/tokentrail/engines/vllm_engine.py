@@ -462,16 +462,9 @@ def _structured_outputs(constraint: Any) -> dict[str, Any]:
     """vLLM's own structured outputs for a tokentrail `Constraint` (the same request
     fields, passed through): `structured_outputs` (vLLM >= 0.10.2) or the older
     `guided_decoding`."""
-    import json
+    from .upstream_constraints import vllm_structured_outputs
 
-    kind, source = constraint.kind, constraint.source
-    fields: dict[str, Any] = {
-        "json_schema": {"json": json.loads(source) if kind == "json_schema" else None},
-        "json_object": {"json_object": True},
-        "regex": {"regex": source},
-        "choice": {"choice": json.loads(source) if kind == "choice" else None},
-        "grammar": {"grammar": source},
-    }[kind]
+    fields = vllm_structured_outputs(constraint.kind, constraint.source)
     try:
         from vllm.sampling_params import StructuredOutputsParams
     except ImportError:

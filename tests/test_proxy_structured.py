@@ -113,20 +113,25 @@ def direct_chat(llama: Server, **body: Any) -> str:
     return str(r.json()["choices"][0]["message"]["content"])
 
 
+def chat(server: Server, messages: Any = MESSAGES, **kw: Any) -> Any:
+    """The official client's greedy chat completion from `server`: the response, or the
+    list of its chunks when `stream=True`."""
+    out = client(server).chat.completions.create(
+        model=server.model, messages=messages, temperature=0, **kw
+    )
+    return list(out) if kw.get("stream") else out
+
+
 def test_json_schema_through_the_proxy_validates_and_has_fields(
     proxy: Server, llama: Server
 ) -> None:
     fmt = {"type": "json_schema", "json_schema": {"name": "city", "schema": SCHEMA}}
-    chunks = list(
-        client(proxy).chat.completions.create(
-            model=proxy.model,
-            messages=MESSAGES,
-            max_tokens=80,
-            temperature=0,
-            stream=True,
-            response_format=fmt,
-            logprobs=True,
-        )
+    chunks = chat(
+        proxy,
+        max_tokens=80,
+        response_format=fmt,
+        logprobs=True,
+        stream=True,
     )
     content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     doc = json.loads(content)
@@ -142,11 +147,9 @@ def test_json_schema_through_the_proxy_validates_and_has_fields(
     assert flag["alternatives"] is None and flag["reason"]
 
     # Not streamed: the same text, all the fields at once.
-    whole = client(proxy).chat.completions.create(
-        model=proxy.model,
-        messages=MESSAGES,
+    whole = chat(
+        proxy,
         max_tokens=80,
-        temperature=0,
         response_format=fmt,
     )
     assert whole.choices[0].message.content == content
@@ -155,11 +158,9 @@ def test_json_schema_through_the_proxy_validates_and_has_fields(
 
 
 def test_json_object_and_llamacpp_json_schema_field(proxy: Server) -> None:
-    out = client(proxy).chat.completions.create(
-        model=proxy.model,
-        messages=MESSAGES,
+    out = chat(
+        proxy,
         max_tokens=60,
-        temperature=0,
         response_format={"type": "json_object"},
     )
     doc = json.loads(out.choices[0].message.content)
@@ -176,11 +177,9 @@ def test_json_object_and_llamacpp_json_schema_field(proxy: Server) -> None:
 
 def test_choice_and_gbnf_grammar_through_the_proxy(proxy: Server, llama: Server) -> None:
     choices = ["yes", "no", 'it "depends"', "back\\slash\nline"]
-    out = client(proxy).chat.completions.create(
-        model=proxy.model,
-        messages=MESSAGES,
+    out = chat(
+        proxy,
         max_tokens=10,
-        temperature=0,
         extra_body={"structured_outputs": {"choice": choices}},
     )
     assert out.choices[0].message.content in choices
@@ -188,11 +187,9 @@ def test_choice_and_gbnf_grammar_through_the_proxy(proxy: Server, llama: Server)
     assert "".join(s["text"] for s in e["segments"]) == out.choices[0].message.content
 
     grammar = 'root ::= ("Paris" | "Lyon") " has " [0-9] [0-9]? [0-9]? " parks."'
-    out = client(proxy).chat.completions.create(
-        model=proxy.model,
-        messages=MESSAGES,
+    out = chat(
+        proxy,
         max_tokens=20,
-        temperature=0,
         extra_body={"grammar": grammar},
     )
     content = out.choices[0].message.content
@@ -273,11 +270,10 @@ WEATHER = {
 
 def test_tool_choice_required_is_constrained_upstream_and_parsed_here(proxy: Server) -> None:
     messages = [{"role": "user", "content": "What is the weather in Paris?"}]
-    out = client(proxy).chat.completions.create(
-        model=proxy.model,
+    out = chat(
+        proxy,
         messages=messages,
         max_tokens=60,
-        temperature=0,
         tools=[WEATHER],
         tool_choice="required",
     )
@@ -292,16 +288,13 @@ def test_tool_choice_required_is_constrained_upstream_and_parsed_here(proxy: Ser
     assert paths["/tool_calls/0/arguments/city"]["value"] == args["city"]
 
     # Streamed: OpenAI's delta.tool_calls, read by the official client.
-    chunks = list(
-        client(proxy).chat.completions.create(
-            model=proxy.model,
-            messages=messages,
-            max_tokens=60,
-            temperature=0,
-            tools=[WEATHER],
-            tool_choice="required",
-            stream=True,
-        )
+    chunks = chat(
+        proxy,
+        messages=messages,
+        max_tokens=60,
+        tools=[WEATHER],
+        tool_choice="required",
+        stream=True,
     )
     pieces = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or []]
     assert pieces and pieces[0].function.name == "get_weather"
@@ -324,15 +317,11 @@ def marked(llama: Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
 
 def test_reasoning_markers_on_the_proxy_split_the_upstreams_tokens(marked: Any) -> None:
     server, reply, end = marked
-    chunks = list(
-        client(server).chat.completions.create(
-            model=server.model,
-            messages=MESSAGES,
-            max_tokens=40,
-            temperature=0,
-            stream=True,
-            logprobs=True,
-        )
+    chunks = chat(
+        server,
+        max_tokens=40,
+        logprobs=True,
+        stream=True,
     )
     deltas = [c.choices[0].delta for c in chunks if c.choices]
     reasoning = "".join((d.model_extra or {}).get("reasoning") or "" for d in deltas)

@@ -102,16 +102,22 @@ def start_vllm(args: argparse.Namespace, logs: Path) -> tuple[subprocess.Popen[b
     return proc, url, str(args.vllm_model)
 
 
-def start_proxy(
-    upstream: str, tokenizer: str, logs: Path, max_queue: int
-) -> tuple[subprocess.Popen[bytes], str]:
+def start_proxy(upstream: str, tokenizer: str, logs: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """The proxy with its default settings (its queue included), once its startup check
+    of the upstream is over: the check's own requests would share the upstream with the
+    first measured ones."""
     port = free_port()
     cmd = [sys.executable, "-m", "tokentrail", "serve", "--upstream", upstream]
     cmd += ["--tokenizer", tokenizer, "--port", str(port), "--log-level", "warning"]
-    cmd += ["--max-queue", str(max_queue)]
     proc = spawn(cmd, logs / "proxy.log", {"PYTHONPATH": str(REPO / "src")})
     url = f"http://127.0.0.1:{port}"
     wait(url, proc)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        check = httpx.get(url + "/tokentrail/upstream", timeout=30).json()
+        if check.get("status") != "running":
+            break
+        time.sleep(0.5)
     return proc, url
 
 
@@ -245,7 +251,7 @@ def bench_upstream(
     try:
         up, direct, tokenizer = start(args, logs)
         procs.append(up)
-        proxy, proxied = start_proxy(direct, tokenizer, logs, max(args.levels))
+        proxy, proxied = start_proxy(direct, tokenizer, logs)
         procs.append(proxy)
         return measure(name, direct, proxied, proxy.pid, args, repeat)
     finally:

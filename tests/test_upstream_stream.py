@@ -8,7 +8,9 @@
   llama-server's own greedy tokens for the same prompt ids, also on connections kept
   alive after streams that were cut short;
 - through `tokentrail serve --upstream`, more concurrent clients than slots are queued,
-  none answered 429, up to slots + --max-queue.
+  none answered 429: the proxy's default queue is far past the upstream's slots;
+- `wake` (what the scheduler calls when a request arrives) ends a step that waits for
+  the upstream's next bytes at once, so the request joins then, not when a token comes.
 """
 
 from __future__ import annotations
@@ -126,6 +128,31 @@ def collect(batch: Any, uids: set[int], cut: dict[int, int]) -> dict[int, list[i
     return got
 
 
+@pytest.mark.parametrize("kind", ["AsyncUpstreamBatch", "ThreadedBatch"])
+def test_wake_ends_a_step_that_waits_for_the_upstream(engines: dict[str, Any], kind: str) -> None:
+    import threading
+
+    from tokentrail.engines.batch import ThreadedBatch
+    from tokentrail.engines.upstream_stream import AsyncUpstreamBatch
+
+    engine = next(iter(engines.values()))
+    # A wait no test would sit out: without `wake` this step would return after 10 min.
+    batch = (AsyncUpstreamBatch if kind == "AsyncUpstreamBatch" else ThreadedBatch)(
+        engine, 4, wait=600.0
+    )
+    done: list[Any] = []
+    try:
+        waiting = threading.Thread(target=lambda: done.append(batch.step()), daemon=True)
+        waiting.start()
+        time.sleep(0.2)  # the step is waiting on its queue by now
+        assert not done
+        batch.wake()
+        waiting.join(30)
+        assert done == [[]], "wake did not end the waiting step"
+    finally:
+        batch.close()
+
+
 def test_batch_runs_the_upstreams_slots_and_its_tokens(llama: Server) -> None:
     from tokentrail.engines.upstream import UpstreamEngine
     from tokentrail.engines.upstream_stream import AsyncUpstreamBatch
@@ -164,22 +191,25 @@ def test_batch_runs_the_upstreams_slots_and_its_tokens(llama: Server) -> None:
 def test_more_clients_than_slots_are_queued_not_refused(
     llama: Server, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    """`serve --upstream` in front of 4 slots with --max-queue 4: 8 concurrent streams
-    all complete (none 429), the proxy's batch is the upstream's 4 slots."""
+    """`serve --upstream` in front of 4 slots, with its default queue: 24 concurrent
+    streams (6 per slot, more than a model server's default queue of 16 lets wait) all
+    complete, none 429, as they would sent to llama-server directly; the proxy's batch is
+    the upstream's 4 slots."""
     require("uvicorn")
     log = tmp_path_factory.mktemp("logs") / "proxy.log"
-    args = ("--upstream", llama.url, "--tokenizer", str(llama.model_dir), "--max-queue", "4")
+    args = ("--upstream", llama.url, "--tokenizer", str(llama.model_dir))
     proxy = start_server(None, log, *args)
+    clients, n = 6 * SLOTS, 16
     try:
         health = proxy.health()
         assert health["max_batch"] == SLOTS and health["batch_kind"] == "AsyncUpstreamBatch"
-        statuses = asyncio.run(_clients(proxy, 2 * SLOTS, 24))
-        streams = _streams(proxy, 2 * SLOTS * 24)
+        statuses = asyncio.run(_clients(proxy, clients, n))
+        streams = _streams(proxy, clients * n)
     finally:
         proxy.stop()
-    assert statuses == [(200, 24)] * (2 * SLOTS), statuses
+    assert statuses == [(200, n)] * clients, statuses
     # What reading the upstream costs is served, per token (JSON numbers).
-    assert streams["max_batch"] == SLOTS and streams["tokens"] == 2 * SLOTS * 24, streams
+    assert streams["max_batch"] == SLOTS and streams["tokens"] == clients * n, streams
     assert streams["realign_us_per_token"] > 0 and streams["parse_us_per_token"] > 0
 
 

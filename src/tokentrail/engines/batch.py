@@ -106,6 +106,11 @@ class BaseBatch:
     def cached_tokens(self, uid: int) -> int:
         return 0
 
+    def wake(self) -> None:
+        """Cut short a `step` that is waiting for I/O (any thread may call it; the
+        scheduler does when a request arrives). A batch that computes its steps never
+        waits, so this does nothing here."""
+
     def __len__(self) -> int:
         return len(self._live)
 
@@ -154,6 +159,8 @@ class SerialBatch(BaseBatch):
 
 
 _END = object()
+#: Put on a waiting batch's queue by `wake`: no sequence's item (uid None is never live).
+WAKE = (None, None)
 
 
 class ThreadedBatch(BaseBatch):
@@ -209,6 +216,9 @@ class ThreadedBatch(BaseBatch):
         stop = self._live.pop(uid, None)
         if stop is not None:
             stop.set()
+
+    def wake(self) -> None:
+        self._out.put(WAKE)
 
     def step(self) -> list[tuple[int, Outcome]]:
         out: list[tuple[int, Outcome]] = []

@@ -26,7 +26,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from ..sampling import SamplingParams
-from .batch import BaseBatch, Outcome, arrived
+from .batch import WAKE, BaseBatch, Outcome, arrived
 from .upstream_wire import ReadCost, StepReader, status_error
 
 _END = object()
@@ -101,12 +101,15 @@ class AsyncUpstreamBatch(BaseBatch):
         if task is not None:
             task.cancel()  # closes its upstream stream, on the loop
 
+    def wake(self) -> None:
+        self._out.put(WAKE)
+
     def step(self) -> list[tuple[int, Outcome]]:
         out: list[tuple[int, Outcome]] = []
         live = self._live
         for uid, item in arrived(self._out, self.wait):
             if uid not in live:
-                continue  # removed: what it still sent is dropped
+                continue  # removed (what it still sent is dropped), or a `wake`
             if item.__class__ is list:
                 out.extend([(uid, s) for s in item])
             elif item is _END:

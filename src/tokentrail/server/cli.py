@@ -22,6 +22,7 @@ from .config import (
     DEFAULT_CLIENT_TIMEOUT,
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_QUEUE,
+    DEFAULT_PROXY_MAX_QUEUE,
     Loader,
     ServerConfig,
 )
@@ -58,8 +59,10 @@ LIMIT_FLAGS: tuple[tuple[str, type, Any, str, str, float, bool], ...] = (
     ("--max-batch", int, None, "N",
      "sequences decoded together (default: the engine's capacity, e.g. mlx-lm's "
      "BatchGenerator's 32; 1 for an engine without batched decoding)", 1, False),
-    ("--max-queue", int, DEFAULT_MAX_QUEUE, "N",
-     "sequences that may wait for room in the batch; more get 429", 0, False),
+    ("--max-queue", int, None, "N",
+     f"sequences that may wait for room in the batch; more get 429 (default "
+     f"{DEFAULT_MAX_QUEUE}; {DEFAULT_PROXY_MAX_QUEUE} with --upstream, whose own queue holds "
+     "what its slots cannot run yet)", 0, False),
     ("--client-timeout", float, DEFAULT_CLIENT_TIMEOUT, "S",
      "drop a streaming client that leaves output unread this long", 0, True),
     ("--max-body-bytes", int, DEFAULT_MAX_BODY_BYTES, "N", "largest accepted request body", 1,

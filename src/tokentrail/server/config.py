@@ -20,6 +20,7 @@ __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
     "DEFAULT_MAX_BUFFERED",
     "DEFAULT_MAX_QUEUE",
+    "DEFAULT_PROXY_MAX_QUEUE",
     "Loader",
     "ServerConfig",
 ]
@@ -29,6 +30,10 @@ Loader = Callable[[], tuple[Any, Any]]
 
 #: Sequences that may wait for room in the batch; more are answered 429.
 DEFAULT_MAX_QUEUE = 16
+#: The same for a proxy (`serve --upstream`): it holds no model, a waiting request costs
+#: a few kilobytes, and the upstream queues what its slots cannot run yet, as it would
+#: sent directly; so only a burst far past the upstream's slots is answered 429.
+DEFAULT_PROXY_MAX_QUEUE = 1024
 DEFAULT_MAX_BODY_BYTES = 1 << 20
 #: Default seconds a client may leave output unread before it is dropped.
 DEFAULT_CLIENT_TIMEOUT = 30.0
@@ -115,6 +120,9 @@ class ServerConfig:
     ) -> ServerConfig:
         """The settings `tokentrail serve`'s flags give (`load_options`: the engine's)."""
         given = {name: getattr(args, flag) for name, flag in _FLAGS.items()}
+        if given["max_queue"] is None:  # the flag's default depends on what is served
+            proxy = getattr(args, "upstream", None)
+            given["max_queue"] = DEFAULT_PROXY_MAX_QUEUE if proxy else DEFAULT_MAX_QUEUE
         parser = getattr(args, "reasoning_parser", None)
         markers = getattr(args, "reasoning_markers", None)
         if parser is not None and markers is not None:

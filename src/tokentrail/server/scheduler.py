@@ -136,6 +136,9 @@ class Scheduler:
         self._seqs: dict[int, ChoiceState] = {}
         self._stopping = False
         self._ready = threading.Event()
+        #: The batch's `wake` (None until it is open, or where it has none): a request that
+        #: arrives while a step waits for I/O (an upstream's next token) joins at once.
+        self._wake: Any = None
         self._load_error: BaseException | None = None
         self._thread: threading.Thread | None = None
         self._recent: deque[dict[str, Any]] = deque(maxlen=RECENT_JOBS)
@@ -170,6 +173,8 @@ class Scheduler:
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
+        if self._wake is not None:
+            self._wake()
         thread.join(timeout)
         self._thread = None
 
@@ -200,6 +205,8 @@ class Scheduler:
             self._pending.append(job)
             self.metrics.queue_depth.set(len(self._pending))
             self._cond.notify_all()
+        if self._wake is not None and not job.waited_for_room:
+            self._wake()
 
     @staticmethod
     def _too_many(n: int, capacity: int) -> APIError:
@@ -266,6 +273,7 @@ class Scheduler:
             self._deferred = hasattr(batch, "before_compute")
             if self._deferred:
                 batch.before_compute = self._outbox.flush
+            self._wake = getattr(batch, "wake", None)
         except BaseException as e:  # re-raised by start(); the loop has nothing to do
             logger.debug("loading the model failed", exc_info=True)
             self._load_error = e

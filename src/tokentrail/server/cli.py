@@ -325,6 +325,7 @@ def run(args: argparse.Namespace) -> int:
                 upstream_model=args.upstream_model,
                 dialect=args.upstream_dialect,
                 timeout=args.upstream_timeout,
+                upstream_chat=getattr(args, "upstream_chat", False),
                 **options,
             )
         except UpstreamError as e:

@@ -81,6 +81,7 @@ def vllm(think_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     cmd += ["--host", "127.0.0.1", "--port", str(port), "--dtype", ENGINE_ARGS["dtype"]]
     cmd += ["--max-model-len", str(ENGINE_ARGS["max_model_len"]), "--enforce-eager"]
     cmd += ["--reasoning-parser", "deepseek_r1"]
+    cmd += ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
     log = tmp_path_factory.mktemp("logs") / "vllm.log"
     url = f"http://127.0.0.1:{port}"
     server = launch(cmd, log, url, path="/v1/models", timeout=VLLM_STARTUP, env=VLLM_ENV)
@@ -102,6 +103,7 @@ def straight(vllm: Server, **extra: Any) -> list[dict[str, Any]]:
     """The same request streamed straight from vLLM, with its token ids: its chunks."""
     body = {"model": NAME, "messages": MESSAGES, **BODY, "stream": True,
             "return_token_ids": True, **extra}  # fmt: skip
+    body = {k: v for k, v in body.items() if v != {}}
     chunks = []
     with httpx.stream("POST", vllm.url + "/v1/chat/completions", json=body, timeout=600) as r:
         assert r.status_code == 200
@@ -210,6 +212,83 @@ def test_vllm_reasoning_whole_response_matches_vllms_own(proxy: Server, vllm: Se
     assert channel_bytes(segments, "reasoning").decode() == own["message"]["reasoning"]
     assert channel_bytes(segments, "content").decode() == (own["message"]["content"] or "")
     assert r.usage is not None and r.usage.completion_tokens == len(tokens_by_index(segments))
+
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Get the weather in a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
+]
+#: An earlier turn with </think> in it: vLLM's DeepSeek-R1 parser then takes the reasoning
+#: as ended (it looks for the end token in the prompt), so the tool call's structured
+#: output starts at once.
+TOOL_MESSAGES = [
+    {"role": "user", "content": "Hi"},
+    {"role": "assistant", "content": "Hello</think>Hello!"},
+    {"role": "user", "content": "What is the weather in Paris?"},
+]
+
+
+def pointer(doc: Any, path: str) -> Any:
+    for raw in path.split("/")[1:]:
+        key = raw.replace("~1", "/").replace("~0", "~")
+        doc = doc[int(key)] if isinstance(doc, list) else doc[key]
+    return doc
+
+
+def test_vllm_tool_call_is_listed_as_its_raw_text_with_fields(proxy: Server, vllm: Server) -> None:
+    kw: dict[str, Any] = {"tools": TOOLS, "tool_choice": "required", "max_tokens": 60}
+    own = straight(vllm, messages=TOOL_MESSAGES, logit_bias={}, **kw)
+    own_ids = [i for c in own if c["choices"] for i in c["choices"][0].get("token_ids") or []]
+    own_pieces = [
+        p for c in own if c["choices"] for p in c["choices"][0]["delta"].get("tool_calls") or []
+    ]
+    own_name = next(p["function"]["name"] for p in own_pieces if p["function"].get("name"))
+    own_args = "".join(p["function"].get("arguments") or "" for p in own_pieces)
+    chunks = list(
+        client(proxy).chat.completions.create(
+            model=NAME, messages=TOOL_MESSAGES, stream=True, logprobs=True, temperature=0, **kw
+        )
+    )
+    pieces = [p for c in chunks if c.choices for p in c.choices[0].delta.tool_calls or []]
+    assert pieces[0].function.name == own_name
+    assert "".join(p.function.arguments or "" for p in pieces) == own_args
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+    segments = [s for c in chunks for s in segments_of(c)]
+    listed = tokens_by_index(segments)
+    assert [listed[k]["id"] for k in sorted(listed)] == own_ids
+    raw = channel_bytes(segments, "tool_call").decode()
+    # The tool_call channel is the text vLLM parsed the call from: its own tokens' text
+    # (the tokenizer's decode) but for the end token, which is markup.
+    from transformers import PreTrainedTokenizerFast
+
+    tok = PreTrainedTokenizerFast(tokenizer_file=str(vllm.model_dir / "tokenizer.json"))
+    assert raw == tok.decode(own_ids, skip_special_tokens=True)
+    assert own_name in raw
+    last = next(c for c in reversed(chunks) if c.choices).model_extra["tokentrail"]
+    assert last["tool_calls"][0]["raw"] == raw
+    assert last["tool_calls"][0]["name"] == own_name
+    # Fields of the arguments: each value is the parsed arguments' at its path, and its
+    # tokens' byte ranges join to its text.
+    args = json.loads(own_args)
+    assert last["fields"]
+    for f in last["fields"]:
+        prefix = "/tool_calls/0/arguments"
+        assert f["path"].startswith(prefix)
+        assert f["value"] == pointer(args, f["path"][len(prefix) :])
+        data = b"".join(
+            bytes(listed[t["index"]]["bytes"])[t["start"] : t["end"]] for t in f["tokens"]
+        )
+        assert data.decode() == f["text"]
 
 
 def test_upstream_chat_refuses_n_above_one(proxy: Server) -> None:

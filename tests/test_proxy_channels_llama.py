@@ -40,6 +40,8 @@ TOOLS = [
     }
 ]
 MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
+#: A grammar that makes SmolLM2 write DeepSeek's markers (it never does on its own).
+THINK = 'root ::= "<think>" [a-z ]{5,30} "</think>" [A-Za-z ]{3,30}'
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +50,7 @@ def llama(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     port = free_port()
     cmd = [str(llama_server_binary()), "-m", str(gguf), "--host", "127.0.0.1"]
     cmd += ["--port", str(port), "-c", "2048", "-np", "1", "-t", "2", "--no-webui", "--jinja"]
+    cmd += ["--reasoning-format", "deepseek"]
     log = tmp_path_factory.mktemp("logs") / "llama.log"
     server = launch(cmd, log, f"http://127.0.0.1:{port}", timeout=120)
     server.model_dir = gguf
@@ -136,3 +139,26 @@ def test_a_forced_tool_call_is_listed_as_its_raw_text(proxy: Server, llama: Serv
             except ValueError:
                 continue
     assert args in found or any(args == v.get("arguments") for v in found if isinstance(v, dict))
+
+
+def test_llama_reasoning_format_deepseek_channels(proxy: Server, llama: Server) -> None:
+    body = {"messages": MESSAGES, "grammar": THINK, "temperature": 0, "max_tokens": 40}
+    own = httpx.post(llama.url + "/v1/chat/completions", json=body, timeout=300).json()
+    message = own["choices"][0]["message"]
+    if not message.get("reasoning_content"):
+        pytest.skip(
+            "llama-server's --reasoning-format deepseek leaves <think>...</think> in the "
+            "content for SmolLM2's template (its content-only chat format parses no "
+            f"reasoning): content {str(message.get('content'))[:40]!r}"
+        )
+    c = openai.OpenAI(base_url=proxy.url + "/v1", api_key="x", max_retries=0)
+    chunks = list(
+        c.chat.completions.create(
+            model="smollm2", messages=MESSAGES, temperature=0, stream=True, logprobs=True,
+            max_tokens=40, extra_body={"grammar": THINK},
+        )
+    )  # fmt: skip
+    segs = segments(chunks)
+    assert joined(segs, "reasoning").decode() == message["reasoning_content"]
+    assert joined(segs, "content").decode() == (message.get("content") or "")
+    assert "<think>" in joined(segs, "markup").decode()

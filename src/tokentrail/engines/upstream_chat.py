@@ -118,6 +118,8 @@ class ChannelTracker:
         #: whether it was its chunk's last text).
         self._pending: list[tuple[str, str, int, bool]] = []
         self._tools_since = False  # tool-call pieces since the last placed fragment
+        #: The byte ranges (of all the tokens' bytes laid end to end) labelled tool_call.
+        self.tool_ranges: list[tuple[int, int]] = []
 
     # -- reading --
 
@@ -261,7 +263,17 @@ class ChannelTracker:
                 out.append(ChannelPart(ch, text, [(tok, a, b)]))
         for part in out:
             self.texts[part.channel] += part.text if part.channel in ("tool_call", "markup") else ""
+        if label == "tool_call":
+            self.tool_ranges.append((start, end))
         return out
+
+    def raw(self, start: int, end: int) -> bytes:
+        """Bytes [start, end) of the tokens' bytes laid end to end."""
+        return bytes(self._raw[start:end])
+
+    def spans(self, start: int, end: int) -> list[tuple[ChatToken, int, int]]:
+        """The tokens covering bytes [start, end), each with its own byte range."""
+        return self._spans(start, end)
 
     def _spans(self, start: int, end: int) -> list[tuple[ChatToken, int, int]]:
         """The tokens covering bytes [start, end), each with its own byte range."""

@@ -26,7 +26,9 @@ from typing import Any
 
 from ..engines.upstream_chat import ChannelPart, ChannelTracker, ChatToken, chat_body
 from ..engines.upstream_wire import status_error
-from ..errors import APIError, UpstreamError
+from ..errors import APIError, StructureError, UpstreamError
+from ..segment import Segment, TokenSpan
+from ..structure.fields import json_fields
 from .formatting import sse
 
 __all__ = ["ChatWriter", "chat_route"]
@@ -153,6 +155,34 @@ class ChatWriter:
             out.append({"index": k, "id": c["id"], "name": c["name"], "arguments": c["arguments"]})
         return [{**c, "raw": raw if len(out) == 1 else None} for c in out]
 
+    def fields(self, tracker: ChannelTracker) -> list[dict[str, Any]]:
+        """The JSON fields of each call's arguments, with their tokens: found where the
+        tool_call channel's bytes hold a JSON value equal to the arguments the upstream
+        parsed (paths ``/tool_calls/N/arguments/<pointer>``); none where no such value
+        is there (the upstream rewrote them) or a token in it was not identified."""
+        out: list[dict[str, Any]] = []
+        for k in sorted(tracker.tool_calls):
+            found = arguments_span(tracker, tracker.tool_calls[k]["arguments"])
+            if found is None:
+                continue
+            start, end = found
+            spans = tracker.spans(start, end)
+            if any(t.id is None for t, _, _ in spans):
+                continue
+            text = tracker.raw(start, end).decode("utf-8")
+            seg = Segment(
+                text, tuple(TokenSpan(t.index, t.id, a, b, t.logprob) for t, a, b in spans)
+            )
+            try:
+                fields = json_fields(text, [seg])
+            except StructureError:
+                continue
+            for f in fields:
+                d = f.to_dict()
+                d["path"] = f"/tool_calls/{k}/arguments{d['path']}"
+                out.append(d)
+        return out
+
     def response(self, tracker: ChannelTracker, parts: list[ChannelPart]) -> dict[str, Any]:
         texts = tracker.texts
         calls = [
@@ -177,8 +207,35 @@ class ChatWriter:
         }]  # fmt: skip
         if tracker.usage is not None:
             out["usage"] = dict(tracker.usage)
-        out["tokentrail"] = {"segments": self.segments(parts), "tool_calls": self.calls(tracker)}
+        out["tokentrail"] = {
+            "segments": self.segments(parts),
+            "tool_calls": self.calls(tracker),
+            "fields": self.fields(tracker),
+        }
         return out
+
+
+def arguments_span(tracker: ChannelTracker, arguments: str) -> tuple[int, int] | None:
+    """Where (bytes of the tokens laid end to end) the tool_call channel holds a JSON
+    value equal to `arguments` parsed, or None."""
+    try:
+        want = json.loads(arguments)
+    except ValueError:
+        return None
+    decoder = json.JSONDecoder()
+    for start, end in tracker.tool_ranges:
+        text = tracker.raw(start, end).decode("utf-8", "replace")
+        for i, ch in enumerate(text):
+            if ch not in '{["-0123456789tfn':
+                continue
+            try:
+                value, stop = decoder.raw_decode(text, i)
+            except ValueError:
+                continue
+            if value == want:
+                a = start + len(text[:i].encode("utf-8"))
+                return a, a + len(text[i:stop].encode("utf-8"))
+    return None
 
 
 def _payload(raw: bytes) -> dict[str, Any]:
@@ -297,6 +354,7 @@ def chat_route(engine: Any, model_name: str) -> Any:
                     if choice is not None and choice.get("finish_reason"):
                         out["choices"][0]["finish_reason"] = choice["finish_reason"]
                         out["tokentrail"]["tool_calls"] = writer.calls(tracker)
+                        out["tokentrail"]["fields"] = writer.fields(tracker)
                     yield sse(out)
             except (UpstreamError, ValueError) as e:
                 yield sse({"error": {"message": str(e), "type": "upstream_error"}})

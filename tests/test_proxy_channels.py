@@ -348,3 +348,22 @@ def test_tokens_are_labelled_with_the_field_their_text_came_in(
         assert joined == want[channel]
     labelled = {t.index: p.channel for p in found for t, _, _ in p.tokens}
     assert all(labelled[i] == "markup" for i in marks)
+
+
+def test_text_without_token_data_is_listed_with_no_tokens_and_a_reason(smol_vocab: Any) -> None:
+    """Deltas the upstream sent without logprobs (llama-server does so for tool calls
+    while streaming) are never guessed: their part has tokens None and a reason, and the
+    tokens that did come are still placed."""
+    from tokentrail.engines.upstream_chat import ChannelTracker
+
+    v = smol_vocab
+    (tid,) = v.encode("Hi")
+    tracker = ChannelTracker(v)
+    entry = {"token": "Hi", "logprob": -0.5, "bytes": list(b"Hi")}
+    found = tracker.feed({"choices": [{"index": 0, "delta": {"content": "Hi"},
+                                       "logprobs": {"content": [entry]}}]})  # fmt: skip
+    found += tracker.feed({"choices": [{"index": 0, "delta": {"reasoning_content": " there"}}]})
+    found += tracker.finish()
+    assert [(p.channel, p.text) for p in found] == [("content", "Hi"), ("reasoning", " there")]
+    assert [(t.id, a, b) for t, a, b in found[0].tokens] == [(tid, 0, 2)]
+    assert found[1].tokens is None and "no logprobs" in (found[1].reason or "")

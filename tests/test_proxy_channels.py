@@ -367,3 +367,13 @@ def test_text_without_token_data_is_listed_with_no_tokens_and_a_reason(smol_voca
     assert [(p.channel, p.text) for p in found] == [("content", "Hi"), ("reasoning", " there")]
     assert [(t.id, a, b) for t, a, b in found[0].tokens] == [(tid, 0, 2)]
     assert found[1].tokens is None and "no logprobs" in (found[1].reason or "")
+
+
+def test_the_upstreams_own_refusal_is_passed_on(proxy: Server, vllm: Server) -> None:
+    """A request vLLM refuses (more tokens than its context) is its 400, message and all."""
+    body = {"model": NAME, "messages": MESSAGES, "max_tokens": 100_000}
+    own = httpx.post(vllm.url + "/v1/chat/completions", json=body, timeout=600)
+    assert own.status_code == 400
+    with pytest.raises(openai.BadRequestError) as e:
+        client(proxy).chat.completions.create(model=NAME, messages=MESSAGES, max_tokens=100_000)
+    assert own.json()["error"]["message"][:40] in e.value.body["message"]

@@ -254,7 +254,9 @@ def _payload(raw: bytes) -> dict[str, Any]:
 
 
 def _api(e: UpstreamError) -> APIError:
-    return APIError(e.status, str(e), type="upstream_error", code=e.code)
+    """The client's answer: the upstream's own 4xx as a request error, else 502/504."""
+    kind = "invalid_request_error" if 400 <= e.status < 500 else "upstream_error"
+    return APIError(e.status, str(e), type=kind, code=e.code)
 
 
 async def _chunks(resp: Any, streamed: bool) -> AsyncIterator[dict[str, Any]]:

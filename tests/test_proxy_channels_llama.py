@@ -162,3 +162,21 @@ def test_llama_reasoning_format_deepseek_channels(proxy: Server, llama: Server) 
     assert joined(segs, "reasoning").decode() == message["reasoning_content"]
     assert joined(segs, "content").decode() == (message.get("content") or "")
     assert "<think>" in joined(segs, "markup").decode()
+
+
+def test_upstream_chat_without_upstream_exits_2_with_one_line() -> None:
+    import subprocess
+    import sys
+
+    cmd = [
+        sys.executable,
+        "-m",
+        "tokentrail",
+        "serve",
+        "--port",
+        str(free_port()),
+        "--upstream-chat",
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "--upstream-chat needs --upstream" in proc.stderr

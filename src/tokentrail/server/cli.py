@@ -306,6 +306,8 @@ def run(args: argparse.Namespace) -> int:
             from .proxy import check_arguments as check_upstream_arguments
 
             check_upstream_arguments(args)
+        elif getattr(args, "upstream_chat", False):
+            raise UsageError("--upstream-chat needs --upstream URL (the upstream it forwards to)")
         sock = _bind(args.host, args.port)
         config = ServerConfig.from_args(args, None if args.upstream else engine_options(args))
     except UsageError as e:

@@ -309,6 +309,8 @@ def run(args: argparse.Namespace) -> int:
             from .proxy import check_arguments as check_upstream_arguments
 
             check_upstream_arguments(args)
+        elif getattr(args, "upstream_chat", False):
+            raise UsageError("--upstream-chat needs --upstream URL (the upstream it forwards to)")
         sock = _bind(args.host, args.port)
         config = ServerConfig.from_args(args, None if args.upstream else engine_options(args))
     except UsageError as e:
@@ -328,6 +330,7 @@ def run(args: argparse.Namespace) -> int:
                 upstream_model=args.upstream_model,
                 dialect=args.upstream_dialect,
                 timeout=args.upstream_timeout,
+                upstream_chat=getattr(args, "upstream_chat", False),
                 **options,
             )
         except UpstreamError as e:

@@ -64,6 +64,7 @@ def create_upstream_app(
     timeout: float = 60.0,
     model_name: str | None = None,
     check_upstream: bool = True,
+    upstream_chat: bool = False,
     **server_options: Any,
 ) -> Any:
     """The tokentrail ASGI app serving `url`'s model (see the module docstring).
@@ -71,6 +72,8 @@ def create_upstream_app(
     `tokenizer` is a path (`load_tokenizer`) or a loaded transformers tokenizer;
     `server_options` go to `tokentrail.server.create_app` (max_queue, max_body_bytes).
     `check_upstream` runs the quick startup check (`check_upstream_now`) on a thread.
+    `upstream_chat`: chat requests go to the upstream's own chat endpoint, its parsers
+    and channels passed through per token (`tokentrail.server.proxy_chat`).
     """
     tok = load_tokenizer(tokenizer) if isinstance(tokenizer, str | Path) else tokenizer
     engine = UpstreamEngine(
@@ -86,6 +89,10 @@ def create_upstream_app(
     name = model_name or engine.model or "upstream"
     app = create_app(engine, tok, model_name=name, **server_options)
     app.state.upstream = engine
+    if upstream_chat:
+        from .proxy_chat import chat_route
+
+        app.router.routes.insert(0, chat_route(engine, name))
     app.state.upstream_streams = engine.stream_stats
     app.state.upstream_check = {"status": "not run"}
     if check_upstream:
@@ -144,6 +151,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--upstream-timeout", type=float, default=60.0, metavar="S", help="seconds (default 60)"
     )
     g.add_argument("--tokenizer", metavar="PATH", help="the upstream model's tokenizer")
+    g.add_argument(
+        "--upstream-chat",
+        action="store_true",
+        help="send chat requests to the upstream's own chat endpoint (its reasoning and "
+        "tool-call parsers, its template) and attribute its channels per token",
+    )
 
 
 def check_arguments(args: argparse.Namespace) -> None:

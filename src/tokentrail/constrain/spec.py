@@ -124,10 +124,34 @@ def _json_schema(schema: Any, strict: bool | None, any_whitespace: bool, param: 
     # is a hint) lets llguidance ignore such keywords, noted in `warnings`.
     options = {"whitespace_flexible": any_whitespace, "lenient": strict is False}
     try:
-        grammar = llg.LLMatcher.grammar_from_json_schema(text, defaults=options)
+        grammar = _json_grammar(text, options)
     except ValueError as e:
         raise ConstraintError(f"{param}: cannot compile the JSON schema: {e}", param) from e
     return _check("json_schema", text, grammar, param)
+
+
+#: The whitespace a JSON constraint takes before its value. JSON allows it (RFC 8259's
+#: `ws`), and models merge it into their first token (` {"`, `\n{`, `</think>\n\n{`);
+#: compact JSON (llguidance's `whitespace_flexible` off) takes none anywhere, so such a
+#: token would be masked out. At most 2 characters (` {"`, `\n\n{`), so a model cannot
+#: put off its answer with blanks.
+LEADING_WHITESPACE = r"[ \t\r\n]{1,2}"
+
+
+def _json_grammar(text: str, options: Mapping[str, Any]) -> str:
+    """llguidance's grammar for the JSON schema `text` with compile `options`, after
+    optional leading whitespace: a Lark grammar (llguidance's own syntax) whose value
+    is the schema inlined with `%json`, the options as its `x-guidance` (a schema's own
+    `x-guidance` wins, as with `grammar_from_json_schema`'s defaults). Everything after
+    the whitespace is llguidance's JSON compiler's, untouched."""
+    value = json.loads(text)
+    if not isinstance(value, Mapping):  # true / false: nothing to lead
+        return llg.LLMatcher.grammar_from_json_schema(text, defaults=dict(options))
+    own = value.get("x-guidance")
+    merged = {**options, **(own if isinstance(own, Mapping) else {})}
+    schema = json.dumps({**value, "x-guidance": merged})
+    lark = f"start: LEAD? value\nLEAD: /{LEADING_WHITESPACE}/\nvalue: %json {schema}\n"
+    return llg.grammar_from("lark", lark)
 
 
 def _choice(choice: Any, param: str) -> Constraint:
@@ -171,8 +195,7 @@ def constraint_from(
     if json_object:
         options = {"whitespace_flexible": any_whitespace}
         text = '{"type": "object"}'
-        return _check("json_object", text,
-                      llg.LLMatcher.grammar_from_json_schema(text, defaults=options), param)
+        return _check("json_object", text, _json_grammar(text, options), param)
     if json_schema is not None:
         return _json_schema(json_schema, strict, any_whitespace, param)
     if choice is not None:

@@ -114,3 +114,12 @@ def test_outputs_validate_and_fields_are_exact(demo_model: Any, prompt: str) -> 
         assert (value, text[f.start : end]) == (f.value, f.text)
         joined = b"".join(pieces[t.id][t.start : t.end] for t in f.tokens)
         assert joined == f.text.encode("utf-8"), f
+
+
+def test_leading_whitespace_false_is_llguidances_compact_grammar(tok: Any) -> None:
+    """The tool-call constraint's choice (the reply is only the call)."""
+    c = constraint_from(json_schema=SCHEMA, leading_whitespace=False).bind(tok)
+    compact = llg.LLMatcher.grammar_from_json_schema(
+        json.dumps(SCHEMA), defaults={"whitespace_flexible": False, "lenient": False}
+    )
+    np.testing.assert_array_equal(_mask(c.tokenizer, c.grammar), _mask(c.tokenizer, compact))

@@ -133,7 +133,7 @@ def replies(draw: Any) -> tuple[str, str, int]:
     return parser, reply, len(texts)
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=replies(), cuts=st.lists(st.integers(1, 4), max_size=4))
 def test_released_tokens_join_to_the_streamed_content(
     demo: Any, case: tuple[str, str, int], cuts: list[int]
@@ -250,3 +250,24 @@ def test_a_whole_call_leaves_logprobs_content(tool_server: Any) -> None:
     _, _, whole_calls, whole = _ask(tool_server, False, **kw)
     assert whole_calls == 1
     _same_entries(raw, whole)
+
+
+def test_reasoning_then_a_call(tool_server: Any) -> None:
+    """Reasoning markers and a call in one reply: the reasoning's tokens go to
+    `logprobs.reasoning_content`, the call's to neither, streamed as whole."""
+    regex = r"<think>[a-z ]{1,12}</think>" + CALL_REGEX[tool_server[0]]
+    body = {"structured_outputs": {"regex": regex},
+            "tokentrail": {"reasoning": ["<think>", "</think>"]}}  # fmt: skip
+    kw: dict[str, Any] = dict(max_tokens=80, temperature=0.0, extra_body=body)
+    content, entries, calls, raw = _ask(tool_server, True, **kw)
+    assert calls == 1
+    assert_joins(entries, content.encode("utf-8"), calls)
+    _, model, client = tool_server
+    whole = client.chat.completions.create(
+        model=model, messages=MSG, tools=TOOLS, logprobs=True, top_logprobs=2, **kw
+    )
+    c = whole.choices[0]
+    _same_entries(raw, list(c.logprobs.content or ()))
+    reasoning = c.message.model_extra.get("reasoning_content") or ""
+    listed = c.logprobs.model_extra["reasoning_content"]
+    assert reasoning and b"".join(bytes(e["bytes"]) for e in listed) == reasoning.encode()

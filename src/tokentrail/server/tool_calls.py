@@ -122,9 +122,9 @@ def tool_constraint(tools: Sequence[ToolSpec] | None, tool_choice: Any) -> tuple
     except ImportError as e:
         raise _bad("tool_choice", f"this 'tool_choice' needs llguidance: {e}") from None
     try:
-        return constraint_from(json_schema=schema, param="tools"), (
-            "required" if name is None else "named"
-        )
+        # the reply is only the call: no blanks before it (they would be blank content)
+        call = constraint_from(json_schema=schema, param="tools", leading_whitespace=False)
+        return call, "required" if name is None else "named"
     except ConstraintError as e:
         raise _bad("tools", f"a tool's parameters do not compile: {e}") from None
 

@@ -195,7 +195,7 @@ def _llama3(text: str) -> _Parsed:
         content.append((0, pos))
         pos += 14
     elif "<|python_tag|>".startswith(text[pos:]) and text[pos:]:
-        return [], [], pos  # may still become the tag
+        return [], [(0, pos)], pos  # may still become the tag (the blanks before: content)
     since = pos if content else 0
     while (i := text.find("{", pos)) >= 0:
         found = _object_call(text, i, len(calls))

@@ -81,17 +81,21 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--output", type=Path)
+    ap.add_argument("--models", nargs="+", choices=["demo", "smollm2"], default=["demo", "smollm2"])
     args = ap.parse_args()
     rows: list[str] = []
-    model, tok = tokentrail.load()
-    rows += _bench("demo model (MLX)", engine_for(model), tok, args.rounds, args.max_tokens)
-    engine, tok = tokentrail.load("smollm2", engine="llamacpp", n_ctx=1024)
-    rows += _bench("SmolLM2 Q4_1 (llama.cpp)", engine, tok, args.rounds, args.max_tokens)
+    if "demo" in args.models:
+        model, tok = tokentrail.load()
+        rows += _bench("demo model (MLX)", engine_for(model), tok, args.rounds, args.max_tokens)
+    if "smollm2" in args.models:
+        engine, tok = tokentrail.load("smollm2", engine="llamacpp", n_ctx=1024)
+        rows += _bench("SmolLM2 Q4_1 (llama.cpp)", engine, tok, args.rounds, args.max_tokens)
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     text = "\n".join([
         "# Constrained decoding: token rate with llguidance's mask vs without", "",
         f"Command: `python benchmarks/bench_constrain.py --rounds {args.rounds} "
-        f"--max-tokens {args.max_tokens} --output benchmarks/results/constrain.md`", "",
+        f"--max-tokens {args.max_tokens} --models {' '.join(args.models)} "
+        "--output benchmarks/results/constrain.md`", "",
         f"Environment: Python {platform.python_version()}, {platform.machine()} "
         f"{platform.system()}, {os.cpu_count()} CPUs (shared), load average at the end "
         f"{load}.", "",

@@ -19,12 +19,12 @@ of the same bytes reaches the same grammar state). Any tail the grammar rejects 
 start a valid reply, and is an error (the token was drawn unmasked, while reasoning).
 
 Whitespace between the marker and the content is the one exception: models write
-`</think>\n\n` before their answer, and a compact JSON grammar takes no leading
-whitespace. So leading whitespace of the tail that the grammar does not take is
-content text the grammar skips, and when the grammar has taken nothing yet, one
-whitespace-only token (`WHITESPACE`: its bytes are all space, tab, CR or LF) is allowed
-next to what the grammar allows, and skipped the same way. One, so a model cannot loop
-on blank lines before its answer.
+`</think>\n\n` before their answer. A JSON constraint takes up to two blanks before its
+value (`spec.LEADING_WHITESPACE`), a regex or a choice none. So leading whitespace of
+the tail that the grammar does not take is content text the grammar skips, and when
+the grammar has taken nothing yet, one whitespace-only token (`WHITESPACE`: its bytes
+are all space, tab, CR or LF) is allowed next to what the grammar allows, and skipped
+the same way. One, so a model cannot loop on blank lines before its answer.
 """
 
 from __future__ import annotations

@@ -117,17 +117,43 @@ def _schema_text(schema: Any, param: str) -> str:
     return json.dumps(value)  # key order kept: llguidance emits properties in order
 
 
-def _json_schema(schema: Any, strict: bool | None, any_whitespace: bool, param: str) -> Constraint:
+def _json_schema(
+    schema: Any, strict: bool | None, any_whitespace: bool, param: str, lead: bool = True
+) -> Constraint:
     text = _schema_text(schema, param)
     # strict (the default, and OpenAI's `strict: true`): every keyword is enforced, and
     # one llguidance does not implement is an error. `strict: false` (OpenAI: the schema
     # is a hint) lets llguidance ignore such keywords, noted in `warnings`.
     options = {"whitespace_flexible": any_whitespace, "lenient": strict is False}
     try:
-        grammar = llg.LLMatcher.grammar_from_json_schema(text, defaults=options)
+        grammar = _json_grammar(text, options, lead)
     except ValueError as e:
         raise ConstraintError(f"{param}: cannot compile the JSON schema: {e}", param) from e
     return _check("json_schema", text, grammar, param)
+
+
+#: The whitespace a JSON constraint takes before its value. JSON allows it (RFC 8259's
+#: `ws`), and models merge it into their first token (` {"`, `\n{`, `</think>\n\n{`);
+#: compact JSON (llguidance's `whitespace_flexible` off) takes none anywhere, so such a
+#: token would be masked out. At most 2 characters (` {"`, `\n\n{`), so a model cannot
+#: put off its answer with blanks.
+LEADING_WHITESPACE = r"[ \t\r\n]{1,2}"
+
+
+def _json_grammar(text: str, options: Mapping[str, Any], lead: bool = True) -> str:
+    """llguidance's grammar for the JSON schema `text` with compile `options`, after
+    optional leading whitespace: a Lark grammar (llguidance's own syntax) whose value
+    is the schema inlined with `%json`, the options as its `x-guidance` (a schema's own
+    `x-guidance` wins, as with `grammar_from_json_schema`'s defaults). Everything after
+    the whitespace is llguidance's JSON compiler's, untouched."""
+    value = json.loads(text)
+    if not lead or not isinstance(value, Mapping):  # (true / false: nothing to lead)
+        return llg.LLMatcher.grammar_from_json_schema(text, defaults=dict(options))
+    own = value.get("x-guidance")
+    merged = {**options, **(own if isinstance(own, Mapping) else {})}
+    schema = json.dumps({**value, "x-guidance": merged})
+    lark = f"start: LEAD? value\nLEAD: /{LEADING_WHITESPACE}/\nvalue: %json {schema}\n"
+    return llg.grammar_from("lark", lark)
 
 
 def _choice(choice: Any, param: str) -> Constraint:
@@ -148,6 +174,7 @@ def constraint_from(
     *,
     strict: bool | None = None,
     any_whitespace: bool = False,
+    leading_whitespace: bool = True,
     param: str = "response_format",
 ) -> Constraint | None:
     """The `Constraint` for one of: `json_schema` (a dict or JSON text), `regex` (Rust
@@ -158,7 +185,10 @@ def constraint_from(
 
     `strict=False` (OpenAI's `strict: false`) lets llguidance skip schema keywords it
     does not implement; otherwise they are errors. JSON is compact unless
-    `any_whitespace` (llguidance's `whitespace_flexible`), which small models can loop in.
+    `any_whitespace` (llguidance's `whitespace_flexible`), which small models can loop in;
+    either way up to two blanks may come before the value (`LEADING_WHITESPACE`) unless
+    `leading_whitespace=False` (a reply that is only a tool call: blanks there would be
+    blank content).
     """
     given = [name for name, value in (("json_schema", json_schema), ("regex", regex),
              ("choice", choice), ("grammar", grammar)) if value is not None]
@@ -171,10 +201,10 @@ def constraint_from(
     if json_object:
         options = {"whitespace_flexible": any_whitespace}
         text = '{"type": "object"}'
-        return _check("json_object", text,
-                      llg.LLMatcher.grammar_from_json_schema(text, defaults=options), param)
+        return _check("json_object", text, _json_grammar(text, options, leading_whitespace),
+                      param)  # fmt: skip
     if json_schema is not None:
-        return _json_schema(json_schema, strict, any_whitespace, param)
+        return _json_schema(json_schema, strict, any_whitespace, param, leading_whitespace)
     if choice is not None:
         return _choice(choice, param)
     if regex is not None:

@@ -125,6 +125,8 @@ class Formatter:
         self.mass: dict[int, float | None] = {}  # token index -> allowed mass
         parser = req.tool_parser if req.kind == "chat" else None
         self.tools = None if parser is None else ToolReply(parser)
+        #: With a tool parser: the content tokens it released with the latest step(s).
+        self.released: list[TokenSpan] = []
 
     # -- pieces --
 
@@ -255,6 +257,7 @@ class Formatter:
             piece, calls = piece + more, calls + more_calls
             if tools.calls:
                 ext["fields"] = [_field(f) for f in tools.result.fields]
+        self.released = tools.released()
         delta["content"] = piece
         if calls:
             delta["tool_calls"] = _merged(calls)
@@ -278,6 +281,7 @@ class Formatter:
         if self.tools is not None:
             self.tools.feed([seg for step in steps for seg in self._content_segments(step)])
             self.tools.finish()
+            self.released = self.tools.released()
             if self.tools.calls:
                 message["content"] = self.tools.content or None
                 message["tool_calls"] = self.tools.calls
@@ -321,7 +325,6 @@ class Formatter:
         steps: list[StepRecord],
         listed: list[tuple[TokenSpan, int]],
         whole: bool,
-        skip: frozenset[int] = frozenset(),
     ) -> dict[str, Any]:
         """A chat choice's `logprobs`: `content` lists the tokens the content has. With a
         reasoning format only the content channel's, as OpenAI (and SGLang's fix of its
@@ -329,19 +332,26 @@ class Formatter:
         `reasoning_content` (named as the message field most servers send), the marker
         text's in neither. A token that straddles two channels is in each it wrote to;
         the extension's segments keep every channel's tokens with their byte ranges.
-        `skip`: the indexes of tokens that wrote only tool calls (not content either)."""
+        With a tool parser, `content` lists the tokens it released (`self.released`):
+        a token whose text may still open a call is listed once the parser lets that
+        text through as content, one that wrote only call text never."""
+        tools = self.tools is not None
         if not steps or steps[-1].channels is None:
-            return {"content": [self.chat_logprob(s) for s, _ in listed if s.index not in skip]}
+            if tools:
+                return {"content": [self.chat_logprob(s) for s in self.released]}
+            return {"content": [self.chat_logprob(s) for s, _ in listed]}
         out: dict[str, list[dict[str, Any]]] = {"content": [], "reasoning_content": []}
         for step in steps:
             for part in step.channels or ():
                 key = _LOGPROB_KEYS.get(part.channel)
-                if key is None:
+                if key is None or (tools and key == "content"):
                     continue
                 for span in part.tokens:
-                    if span.index >= self.listed_in.get(key, 0) and span.index not in skip:
+                    if span.index >= self.listed_in.get(key, 0):
                         out[key].append(self.chat_logprob(span))
                         self.listed_in[key] = span.index + 1
+        if tools:
+            out["content"] = [self.chat_logprob(s) for s in self.released]
         if not whole and not out["reasoning_content"]:
             del out["reasoning_content"]
         return out
@@ -474,14 +484,13 @@ class Formatter:
         finish = self.finish_reason or "stop"
         if self.req.kind == "chat":
             message = self._message(steps, text, ext)
-            calls = frozenset() if self.tools is None else self.tools.call_only_tokens()
             finish = self._finish(finish) or finish
             out = self._envelope("chat.completion")
             out["choices"] = [
                 {
                     "index": self.choice,
                     "message": message,
-                    "logprobs": self.chat_logprobs(steps, listed, True, calls)
+                    "logprobs": self.chat_logprobs(steps, listed, True)
                     if self.req.logprobs
                     else None,
                     "finish_reason": finish,

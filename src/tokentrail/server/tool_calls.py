@@ -21,7 +21,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import APIError, ConstraintError
-from ..segment import Segment
+from ..segment import Segment, TokenSpan
 from ..structure.tools import TOOL_PARSERS, ToolCallStream, detect_tool_parser, parse_tool_calls
 
 __all__ = [
@@ -122,9 +122,9 @@ def tool_constraint(tools: Sequence[ToolSpec] | None, tool_choice: Any) -> tuple
     except ImportError as e:
         raise _bad("tool_choice", f"this 'tool_choice' needs llguidance: {e}") from None
     try:
-        return constraint_from(json_schema=schema, param="tools"), (
-            "required" if name is None else "named"
-        )
+        # the reply is only the call: no blanks before it (they would be blank content)
+        call = constraint_from(json_schema=schema, param="tools", leading_whitespace=False)
+        return call, "required" if name is None else "named"
     except ConstraintError as e:
         raise _bad("tools", f"a tool's parameters do not compile: {e}") from None
 
@@ -213,21 +213,12 @@ class ToolReply:
         self.result = parse_tool_calls(text, self.segments, self.parser)
         return piece, [d.to_dict() for d in deltas]
 
-    def call_only_tokens(self) -> frozenset[int]:
-        """The indexes of the tokens whose content bytes all went into the calls: they
-        are not content, so `logprobs.content` leaves them out (the calls' fields and
-        the extension's segments list them)."""
-        if self.result is None:
-            return frozenset()
-        inside: dict[int, int] = {}
-        for call in self.result.calls:
-            for t in call.tokens:
-                inside[t.index] = inside.get(t.index, 0) + t.end - t.start
-        total: dict[int, int] = {}
-        for seg in self.segments:
-            for t in seg.tokens:
-                total[t.index] = total.get(t.index, 0) + t.end - t.start
-        return frozenset(i for i, n in inside.items() if n >= total.get(i, 0))
+    def released(self) -> list[TokenSpan]:
+        """The content tokens the parser let through since the last call, in order
+        (`ToolCallStream.released_tokens`): a token whose text may still open a call
+        waits, one that wrote only call text never comes; `logprobs.content` lists
+        these (the calls' fields and the extension's segments list every token)."""
+        return self.stream.released_tokens()
 
     @property
     def calls(self) -> list[dict[str, Any]]:

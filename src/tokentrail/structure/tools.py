@@ -24,6 +24,7 @@ from typing import Any
 
 from ..errors import StructureError
 from ..segment import Segment, TokenSpan
+from ..stops import splittable
 from .fields import ContinuationScorer, FieldBuilder, JsonField, TokenPlacement
 from .jsonscan import JsonLeaf, JsonScanner, json_pointer
 
@@ -194,7 +195,7 @@ def _llama3(text: str) -> _Parsed:
         content.append((0, pos))
         pos += 14
     elif "<|python_tag|>".startswith(text[pos:]) and text[pos:]:
-        return [], [], pos  # may still become the tag
+        return [], [(0, pos)], pos  # may still become the tag (the blanks before: content)
     since = pos if content else 0
     while (i := text.find("{", pos)) >= 0:
         found = _object_call(text, i, len(calls))
@@ -373,11 +374,14 @@ class ToolCallStream:
         self._started: set[int] = set()
         self._args_out: dict[int, int] = {}
         self.result: ToolCallResult | None = None
+        self._tokens = _TokenHold()
 
     def feed(self, segments: Segment | Iterable[Segment]) -> tuple[str, list[ToolCallDelta]]:
         new = [segments] if isinstance(segments, Segment) else list(segments)
         self._segments += new
         self._text += "".join(s.text for s in new)
+        for seg in new:
+            self._tokens.add(seg)
         return self._step(final=False)
 
     def finish(self) -> tuple[str, list[ToolCallDelta]]:
@@ -385,15 +389,29 @@ class ToolCallStream:
         self.result = parse_tool_calls(self._text, self._segments, self.parser)
         return out
 
+    def released_tokens(self) -> list[TokenSpan]:
+        """The tokens released as content since the last call, in order, each once.
+
+        A token is released when content text it wrote is given out (`feed`'s
+        content), so a token whose text the parser holds (it may open a call) waits,
+        and one whose bytes all went into calls (or their markers) is never released.
+        A token that wrote content and call text both (`>` + `\n` after a call) is
+        released with its content. A token with no bytes is released in its place in
+        the order. After `finish` every token is decided."""
+        return self._tokens.take(final=self.result is not None)
+
     def _step(self, final: bool) -> tuple[str, list[ToolCallDelta]]:
         text = self._text
         found, content, tail = self._parse(text)
-        joined = "".join(text[a:b] for a, b in content)
+        ranges = list(content)
         if final:
-            joined += text[tail:]
+            ranges.append((tail, len(text)))
         elif content and content[-1][1] == len(text):
-            joined = joined[: len(joined) - _held(text, self._open)]
+            ranges = _trimmed(ranges, _held(text, self._open))
+        joined = "".join(text[a:b] for a, b in ranges)
         piece = joined[self._content_out :]
+        if piece:
+            self._tokens.emitted(text, _sources(ranges, self._content_out, len(joined)))
         self._content_out = max(self._content_out, len(joined))
         deltas: list[ToolCallDelta] = []
         for n, f in enumerate(found):
@@ -417,3 +435,91 @@ def _held(text: str, marker: str) -> int:
         if marker.startswith(text[start:]):
             return len(text) - start
     return 0
+
+
+def _trimmed(ranges: list[tuple[int, int]], n: int) -> list[tuple[int, int]]:
+    """`ranges` less their last `n` chars."""
+    out = list(ranges)
+    while n > 0 and out:
+        a, b = out.pop()
+        if b - a > n:
+            out.append((a, b - n))
+        n -= b - a
+    return out
+
+
+def _sources(ranges: list[tuple[int, int]], lo: int, hi: int) -> list[tuple[int, int]]:
+    """Where chars [lo, hi) of the ranges' joined text stand in the text."""
+    out: list[tuple[int, int]] = []
+    pos = 0
+    for a, b in ranges:
+        s, e = max(lo, pos), min(hi, pos + b - a)
+        if s < e:
+            out.append((a + s - pos, a + e - pos))
+        pos += b - a
+    return out
+
+
+class _TokenHold:
+    """The content tokens a `ToolCallStream` has not released yet, placed on the bytes
+    of its text, and the byte ranges of that text given out as content."""
+
+    def __init__(self) -> None:
+        self._queue: list[tuple[int, int, TokenSpan]] = []  # byte range in the text, span
+        self._head = 0  # the first token not decided yet
+        self._size = 0  # bytes of the text so far
+        self._out: list[tuple[int, int]] = []  # byte ranges given out, in order
+        self._chars = (0, 0)  # a (char, byte) offset pair, to place the next range
+        self._last = -1  # the last token index released
+
+    def add(self, segment: Segment) -> None:
+        raw = len(segment.text.encode("utf-8", "surrogatepass"))
+        base = self._size
+        pos = base
+        exact = splittable(segment)
+        for t in segment.tokens:
+            n = t.end - t.start
+            self._queue.append((pos, pos + n, t) if exact else (base, base + raw, t))
+            pos += n
+        self._size += raw
+
+    def _byte(self, text: str, char: int) -> int:
+        c0, b0 = self._chars
+        if char < c0:
+            c0, b0 = 0, 0
+        b = b0 + len(text[c0:char].encode("utf-8", "surrogatepass"))
+        self._chars = (char, b)
+        return b
+
+    def emitted(self, text: str, ranges: list[tuple[int, int]]) -> None:
+        for a, b in ranges:
+            a8, b8 = self._byte(text, a), self._byte(text, b)
+            if self._out and self._out[-1][1] == a8:
+                self._out[-1] = (self._out[-1][0], b8)
+            else:
+                self._out.append((a8, b8))
+
+    def _wrote_content(self, s: int, e: int) -> bool:
+        for a, b in reversed(self._out):
+            if a < e:
+                return b > s
+        return False
+
+    def take(self, final: bool) -> list[TokenSpan]:
+        frontier = self._size if final else (self._out[-1][1] if self._out else 0)
+        out: list[TokenSpan] = []
+        queue, k = self._queue, self._head
+        while k < len(queue):
+            s, e, span = queue[k]
+            if e > s and not self._wrote_content(s, e):
+                if e > frontier:
+                    break  # still held: content or a call, not known yet
+            elif span.index > self._last:
+                out.append(span)
+                self._last = span.index
+            k += 1
+        self._head = k
+        if k > 4096:
+            del queue[:k]
+            self._head = 0
+        return out

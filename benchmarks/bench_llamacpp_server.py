@@ -82,6 +82,8 @@ def start(kind: str, args: argparse.Namespace, logs: Path) -> tuple[subprocess.P
             "-np",
             str(args.slots),
             "--kv-unified",
+            "-fa",
+            "off",  # as tokentrail's llama-cpp-python context (its default, kept for exactness)
             "-t",
             str(args.threads),
             "--no-webui",
@@ -111,6 +113,8 @@ def start(kind: str, args: argparse.Namespace, logs: Path) -> tuple[subprocess.P
             "warning",
         ]
         env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+        if args.ggml_libs:  # the same ggml/llama libraries as llama-server's
+            env["LLAMA_CPP_LIB_PATH"] = str(args.ggml_libs)
     out = (logs / f"{kind}.log").open("wb")
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
@@ -201,6 +205,16 @@ def report(args: argparse.Namespace, data: dict[str, Any], load: tuple[float, ..
         f"{args.ctx} tokens, {args.threads} threads (`-np {args.slots} -c {args.ctx} "
         f"--kv-unified -t {args.threads}` / `--max-batch {args.slots} --n-ctx {args.ctx} "
         f"--n-threads {args.threads}`)",
+        "- flash attention off on both (`-fa off`; llama-cpp-python's default, which "
+        "tokentrail keeps so its logprobs equal llama-cpp-python's own decode)",
+        "- ggml: "
+        + (
+            f"both sides load the same libllama/libggml (tokentrail with "
+            f"`LLAMA_CPP_LIB_PATH={args.ggml_libs}`, llama-server's build folder)"
+            if args.ggml_libs
+            else "tokentrail loads llama-cpp-python's bundled libllama/libggml, llama-server "
+            "its own build"
+        ),
         f"- streaming chat requests cycled from 4 fixed prompts, {args.requests} per client per "
         f"level, max_tokens {args.max_tokens}, temperature 0, end-of-generation suppressed, "
         "`logprobs: true, top_logprobs: 5` asked of both (tokentrail's attribution always on); "
@@ -256,7 +270,20 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=8, help="requests in the repeated case")
     ap.add_argument("--output", type=Path, default=None, help="write the markdown report here")
+    ap.add_argument(
+        "--ggml-libs",
+        type=Path,
+        default=None,
+        help="folder of the libllama/libggml that tokentrail's llama-cpp-python loads "
+        "(LLAMA_CPP_LIB_PATH); default: llama-server's own folder when it has them, so both "
+        "sides run one ggml build; '' for llama-cpp-python's bundled libraries",
+    )
     args = ap.parse_args()
+    if args.ggml_libs is None:
+        here = args.server.resolve().parent
+        args.ggml_libs = here if (here / "libllama.so").exists() else None
+    elif not str(args.ggml_libs) or str(args.ggml_libs) == ".":
+        args.ggml_libs = None
     bias = eog_bias(args.gguf)
     logs = Path(tempfile.mkdtemp(prefix="bench-llamacpp-server-"))
     procs: list[subprocess.Popen] = []

@@ -186,8 +186,14 @@ def test_logit_bias_steers_and_is_in_the_logprob(smol: Any) -> None:
     biased distribution's (the bias is in the sampler chain and in the logprob)."""
     engine, tok = smol
     target = tok.encode("rot", add_special_tokens=False)[0]
-    out = ours(engine, tok, "The capital of france is par", max_tokens=2,
-               logit_bias={target: 30.0}, top_logprobs=3)
+    out = ours(
+        engine,
+        tok,
+        "The capital of france is par",
+        max_tokens=2,
+        logit_bias={target: 30.0},
+        top_logprobs=3,
+    )
     assert out[0].token == target
     plain = ours(engine, tok, "The capital of france is par", max_tokens=1, top_logprobs=3)
     assert out[0].token_logprob > plain[0].token_logprob
@@ -225,7 +231,8 @@ def test_repetition_penalty_changes_logprobs_exactly(demo: Any, llama_cpp: Any) 
 FIXTURES = HealthCheck.function_scoped_fixture
 TEXT = st.lists(
     st.sampled_from(list("abc xyz,.\n") + list("東京水は🦙🚀é") + ["def ", "():", "    "]),
-    min_size=1, max_size=10,
+    min_size=1,
+    max_size=10,
 ).map("".join)
 
 
@@ -398,8 +405,9 @@ def test_a_follow_up_reuses_the_cached_prefix(demo: Any, monkeypatch: pytest.Mon
     engine, tok = demo
     evaluated: list[int] = []
     real_eval = engine.llama.eval
-    monkeypatch.setattr(engine.llama, "eval", lambda ids: (evaluated.append(len(ids)),
-                                                           real_eval(ids))[1])
+    monkeypatch.setattr(
+        engine.llama, "eval", lambda ids: (evaluated.append(len(ids)), real_eval(ids))[1]
+    )
     first = tok.encode("The for statement")
     out = [s.token for s in engine.generate(first, make_params(), 4)]
     evaluated.clear()
@@ -418,3 +426,32 @@ def test_a_plain_llama_object_is_wrapped(demo: Any, demo_ref: Any) -> None:
     own = LlamaCppTokenizer(demo_ref)
     a = [r.token for r in stream_generate(demo_ref, own, "Hi", max_tokens=6)]
     assert a == [r.token for r in stream_generate(engine, tok, "Hi", max_tokens=6)]
+
+
+def test_flash_attention_batch_equals_llama_cpp_python_with_flash_attention(
+    demo_gguf: Path, llama_cpp: Any
+) -> None:
+    """load(flash_attn=True): the batch's context inherits it, and its greedy ids and
+    logprobs equal llama-cpp-python's own decode with flash attention on."""
+    from tokentrail.engines.llamacpp_engine import load
+
+    engine, tok = load(demo_gguf, n_ctx=512, flash_attn=True)
+    on = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
+    assert engine.llama.context_params.flash_attn_type == on
+    ref = llama_cpp.Llama(
+        model_path=str(demo_gguf), n_ctx=512, logits_all=True, flash_attn=True, verbose=False
+    )
+    ids = tok.encode(PROMPTS[0])
+    batch = engine.open_batch(1, n_ctx=512)
+    batch.add(ids, make_params(top_logprobs=1), 8)
+    got = []
+    while len(batch):
+        got += [s for _, s in batch.step()]
+    want = ref_greedy(ref, ids, 8)
+    assert [s.token for s in got] == want
+    rows = np.asarray(ref.scores[len(ids) - 1 : len(ids) + 7], dtype=np.float64)
+    for s, row, t in zip(got, rows, want, strict=True):
+        m = row.max()
+        lse = m + math.log(np.exp(row - m).sum())
+        assert s.logprob == pytest.approx(row[t] - lse, abs=1e-4)
+    batch.close()

@@ -54,13 +54,17 @@ def load(
     n_threads: int | None = None,
     n_gpu_layers: int = 0,
     n_batch: int = 512,
+    flash_attn: bool = False,
 ) -> tuple[LlamaCppEngine, LlamaCppTokenizer]:
     """Load a `.gguf` model file (or a named model such as ``smollm2``) with llama.cpp.
 
     `n_ctx` defaults to the model's training context, at most 4096 tokens; `n_threads`
     (CPU threads for generation and for prompts, as llama-server's ``-t``) to
     llama-cpp-python's defaults; `n_gpu_layers` offloads layers where llama.cpp was
-    built with a GPU backend. Returns (engine, tokenizer) for `stream_generate`.
+    built with a GPU backend. `flash_attn` turns on llama.cpp's flash attention (off by
+    default, as in llama-cpp-python: on, logprobs move by about 1e-3 from its default
+    decode); the batch's context inherits it. Returns (engine, tokenizer) for
+    `stream_generate`.
     """
     p = gguf_source(path)
     if p is None:
@@ -72,6 +76,8 @@ def load(
             )
     check_magic(p)
     kwargs: dict[str, Any] = {"n_gpu_layers": n_gpu_layers, "n_batch": n_batch}
+    if flash_attn:
+        kwargs["flash_attn"] = True
     if n_threads is not None:  # for generation and prompts alike, as llama-server's -t
         kwargs["n_threads"] = kwargs["n_threads_batch"] = n_threads
     try:

@@ -31,13 +31,23 @@ def eos_of(tok: Any) -> set[int]:
 class Rig:
     """One engine with its tokenizer and an oracle for the model's own logprobs."""
 
-    def __init__(self, engine: Any, tok: Any, oracle: Callable[[list[int], int], np.ndarray]):
+    def __init__(
+        self,
+        engine: Any,
+        tok: Any,
+        oracle: Callable[[list[int], int], np.ndarray],
+        fresh: Callable[[], None] | None = None,
+    ):
         self.engine, self.tok, self.oracle = engine, tok, oracle
         self.eos = eos_of(tok)
+        #: Called before each run: the engine then starts as the oracle does.
+        self.fresh = fresh
 
     def run(self, ids: list[int], constraint: Any, limit: int = LIMIT, **kw: Any) -> list[Step]:
         """Steps until the first EOS (included), at most `limit`."""
         c = None if constraint is None else constraint.bind(self.tok)
+        if self.fresh is not None:
+            self.fresh()
         out = []
         for step in self.engine.generate(ids, make_params(constraint=c, **kw), limit):
             out.append(step)
@@ -103,7 +113,12 @@ def open_rig(request: pytest.FixtureRequest) -> Rig:
         m = logits.max(axis=-1, keepdims=True)
         return logits - m - np.log(np.exp(logits - m).sum(axis=-1, keepdims=True))
 
-    return Rig(engine, tok, oracle)
+    # llama.cpp's logits at a position depend on how it was evaluated: in the prompt's
+    # batch, or alone after a reused prefix (its batch and single-token kernels differ;
+    # 0.04 in a logprob on SmolLM2's Q4_1 with the portable x86-64 build). The engine
+    # reuses what the previous run left in the KV cache, the oracle evaluates the prompt
+    # as one batch: each run starts from an empty cache, as the oracle does.
+    return Rig(engine, tok, oracle, fresh=engine.llama.reset)
 
 
 def drain(batch: Any, eos: set[int]) -> dict[int, list[Step]]:

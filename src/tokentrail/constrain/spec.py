@@ -126,6 +126,8 @@ def _json_schema(
     # is a hint) lets llguidance ignore such keywords, noted in `warnings`.
     options = {"whitespace_flexible": any_whitespace, "lenient": strict is False}
     try:
+        # The schema's own errors are named from the schema alone, never the wrapper.
+        _check("json_schema", text, _json_grammar(text, options, False), param)
         grammar = _json_grammar(text, options, lead)
     except ValueError as e:
         raise ConstraintError(f"{param}: cannot compile the JSON schema: {e}", param) from e

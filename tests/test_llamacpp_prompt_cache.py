@@ -1,7 +1,9 @@
-"""The llama.cpp batch's prompt cache (llama-server's slot reuse), on real GGUF models.
+"""The llama.cpp batch's prompt cache (llama-server's `--cache-ram`, and its slot reuse
+with `--cache-ram 0`), on real GGUF models.
 
-A finished sequence's KV cells stay in its llama.cpp sequence; the next prompt that shares
-a prefix with them evaluates only the rest. Oracles: llama-cpp-python's own greedy decode
+A finished sequence's KV state is saved to host memory and leaves the KV cache (or, with
+`prompt_cache_bytes=0`, its cells stay in its llama.cpp sequence); the next prompt that
+shares a prefix with it evaluates only the rest. Oracles: llama-cpp-python's own greedy decode
 on an independent `Llama` over the same file (`Llama.generate`, which evaluates the whole
 prompt cold), and the batch's own cold run (a fresh batch) for logprobs; cached counts
 follow from what llama.cpp's KV cells hold (a sequence's last sampled token is never
@@ -56,11 +58,18 @@ def run(batch: Any, ids: list[int], n: int, **params: Any) -> tuple[list[Any], i
     return steps, batch.cached_tokens(uid)
 
 
-def test_a_repeated_prompt_reuses_all_but_its_last_token(demo: Any, demo_ref: Any) -> None:
+#: The batch's two prompt caches: host memory (the default) and idle cells kept in the KV cache.
+CACHES = [pytest.param(None, id="host-memory"), pytest.param(0, id="kv-cells")]
+
+
+@pytest.mark.parametrize("cache", CACHES)
+def test_a_repeated_prompt_reuses_all_but_its_last_token(
+    demo: Any, demo_ref: Any, cache: int | None
+) -> None:
     engine, tok = demo
     ids = tok.encode(PROMPTS[1])
     want = ref_greedy(demo_ref, ids, 8)
-    batch = engine.open_batch(2, n_ctx=512)
+    batch = engine.open_batch(2, n_ctx=512, prompt_cache_bytes=cache)
     cold, cached_cold = run(batch, ids, 8, top_logprobs=3)
     warm, cached_warm = run(batch, ids, 8, top_logprobs=3)
     batch.close()
@@ -72,12 +81,15 @@ def test_a_repeated_prompt_reuses_all_but_its_last_token(demo: Any, demo_ref: An
         assert [i for i, _ in a.top_logprobs] == [i for i, _ in b.top_logprobs]
 
 
-def test_a_follow_up_reuses_the_prompt_and_the_reply(demo: Any, demo_ref: Any) -> None:
+@pytest.mark.parametrize("cache", CACHES)
+def test_a_follow_up_reuses_the_prompt_and_the_reply(
+    demo: Any, demo_ref: Any, cache: int | None
+) -> None:
     """A chat's next turn: the previous prompt and all but the last generated token (the
     one never evaluated) come from the cache; the new ids equal a cold decode."""
     engine, tok = demo
     first = tok.encode(PROMPTS[0])
-    batch = engine.open_batch(1, n_ctx=512)
+    batch = engine.open_batch(1, n_ctx=512, prompt_cache_bytes=cache)
     out = [s.token for s in run(batch, first, 5)[0]]
     follow = [*first, *out, *tok.encode(" and the river")]
     steps, cached = run(batch, follow, 6)
@@ -86,11 +98,14 @@ def test_a_follow_up_reuses_the_prompt_and_the_reply(demo: Any, demo_ref: Any) -
     assert [s.token for s in steps] == ref_greedy(demo_ref, follow, 6)
 
 
-def test_a_new_prompt_takes_the_slot_with_the_longest_shared_prefix(demo: Any) -> None:
+@pytest.mark.parametrize("cache", CACHES)
+def test_a_new_prompt_takes_the_slot_with_the_longest_shared_prefix(
+    demo: Any, cache: int | None
+) -> None:
     engine, tok = demo
     short, longer, other = (tok.encode(p) for p in (PROMPTS[0], PROMPTS[1], PROMPTS[3]))
     assert longer[: len(short)] == short
-    batch = engine.open_batch(3, n_ctx=512)
+    batch = engine.open_batch(3, n_ctx=512, prompt_cache_bytes=cache)
     run(batch, other, 2)
     run(batch, short, 2)
     _, cached = run(batch, longer, 2)  # the slot that holds `short` (not the LRU one)
@@ -99,10 +114,11 @@ def test_a_new_prompt_takes_the_slot_with_the_longest_shared_prefix(demo: Any) -
 
 
 def test_a_full_cache_frees_idle_slots_instead_of_failing(demo: Any) -> None:
-    """Idle sequences' cells fill the shared KV cache; a new prompt that needs the room
-    frees them and still decodes exactly what it decodes alone."""
+    """Without the host-memory cache (`prompt_cache_bytes=0`, llama-server's
+    `--cache-ram 0`) idle sequences' cells fill the shared KV cache; a new prompt that
+    needs the room frees them and still decodes exactly what it decodes alone."""
     engine, tok = demo
-    batch = engine.open_batch(3, n_ctx=512)
+    batch = engine.open_batch(3, n_ctx=512, prompt_cache_bytes=0)
     words = ("Alpha", "Bravo", "Charlie")
     prompts = [tok.encode(f"{w} story: " + "the quick brown fox jumps " * 16) for w in words]
     n = max(len(p) for p in prompts) + 4
@@ -120,6 +136,59 @@ def test_a_full_cache_frees_idle_slots_instead_of_failing(demo: Any) -> None:
     assert cached == shared
 
 
+def test_finished_sequences_leave_the_kv_cache_and_return_from_host_memory(
+    demo: Any, demo_ref: Any
+) -> None:
+    """With the host-memory cache (the default) a finished sequence's cells leave the KV
+    cache, so the sequences still decoding attend over their own cells only (llama.cpp's
+    attention spans the unified cache up to its highest used cell); a later prompt that
+    shares its prefix gets the cells back and decodes what it decodes cold."""
+    engine, tok = demo
+    prompts = [tok.encode(p) for p in PROMPTS]
+    batch = engine.open_batch(4, n_ctx=1024)
+    uids = [batch.add(p, make_params(), 3 + k) for k, p in enumerate(prompts)]
+    while len(batch):
+        batch.step()
+        live = len(batch)
+        assert sum(pos >= 0 for pos in batch.kv_positions()) == live
+    assert batch.kv_positions() == [-1] * 4
+    assert batch.saved_bytes > 0
+    assert [batch.cached_tokens(u) for u in uids] == [0] * 4
+    for k in (2, 0):
+        steps, cached = run(batch, prompts[k], 5)
+        assert cached == len(prompts[k]) - 1
+        assert [s.token for s in steps] == ref_greedy(demo_ref, prompts[k], 5)
+        assert batch.kv_positions() == [-1] * 4
+    batch.close()
+
+
+def test_the_host_cache_drops_the_least_recently_used_past_its_bound(demo: Any) -> None:
+    engine, tok = demo
+    prompts = [tok.encode(p) for p in (PROMPTS[0], PROMPTS[2], PROMPTS[3])]
+    sizes = []
+    for p in prompts:  # each prompt's saved state alone
+        one = engine.open_batch(1, n_ctx=512)
+        run(one, p, 4)
+        sizes.append(one.saved_bytes)
+        one.close()
+    assert min(sizes) > 0
+    batch = engine.open_batch(1, n_ctx=512, prompt_cache_bytes=sizes[1] + sizes[2])
+    for p in prompts:
+        run(batch, p, 4)
+    assert batch.saved_bytes == sizes[1] + sizes[2]  # the first one made room
+    assert run(batch, prompts[2], 4)[1] == len(prompts[2]) - 1
+    assert run(batch, prompts[1], 4)[1] == len(prompts[1]) - 1
+    assert run(batch, prompts[0], 4)[1] == 0
+    batch.close()
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "8G"])
+def test_a_bad_prompt_cache_bound_is_refused_by_name(demo: Any, bad: Any) -> None:
+    engine, _ = demo
+    with pytest.raises(ValueError, match="prompt_cache_bytes"):
+        engine.open_batch(1, n_ctx=512, prompt_cache_bytes=bad)
+
+
 POOL = [
     "The capital of France is",
     "The capital of France is a city",
@@ -130,18 +199,22 @@ POOL = [
 
 
 @settings(
-    max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(
-    order=st.lists(st.integers(0, len(POOL) - 1), min_size=2, max_size=6), width=st.integers(1, 3)
+    order=st.lists(st.integers(0, len(POOL) - 1), min_size=2, max_size=6),
+    width=st.integers(1, 3),
+    cache=st.sampled_from([None, 0, 60_000]),
 )
 def test_any_order_of_prompts_decodes_what_each_decodes_cold(
-    demo: Any, cold_ids: dict[int, list[int]], order: list[int], width: int
+    demo: Any, cold_ids: dict[int, list[int]], order: list[int], width: int, cache: int | None
 ) -> None:
-    """Prompts sharing prefixes, joining `width` at a time in any order: every sequence's
-    greedy ids equal llama-cpp-python's cold decode of its prompt."""
+    """Prompts sharing prefixes, joining `width` at a time in any order, with either
+    cache (host memory unbounded or bounded to about one state, or cells kept in the KV
+    cache): every sequence's greedy ids equal llama-cpp-python's cold decode of its
+    prompt."""
     engine, tok = demo
-    batch = engine.open_batch(width, n_ctx=1024)
+    batch = engine.open_batch(width, n_ctx=1024, prompt_cache_bytes=cache)
     todo = list(order)
     got: dict[int, tuple[int, list[int]]] = {}
     while todo or len(batch):

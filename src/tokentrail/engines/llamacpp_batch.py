@@ -7,16 +7,27 @@ the prompts still being read (generating sequences first, prompts filling the re
 logits with its own llama.cpp sampler chain at its row (`llama_sampler_sample(chain, ctx,
 i)`) and reads its logprob and top-k from that row, as the single-sequence engine does.
 
-Prompt cache, as llama-server's slots: a finished or removed sequence's KV cells stay in
-its llama.cpp sequence, with the tokens they hold. A new sequence takes the free sequence
-whose cached tokens share the longest prefix with its prompt (else the least recently
-used one), drops the cells past that prefix (`llama_memory_seq_rm(mem, seq, keep, -1)`)
-and evaluates only the rest; `cached_tokens(uid)` reports the reused prefix. When the
-shared KV cache has no room for a step, the idle sequences' cells are freed first.
+Prompt cache, in host memory, as llama-server's `--cache-ram` with its idle slots cleared
+(its default): a finished or removed sequence's KV cells are copied out
+(`llama_state_seq_get_data`) with the tokens they hold, and taken out of the KV cache.
+Idle cells left in a unified KV cache would cost every later step: llama.cpp's attention
+spans the cache up to its highest used cell, masked per sequence, so a lone sequence
+after a busy spell would attend over every idle sequence's cells. A new sequence restores
+the saved state sharing the longest prefix with its prompt (`llama_state_seq_set_data`),
+drops the cells past that prefix (`llama_memory_seq_rm(mem, seq, keep, -1)`) and
+evaluates only the rest; `cached_tokens(uid)` reports the reused prefix. Saved states are
+kept least recently used first within `prompt_cache_bytes` (default 8 GiB, llama-server's
+`--cache-ram 8192`); a state another one extends is dropped for it.
+
+`prompt_cache_bytes=0` keeps llama-server's `--cache-ram 0` behaviour instead: idle
+sequences keep their cells in the KV cache, a new sequence takes the free one sharing
+the longest prefix with its prompt (else the least recently used one), and the idle
+cells are freed when the shared KV cache has no room for a step.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 from collections import deque
 from collections.abc import Sequence
@@ -34,13 +45,15 @@ from .llamacpp_sampling import REPEAT_LAST_N, LazyLogprobs, make_sampler, step_l
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DEFAULT_SLOTS", "LlamaCppBatch", "LlamaSlot", "slots"]
+__all__ = ["DEFAULT_PROMPT_CACHE_BYTES", "DEFAULT_SLOTS", "LlamaCppBatch", "LlamaSlot", "slots"]
 
 
 #: Parallel sequences when the model was loaded with one slot (llama-server's default).
 DEFAULT_SLOTS = 4
 #: How many finished sequences' `cached_tokens` stay readable after they leave.
 _CACHED_KEPT = 256
+#: The host-memory prompt cache's default bound: llama-server's `--cache-ram 8192` (MiB).
+DEFAULT_PROMPT_CACHE_BYTES = 8192 << 20
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -60,6 +73,18 @@ def slots(engine: Any) -> int:
     loaded = int(getattr(engine.llama.context_params, "n_seq_max", 1) or 1)
     wanted = loaded if loaded > 1 else DEFAULT_SLOTS
     return max(1, min(wanted, int(llama_cpp.llama_max_parallel_sequences())))
+
+
+@dataclass(eq=False)
+class SavedPrompt:
+    """A finished sequence's KV state copied out of llama.cpp, and the tokens it holds."""
+
+    tokens: list[int]
+    data: Any  # a ctypes uint8 array, as llama_state_seq_get_data filled it
+
+    @property
+    def size(self) -> int:
+        return len(self.data)
 
 
 @dataclass
@@ -90,9 +115,23 @@ class LlamaCppBatch(BaseBatch):
     """
 
     def __init__(
-        self, engine: Any, max_batch: int | None = None, *, n_ctx: int | None = None, **options: Any
+        self,
+        engine: Any,
+        max_batch: int | None = None,
+        *,
+        n_ctx: int | None = None,
+        prompt_cache_bytes: int | None = None,
+        **options: Any,
     ) -> None:
         super().__init__(slots(engine) if max_batch is None else max_batch)
+        if prompt_cache_bytes is not None and (
+            isinstance(prompt_cache_bytes, bool)
+            or not isinstance(prompt_cache_bytes, int)
+            or prompt_cache_bytes < 0
+        ):
+            raise ValueError(
+                f"prompt_cache_bytes must be None or an int >= 0, got {prompt_cache_bytes!r}"
+            )
         if options:
             log.debug("llama.cpp batch ignores options %s", sorted(options))
         # llama-cpp-python's wrappers of a second context on the same loaded weights and
@@ -113,6 +152,11 @@ class LlamaCppBatch(BaseBatch):
         self._mem = llama_cpp.llama_get_memory(self._ctx.ctx)
         self._free = list(range(self.max_batch))  # least recently used first
         self._held: list[list[int]] = [[] for _ in range(self.max_batch)]  # free seqs' cells
+        #: Bound of the host-memory prompt cache in bytes (0: idle cells stay in the KV cache).
+        self.prompt_cache_bytes = (
+            DEFAULT_PROMPT_CACHE_BYTES if prompt_cache_bytes is None else prompt_cache_bytes
+        )
+        self._saved: list[SavedPrompt] = []  # least recently used first
         self._cached: dict[int, int] = {}  # uid -> prompt tokens reused (recent uids)
         self._live: dict[int, LlamaSlot] = {}
         self.decodes = 0  # bumped at every decode: which logits the buffer holds
@@ -152,23 +196,82 @@ class LlamaCppBatch(BaseBatch):
 
     def _claim(self, ids: list[int]) -> tuple[int, int]:
         """A free sequence for prompt `ids` and how many of its tokens its KV cells
-        already hold: the one whose cells share the longest prefix with `ids` (else an
-        empty one, else the least recently used), its cells past that prefix dropped.
-        At least the prompt's last token is left to evaluate (its logits are needed)."""
+        already hold. From host memory: an empty sequence with the saved state sharing
+        the longest prefix with `ids` restored into it. Without: the free sequence whose
+        cells share the longest prefix (else an empty one, else the least recently
+        used). Its cells past that prefix are dropped; at least the prompt's last token
+        is left to evaluate (its logits are needed)."""
+        if self.prompt_cache_bytes:
+            seq_id = self._free.pop(0)
+            return seq_id, self._restore(seq_id, ids)
         lengths = [common_prefix(self._held[s], ids) for s in self._free]
         best = max(range(len(lengths)), key=lambda j: (lengths[j], -j))
         if lengths[best] == 0:
             best = next((j for j, s in enumerate(self._free) if not self._held[s]), 0)
         seq_id = self._free.pop(best)
         held, self._held[seq_id] = self._held[seq_id], []
-        keep = min(lengths[best], len(ids) - 1)
+        return seq_id, self._trim(seq_id, held, ids)
+
+    def _trim(self, seq_id: int, held: list[int], ids: list[int]) -> int:
+        """Drop sequence `seq_id`'s cells past the prefix that `held` (what they hold)
+        shares with `ids`; return how many stay (0: the sequence is empty)."""
+        keep = min(common_prefix(held, ids), len(ids) - 1)
         rm = llama_cpp.llama_memory_seq_rm
         if keep < len(held) and not (keep > 0 and rm(self._mem, seq_id, keep, -1)):
             keep = 0
         if keep == 0 or llama_cpp.llama_memory_seq_pos_min(self._mem, seq_id) != 0:
             rm(self._mem, seq_id, -1, -1)  # nothing to reuse, or cells already pruned (SWA)
             keep = 0
-        return seq_id, keep
+        return keep
+
+    def _restore(self, seq_id: int, ids: list[int]) -> int:
+        """Restore into empty sequence `seq_id` the saved state sharing the longest prefix
+        with `ids` (the most recent among equals), trimmed to that prefix; return how
+        many prompt tokens it gives (0: none shared, or no room in the KV cache)."""
+        best, length = None, 0
+        for saved in reversed(self._saved):
+            n = common_prefix(saved.tokens, ids)
+            if n > length:
+                best, length = saved, n
+        if best is None or min(length, len(ids) - 1) == 0:
+            return 0
+        got = llama_cpp.llama_state_seq_set_data(self._ctx.ctx, best.data, best.size, seq_id)
+        if got != best.size:  # no room for its cells: evaluate the whole prompt
+            llama_cpp.llama_memory_seq_rm(self._mem, seq_id, -1, -1)
+            return 0
+        self._saved.remove(best)
+        self._saved.append(best)  # the most recently used
+        return self._trim(seq_id, best.tokens, ids)
+
+    def _save(self, seq_id: int, tokens: list[int]) -> None:
+        """Copy sequence `seq_id`'s KV state (holding `tokens`) into host memory, unless a
+        saved state already holds `tokens` as its prefix; drop the saved states `tokens`
+        extends, then the least recently used ones, to stay within the bound."""
+        for saved in self._saved:
+            if common_prefix(saved.tokens, tokens) == len(tokens):
+                self._saved.remove(saved)
+                self._saved.append(saved)
+                return
+        size = int(llama_cpp.llama_state_seq_get_size(self._ctx.ctx, seq_id))
+        if size > self.prompt_cache_bytes:
+            return
+        self._saved = [s for s in self._saved if common_prefix(s.tokens, tokens) < len(s.tokens)]
+        total = sum(s.size for s in self._saved)
+        while self._saved and total + size > self.prompt_cache_bytes:
+            total -= self._saved.pop(0).size
+        data = (ctypes.c_uint8 * size)()
+        if llama_cpp.llama_state_seq_get_data(self._ctx.ctx, data, size, seq_id) == size:
+            self._saved.append(SavedPrompt(list(tokens), data))
+
+    @property
+    def saved_bytes(self) -> int:
+        """Bytes of KV state the host-memory prompt cache holds."""
+        return sum(s.size for s in self._saved)
+
+    def kv_positions(self) -> list[int]:
+        """Each llama.cpp sequence's highest position in the KV cache (-1: no cells)."""
+        pos_max = llama_cpp.llama_memory_seq_pos_max
+        return [int(pos_max(self._mem, s)) for s in range(self.max_batch)]
 
     def cached_tokens(self, uid: int) -> int:
         """How many of sequence `uid`'s prompt tokens came from the prompt cache."""
@@ -178,8 +281,11 @@ class LlamaCppBatch(BaseBatch):
         seq = self._live.pop(uid, None)
         if seq is None:
             return
-        if len(seq.tokens) == seq.n_past:  # its cells hold exactly seq.tokens: keep them
-            self._held[seq.seq_id] = seq.tokens
+        exact = len(seq.tokens) == seq.n_past  # its cells hold exactly seq.tokens
+        if exact and seq.tokens and self.prompt_cache_bytes:
+            self._save(seq.seq_id, seq.tokens)
+        if exact and not self.prompt_cache_bytes:
+            self._held[seq.seq_id] = seq.tokens  # kept in the KV cache
         else:
             llama_cpp.llama_memory_seq_rm(self._mem, seq.seq_id, -1, -1)
         seq.chain.close()
@@ -195,6 +301,7 @@ class LlamaCppBatch(BaseBatch):
 
     def close(self) -> None:
         super().close()
+        self._saved = []
         self._ctx.close()
 
     def _fill(self) -> list[tuple[int, LlamaSlot]]:

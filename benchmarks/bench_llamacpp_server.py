@@ -9,11 +9,14 @@ exactly --max-tokens tokens, logprobs with 5 alternatives asked of both; tokentr
 attribution is always on), each level runs on llama-server, then on tokentrail, --rounds
 times, and the report gives medians over rounds: throughput (completion tokens from
 `usage` over wall time), time to first token (TTFT) and inter-token latency, and the
-ratios ours / llama-server's.
+ratios ours / llama-server's. Two prompt modes (`--prompts`): *cycled*, 4 fixed prompts
+in turn, which a prompt cache serves after the first few (so it measures each server's
+cache policy too), and *distinct*, each request's message led by a tag of its own, so
+only the chat template's opening can come from a cache (the servers' own cost).
 
-Then the repeated-prompt case: one client sends the same chat prompt --repeats times;
-TTFT p50 of each server and the prompt tokens it reports as cached
-(`usage.prompt_tokens_details.cached_tokens`).
+Then the repeated-prompt case: one client per server sends the same chat prompt
+--repeats times, the servers taking turns; TTFT p50 of each server and the prompt tokens
+it reports as cached (`usage.prompt_tokens_details.cached_tokens`).
 
     python benchmarks/bench_llamacpp_server.py --rounds 3 \\
         --output benchmarks/results/llamacpp-server.md
@@ -128,19 +131,32 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def repeated(url: str, name: str, body: dict[str, Any], n: int) -> dict[str, float]:
-    """One client, the same request `n` times: TTFT p50 and cached prompt tokens (median)."""
+def repeated(
+    urls: dict[str, str], names: dict[str, str], bodies: dict[str, dict[str, Any]], n: int
+) -> dict[str, dict[str, float]]:
+    """One client per server, the same request `n` times on each, the servers taking turns
+    request by request (so both see the same machine): per server, TTFT p50 and cached
+    prompt tokens (median)."""
 
-    async def go() -> list[Any]:
-        async with httpx.AsyncClient(timeout=600) as client:
-            return [await one_request(client, url, body) for _ in range(n)]
+    async def go() -> dict[str, list[Any]]:
+        out: dict[str, list[Any]] = {k: [] for k in KINDS}
+        async with httpx.AsyncClient(timeout=600) as a, httpx.AsyncClient(timeout=600) as b:
+            clients = dict(zip(KINDS, (a, b), strict=True))
+            for i in range(n):
+                for kind in KINDS if i % 2 == 0 else KINDS[::-1]:
+                    out[kind].append(await one_request(clients[kind], urls[kind], bodies[kind]))
+        return out
 
-    res = [r for r in asyncio.run(go()) if r.ok]
-    return {
-        "ttft_p50": percentile([r.ttft for r in res], 0.5),
-        "cached": statistics.median(r.cached for r in res) if res else float("nan"),
-        "prompt": statistics.median(r.prompt_tokens for r in res) if res else float("nan"),
-    }
+    got = asyncio.run(go())
+    summary = {}
+    for kind in KINDS:
+        res = [r for r in got[kind] if r.ok]
+        summary[kind] = {
+            "ttft_p50": percentile([r.ttft for r in res], 0.5),
+            "cached": statistics.median(r.cached for r in res) if res else float("nan"),
+            "prompt": statistics.median(r.prompt_tokens for r in res) if res else float("nan"),
+        }
+    return summary
 
 
 def measure(
@@ -150,41 +166,61 @@ def measure(
     bias: dict[str, int],
     pids: dict[str, int],
 ) -> dict[str, Any]:
+    """Every prompt mode x round x level x server (the server order alternating by
+    round), then the repeated prompt. `runs[mode][server][clients]` lists each round's
+    summary."""
     levels = [int(c) for c in args.clients.split(",")]
-    runs: dict[str, dict[int, list[dict[str, Any]]]] = {k: {c: [] for c in levels} for k in KINDS}
+    modes = args.prompts.split(",")
+    runs = {m: {k: {c: [] for c in levels} for k in KINDS} for m in modes}
     for kind in KINDS:  # warm up both
         asyncio.run(run_level(urls[kind], names[kind], 2, 1, 8, bias))
-    for r in range(args.rounds):
-        for c in levels:
-            order = KINDS if r % 2 == 0 else KINDS[::-1]
-            for kind in order:
-                cpu = cpu_seconds(pids[kind])
-                results, wall = asyncio.run(
-                    run_level(urls[kind], names[kind], c, args.requests, args.max_tokens, bias)
-                )
-                s = summarize(results, wall)
-                s["tok_cpu_s"] = s["tokens"] / max(cpu_seconds(pids[kind]) - cpu, 1e-9)
-                runs[kind][c].append(s)
-                print(
-                    json.dumps(
-                        {
-                            "round": r,
-                            "server": kind,
-                            "clients": c,
-                            **{k: v for k, v in s.items() if k != "error_kinds"},
-                        }
-                    ),
-                    flush=True,
-                )
-    rep: dict[str, list[dict[str, float]]] = {k: [] for k in KINDS}
-    for kind in KINDS:
-        body = body_for(0, names[kind], args.max_tokens, bias)
-        rep[kind].append(repeated(urls[kind], names[kind], body, args.repeats))
-    return {"levels": levels, "runs": runs, "repeated": rep}
+    for mode in modes:
+        for r in range(args.rounds):
+            for c in levels:
+                order = KINDS if r % 2 == 0 else KINDS[::-1]
+                for kind in order:
+                    # distinct: a tag no earlier request had, on both servers alike
+                    tag = f"r{r}c{c}" if mode == "distinct" else None
+                    cpu = cpu_seconds(pids[kind])
+                    results, wall = asyncio.run(
+                        run_level(
+                            urls[kind],
+                            names[kind],
+                            c,
+                            args.requests,
+                            args.max_tokens,
+                            bias,
+                            tag=tag,
+                        )
+                    )
+                    s = summarize(results, wall)
+                    s["tok_cpu_s"] = s["tokens"] / max(cpu_seconds(pids[kind]) - cpu, 1e-9)
+                    runs[mode][kind][c].append(s)
+                    row = {k: v for k, v in s.items() if k != "error_kinds"}
+                    print(
+                        json.dumps({"mode": mode, "round": r, "server": kind, "clients": c, **row}),
+                        flush=True,
+                    )
+    bodies = {k: body_for(0, names[k], args.max_tokens, bias) for k in KINDS}
+    rep = repeated(urls, names, bodies, args.repeats)
+    return {"levels": levels, "modes": modes, "runs": runs, "repeated": rep}
 
 
 def med(rows: list[dict[str, Any]], key: str) -> float:
     return statistics.median(row[key] for row in rows)
+
+
+def row(c: int, a: list[dict[str, Any]], b: list[dict[str, Any]]) -> str:
+    """One table row: level `c`, llama-server's rounds `a`, tokentrail's `b`."""
+    errors = (sum(s["errors"] for s in a), sum(s["errors"] for s in b))
+    return (
+        f"| {c} | {med(a, 'tok_s'):.1f} | {med(b, 'tok_s'):.1f} | "
+        f"{med(b, 'tok_s') / med(a, 'tok_s'):.2f} | {med(a, 'ttft_p50') * 1e3:.1f} | "
+        f"{med(b, 'ttft_p50') * 1e3:.1f} | {med(b, 'ttft_p50') / med(a, 'ttft_p50'):.2f} | "
+        f"{med(a, 'itl_p50') * 1e3:.2f} / {med(b, 'itl_p50') * 1e3:.2f} | "
+        f"{med(a, 'tok_cpu_s'):.0f} / {med(b, 'tok_cpu_s'):.0f} | "
+        f"{med(b, 'tok_cpu_s') / med(a, 'tok_cpu_s'):.2f} | {errors[0]} / {errors[1]} |"
+    )
 
 
 def report(args: argparse.Namespace, data: dict[str, Any], load: tuple[float, ...]) -> str:
@@ -215,40 +251,43 @@ def report(args: argparse.Namespace, data: dict[str, Any], load: tuple[float, ..
             else "tokentrail loads llama-cpp-python's bundled libllama/libggml, llama-server "
             "its own build"
         ),
-        f"- streaming chat requests cycled from 4 fixed prompts, {args.requests} per client per "
-        f"level, max_tokens {args.max_tokens}, temperature 0, end-of-generation suppressed, "
-        "`logprobs: true, top_logprobs: 5` asked of both (tokentrail's attribution always on); "
+        f"- streaming chat requests, {args.requests} per client per level, max_tokens "
+        f"{args.max_tokens}, temperature 0, end-of-generation suppressed, `logprobs: true, "
+        "top_logprobs: 5` asked of both (tokentrail's attribution always on); "
         f"{args.rounds} round(s), the server order alternating; medians over rounds",
+        "- prompts: *cycled*, 4 fixed chat prompts in turn (after the first few, each "
+        "server may have any of them cached: this measures its prompt cache too); "
+        "*distinct*, each request's message led by a tag no earlier request had (only the "
+        "chat template's opening, the same on both, can come from a cache)",
         "- TTFT and ITL: the first and following content-bearing chunks; tok/CPU-s: "
         "completion tokens per CPU second of the server process (all its threads; less "
         "disturbed than wall time by other load on a shared machine); ratios: ours / "
-        "llama-server's",
-        "",
-        "| clients | tok/s llama-server | tok/s tokentrail | ratio | TTFT p50 llama-server (ms) "
-        "| TTFT p50 tokentrail (ms) | TTFT ratio | ITL p50 llama-server / tokentrail (ms) "
-        "| tok/CPU-s llama-server / tokentrail | CPU ratio | errors |",
-        "|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---:|",
+        "llama-server's; errors: requests that failed (llama-server / tokentrail)",
     ]
-    for c in data["levels"]:
-        a, b = runs["llama-server"][c], runs["tokentrail"][c]
-        errors = (sum(s["errors"] for s in a), sum(s["errors"] for s in b))
-        lines.append(
-            f"| {c} | {med(a, 'tok_s'):.1f} | {med(b, 'tok_s'):.1f} | "
-            f"{med(b, 'tok_s') / med(a, 'tok_s'):.2f} | {med(a, 'ttft_p50') * 1e3:.1f} | "
-            f"{med(b, 'ttft_p50') * 1e3:.1f} | {med(b, 'ttft_p50') / med(a, 'ttft_p50'):.2f} | "
-            f"{med(a, 'itl_p50') * 1e3:.2f} / {med(b, 'itl_p50') * 1e3:.2f} | "
-            f"{med(a, 'tok_cpu_s'):.0f} / {med(b, 'tok_cpu_s'):.0f} | "
-            f"{med(b, 'tok_cpu_s') / med(a, 'tok_cpu_s'):.2f} | {errors[0]} / {errors[1]} |"
-        )
+    for mode in data["modes"]:
+        lines += [
+            "",
+            f"Prompts {mode}:",
+            "",
+            "| clients | tok/s llama-server | tok/s tokentrail | ratio "
+            "| TTFT p50 llama-server (ms) | TTFT p50 tokentrail (ms) | TTFT ratio "
+            "| ITL p50 llama-server / tokentrail (ms) | tok/CPU-s llama-server / tokentrail "
+            "| CPU ratio | errors |",
+            "|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---:|",
+        ]
+        for c in data["levels"]:
+            a, b = runs[mode]["llama-server"][c], runs[mode]["tokentrail"][c]
+            lines.append(row(c, a, b))
     lines += [
         "",
-        f"Repeated prompt (one client, the same request {args.repeats} times):",
+        f"Repeated prompt (one client per server, the same request {args.repeats} times "
+        "on each, the servers taking turns request by request):",
         "",
         "| server | TTFT p50 (ms) | cached prompt tokens (median, of prompt) |",
         "|---|---:|---|",
     ]
     for kind in KINDS:
-        r = data["repeated"][kind][0]
+        r = data["repeated"][kind]
         lines.append(
             f"| {kind} | {r['ttft_p50'] * 1e3:.1f} | {r['cached']:.0f} of {r['prompt']:.0f} |"
         )
@@ -268,7 +307,15 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=2, help="requests per client per level")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--repeats", type=int, default=8, help="requests in the repeated case")
+    ap.add_argument(
+        "--repeats", type=int, default=8, help="requests per server in the repeated case"
+    )
+    ap.add_argument(
+        "--prompts",
+        default="cycled,distinct",
+        help="prompt modes, a comma list of cycled (4 fixed prompts in turn) and distinct "
+        "(each request's message led by its own tag)",
+    )
     ap.add_argument("--output", type=Path, default=None, help="write the markdown report here")
     ap.add_argument(
         "--ggml-libs",
@@ -279,6 +326,9 @@ def main() -> int:
         "sides run one ggml build; '' for llama-cpp-python's bundled libraries",
     )
     args = ap.parse_args()
+    bad = set(args.prompts.split(",")) - {"cycled", "distinct"}
+    if bad:
+        ap.error(f"--prompts: unknown mode(s) {', '.join(sorted(bad))} (cycled, distinct)")
     if args.ggml_libs is None:
         here = args.server.resolve().parent
         args.ggml_libs = here if (here / "libllama.so").exists() else None

@@ -148,10 +148,17 @@ def start_server(kind: str, folder: Path, log: Path) -> tuple[subprocess.Popen, 
     raise SystemExit(f"{kind} did not start in 300 s")
 
 
-def body_for(i: int, model_name: str, max_tokens: int, bias: dict[str, int]) -> dict[str, Any]:
+def body_for(
+    i: int, model_name: str, max_tokens: int, bias: dict[str, int], tag: str | None = None
+) -> dict[str, Any]:
+    """Request `i`: one of PROMPTS in turn; with `tag`, led by `(tag i)` so that no other
+    request's prompt shares more than the chat template's opening with it."""
+    content = PROMPTS[i % len(PROMPTS)]
+    if tag is not None:
+        content = f"({tag} {i}) {content}"
     return {
         "model": model_name,
-        "messages": [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}],
+        "messages": [{"role": "user", "content": content}],
         "max_tokens": max_tokens,
         "temperature": 0,
         "logit_bias": bias,
@@ -210,6 +217,7 @@ async def run_level(
     max_tokens: int,
     bias: dict[str, int],
     first_prompt: int = 0,
+    tag: str | None = None,
 ) -> tuple[list[RequestResult], float]:
     limits = httpx.Limits(max_connections=clients + 4)
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
@@ -222,7 +230,7 @@ async def run_level(
                         client,
                         url,
                         body_for(
-                            first_prompt + c * requests_each + r, model_name, max_tokens, bias
+                            first_prompt + c * requests_each + r, model_name, max_tokens, bias, tag
                         ),
                     )
                 )

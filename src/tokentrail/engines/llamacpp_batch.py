@@ -114,6 +114,10 @@ class LlamaCppBatch(BaseBatch):
     `max_batch` None: `slots(engine)` sequences.
     """
 
+    #: `step` spends its time in one `llama_decode` call, which ctypes runs without the
+    #: GIL: the server's scheduler hands events over from another thread meanwhile.
+    compute_releases_gil = True
+
     def __init__(
         self,
         engine: Any,

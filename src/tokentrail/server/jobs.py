@@ -1,6 +1,6 @@
 """A request as the scheduler's loop thread and the event loop share it: a `Job` and
-the events it posts to its reader, and the `Outbox` that hands a batch step's events to
-the event loop in one call.
+the events it posts to its reader, the `Outbox` that hands a batch step's events to
+the event loop in one call, and the `Courier` thread that can make that call for it.
 
 The loop thread writes (`post`); the event loop reads (`next_event`) and cancels.
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import queue
 import threading
 import time
 from dataclasses import dataclass, field
@@ -19,7 +20,7 @@ from .protocol import GenRequest
 
 logger = logging.getLogger("tokentrail.server")
 
-__all__ = ["EventKind", "Job", "Outbox"]
+__all__ = ["Courier", "EventKind", "Job", "Outbox"]
 
 EventKind = Literal["step", "done", "error", "cancelled"]
 
@@ -29,15 +30,54 @@ def _deliver(events: list[tuple[asyncio.Queue[Any], Any]]) -> None:
         queue.put_nowait(event)
 
 
+def _hand_over(pending: list[tuple[asyncio.AbstractEventLoop, list[tuple[Any, Any]]]]) -> None:
+    for loop, events in pending:
+        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody is reading
+            loop.call_soon_threadsafe(_deliver, events)
+
+
+class Courier:
+    """A thread that makes the `call_soon_threadsafe` calls for an `Outbox`.
+
+    Waking the event loop writes to its self-pipe, and that write lets the woken event
+    loop take the GIL: the writer then waits for it to format and send what it was given
+    before it can go on. A loop thread whose next step is one long call that releases
+    the GIL (`llama_decode` through ctypes) hands its events here instead, which costs it
+    one lock: the courier takes the GIL when that call lets it go, so the event loop's
+    work runs while the model computes, not between two steps. One thread, first in
+    first out: every request's events keep their order.
+    """
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="tokentrail-courier", daemon=True)
+        self._thread.start()
+
+    def post(self, pending: list[tuple[asyncio.AbstractEventLoop, list[tuple[Any, Any]]]]) -> None:
+        """Hand `pending` ((loop, events) pairs) over, after everything posted before."""
+        self._queue.put(pending)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Hand over what is still queued, then end the thread."""
+        self._queue.put(None)
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while (pending := self._queue.get()) is not None:
+            _hand_over(pending)
+
+
 class Outbox:
     """Events posted during one pass of the loop thread, handed to the event loop in one
     call per loop when the pass ends: one wake-up of the event loop per batch step,
-    not one per token (each `call_soon_threadsafe` writes to the loop's self-pipe)."""
+    not one per token (each `call_soon_threadsafe` writes to the loop's self-pipe).
+    With a `courier`, that thread makes the call."""
 
-    __slots__ = ("_by_loop",)
+    __slots__ = ("_by_loop", "courier")
 
-    def __init__(self) -> None:
+    def __init__(self, courier: Courier | None = None) -> None:
         self._by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Any, Any]]] = {}
+        self.courier = courier
 
     def add(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[Any], event: Any) -> None:
         self._by_loop.setdefault(loop, []).append((queue, event))
@@ -48,9 +88,10 @@ class Outbox:
             return
         pending = list(self._by_loop.items())
         self._by_loop.clear()
-        for loop, events in pending:
-            with contextlib.suppress(RuntimeError):  # the loop is gone: nobody is reading
-                loop.call_soon_threadsafe(_deliver, events)
+        if self.courier is not None:
+            self.courier.post(pending)
+        else:
+            _hand_over(pending)
 
 
 @dataclass(eq=False)

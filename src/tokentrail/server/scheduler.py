@@ -44,7 +44,7 @@ from .config import (  # noqa: F401  (DEFAULT_*: their old home)
     ServerConfig,
 )
 from .formatting import step_of
-from .jobs import EventKind, Job, Outbox  # noqa: F401  (EventKind, Job: their old home)
+from .jobs import Courier, EventKind, Job, Outbox  # noqa: F401  (EventKind, Job: their old home)
 from .metrics import Metrics
 from .protocol import GenRequest
 from .structured import bound, open_structure
@@ -273,6 +273,10 @@ class Scheduler:
             self._deferred = hasattr(batch, "before_compute")
             if self._deferred:
                 batch.before_compute = self._outbox.flush
+            elif getattr(batch, "compute_releases_gil", False):
+                # Its step is one long call without the GIL: events go to the event loop
+                # from the courier thread, which runs during that call (`jobs.Courier`).
+                self._outbox.courier = Courier()
             self._wake = getattr(batch, "wake", None)
         except BaseException as e:  # re-raised by start(); the loop has nothing to do
             logger.debug("loading the model failed", exc_info=True)
@@ -291,6 +295,9 @@ class Scheduler:
                 self._running.clear()
                 self._seqs.clear()
             self._outbox.flush()
+            if self._outbox.courier is not None:
+                self._outbox.courier.close()
+                self._outbox.courier = None
 
     def _load(self) -> None:
         from .. import generate

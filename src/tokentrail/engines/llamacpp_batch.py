@@ -8,16 +8,18 @@ logits with its own llama.cpp sampler chain at its row (`llama_sampler_sample(ch
 i)`) and reads its logprob and top-k from that row, as the single-sequence engine does.
 
 Prompt cache, in host memory, as llama-server's `--cache-ram` with its idle slots cleared
-(its default): a finished or removed sequence's KV cells are copied out
-(`llama_state_seq_get_data`) with the tokens they hold, and taken out of the KV cache.
-Idle cells left in a unified KV cache would cost every later step: llama.cpp's attention
-spans the cache up to its highest used cell, masked per sequence, so a lone sequence
-after a busy spell would attend over every idle sequence's cells. A new sequence restores
-the saved state sharing the longest prefix with its prompt (`llama_state_seq_set_data`),
-drops the cells past that prefix (`llama_memory_seq_rm(mem, seq, keep, -1)`) and
-evaluates only the rest; `cached_tokens(uid)` reports the reused prefix. Saved states are
-kept least recently used first within `prompt_cache_bytes` (default 8 GiB, llama-server's
-`--cache-ram 8192`); a state another one extends is dropped for it.
+(its default): a finished or removed sequence's KV state is copied out
+(`llama_state_seq_get_data`) with the tokens it holds, and its cells leave the KV cache
+at the next step. Idle cells left in a unified KV cache would cost every later step:
+llama.cpp's attention spans the cache up to its highest used cell, masked per sequence,
+so a lone sequence after a busy spell would attend over every idle sequence's cells.
+A new sequence takes the free sequence whose cells (not cleared yet) share the longest
+prefix with its prompt, or, where a saved state shares more, gets that state back
+(`llama_state_seq_set_data`); the cells past the shared prefix are dropped
+(`llama_memory_seq_rm(mem, seq, keep, -1)`) and only the rest is evaluated;
+`cached_tokens(uid)` reports the reused prefix. Saved states are kept least recently
+used first within `prompt_cache_bytes` (default 8 GiB, llama-server's `--cache-ram 8192`);
+a state another one extends is dropped for it.
 
 `prompt_cache_bytes=0` keeps llama-server's `--cache-ram 0` behaviour instead: idle
 sequences keep their cells in the KV cache, a new sequence takes the free one sharing
@@ -80,11 +82,15 @@ class SavedPrompt:
     """A finished sequence's KV state copied out of llama.cpp, and the tokens it holds."""
 
     tokens: list[int]
-    data: Any  # a ctypes uint8 array, as llama_state_seq_get_data filled it
+    data: np.ndarray  # uint8, as llama_state_seq_get_data filled it
 
     @property
     def size(self) -> int:
-        return len(self.data)
+        return int(self.data.nbytes)
+
+    @property
+    def pointer(self) -> Any:
+        return self.data.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
 
 
 @dataclass
@@ -200,20 +206,22 @@ class LlamaCppBatch(BaseBatch):
 
     def _claim(self, ids: list[int]) -> tuple[int, int]:
         """A free sequence for prompt `ids` and how many of its tokens its KV cells
-        already hold. From host memory: an empty sequence with the saved state sharing
-        the longest prefix with `ids` restored into it. Without: the free sequence whose
-        cells share the longest prefix (else an empty one, else the least recently
-        used). Its cells past that prefix are dropped; at least the prompt's last token
-        is left to evaluate (its logits are needed)."""
-        if self.prompt_cache_bytes:
-            seq_id = self._free.pop(0)
-            return seq_id, self._restore(seq_id, ids)
+        already hold: the free sequence whose cells share the longest prefix with `ids`,
+        or, when a state saved in host memory shares more, an empty one (else the least
+        recently used, cleared) with that state restored into it; else an empty one, else
+        the least recently used. Its cells past that prefix are dropped; at least the
+        prompt's last token is left to evaluate (its logits are needed)."""
         lengths = [common_prefix(self._held[s], ids) for s in self._free]
         best = max(range(len(lengths)), key=lambda j: (lengths[j], -j))
-        if lengths[best] == 0:
+        saved, saved_length = self._best_saved(ids)
+        if lengths[best] == 0 or saved_length > lengths[best]:
             best = next((j for j, s in enumerate(self._free) if not self._held[s]), 0)
         seq_id = self._free.pop(best)
         held, self._held[seq_id] = self._held[seq_id], []
+        if saved is not None and saved_length > common_prefix(held, ids):
+            if held:
+                llama_cpp.llama_memory_seq_rm(self._mem, seq_id, -1, -1)
+            return seq_id, self._restore(seq_id, saved, ids)
         return seq_id, self._trim(seq_id, held, ids)
 
     def _trim(self, seq_id: int, held: list[int], ids: list[int]) -> int:
@@ -228,24 +236,29 @@ class LlamaCppBatch(BaseBatch):
             keep = 0
         return keep
 
-    def _restore(self, seq_id: int, ids: list[int]) -> int:
-        """Restore into empty sequence `seq_id` the saved state sharing the longest prefix
-        with `ids` (the most recent among equals), trimmed to that prefix; return how
-        many prompt tokens it gives (0: none shared, or no room in the KV cache)."""
+    def _best_saved(self, ids: list[int]) -> tuple[SavedPrompt | None, int]:
+        """The saved state sharing the longest prefix with `ids` (the most recent among
+        equals) and that length; (None, 0) when none shares a token."""
         best, length = None, 0
         for saved in reversed(self._saved):
             n = common_prefix(saved.tokens, ids)
             if n > length:
                 best, length = saved, n
-        if best is None or min(length, len(ids) - 1) == 0:
+        return best, length
+
+    def _restore(self, seq_id: int, saved: SavedPrompt, ids: list[int]) -> int:
+        """Restore `saved` into empty sequence `seq_id`, trimmed to the prefix it shares
+        with `ids`; return how many prompt tokens it gives (0: none, or no room in the
+        KV cache for its cells)."""
+        if min(common_prefix(saved.tokens, ids), len(ids) - 1) == 0:
             return 0
-        got = llama_cpp.llama_state_seq_set_data(self._ctx.ctx, best.data, best.size, seq_id)
-        if got != best.size:  # no room for its cells: evaluate the whole prompt
+        got = llama_cpp.llama_state_seq_set_data(self._ctx.ctx, saved.pointer, saved.size, seq_id)
+        if got != saved.size:  # no room for its cells: evaluate the whole prompt
             llama_cpp.llama_memory_seq_rm(self._mem, seq_id, -1, -1)
             return 0
-        self._saved.remove(best)
-        self._saved.append(best)  # the most recently used
-        return self._trim(seq_id, best.tokens, ids)
+        self._saved.remove(saved)
+        self._saved.append(saved)  # the most recently used
+        return self._trim(seq_id, saved.tokens, ids)
 
     def _save(self, seq_id: int, tokens: list[int]) -> None:
         """Copy sequence `seq_id`'s KV state (holding `tokens`) into host memory, unless a
@@ -263,9 +276,9 @@ class LlamaCppBatch(BaseBatch):
         total = sum(s.size for s in self._saved)
         while self._saved and total + size > self.prompt_cache_bytes:
             total -= self._saved.pop(0).size
-        data = (ctypes.c_uint8 * size)()
-        if llama_cpp.llama_state_seq_get_data(self._ctx.ctx, data, size, seq_id) == size:
-            self._saved.append(SavedPrompt(list(tokens), data))
+        saved = SavedPrompt(list(tokens), np.empty(size, dtype=np.uint8))  # no zero fill
+        if llama_cpp.llama_state_seq_get_data(self._ctx.ctx, saved.pointer, size, seq_id) == size:
+            self._saved.append(saved)
 
     @property
     def saved_bytes(self) -> int:
@@ -285,11 +298,10 @@ class LlamaCppBatch(BaseBatch):
         seq = self._live.pop(uid, None)
         if seq is None:
             return
-        exact = len(seq.tokens) == seq.n_past  # its cells hold exactly seq.tokens
-        if exact and seq.tokens and self.prompt_cache_bytes:
-            self._save(seq.seq_id, seq.tokens)
-        if exact and not self.prompt_cache_bytes:
-            self._held[seq.seq_id] = seq.tokens  # kept in the KV cache
+        if seq.tokens and len(seq.tokens) == seq.n_past:  # its cells hold exactly these
+            if self.prompt_cache_bytes:
+                self._save(seq.seq_id, seq.tokens)
+            self._held[seq.seq_id] = seq.tokens  # until the next step (or for good: no host cache)
         else:
             llama_cpp.llama_memory_seq_rm(self._mem, seq.seq_id, -1, -1)
         seq.chain.close()
@@ -343,6 +355,8 @@ class LlamaCppBatch(BaseBatch):
         for uid, seq in list(self._live.items()):
             if seq.n_past + len(seq.pending) > self.n_ctx:
                 raise RuntimeError(f"sequence {uid} no longer fits the context of {self.n_ctx}")
+        if self.prompt_cache_bytes:
+            self._evict()  # idle cells take no part in a decode: their state is saved
         used = self._fill()
         if not used:
             return []

@@ -26,8 +26,8 @@ EventKind = Literal["step", "done", "error", "cancelled"]
 
 
 def _deliver(events: list[tuple[asyncio.Queue[Any], Any]]) -> None:
-    for queue, event in events:
-        queue.put_nowait(event)
+    for reader, event in events:
+        reader.put_nowait(event)
 
 
 def _hand_over(pending: list[tuple[asyncio.AbstractEventLoop, list[tuple[Any, Any]]]]) -> None:

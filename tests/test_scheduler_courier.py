@@ -17,34 +17,15 @@ from typing import Any
 
 import pytest
 
+from tests.helpers.scheduler import LoopCalls, submit_completions
 from tokentrail.server.jobs import Courier, Outbox
-
-
-class CountingLoop:
-    """Records which thread calls the wrapped loop's `call_soon_threadsafe` to deliver
-    events (asyncio's own calls, e.g. from its executor, are not counted)."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.callers: list[str] = []
-        self._real = loop.call_soon_threadsafe
-
-        def counted(callback: Any, *args: Any, **kwargs: Any) -> Any:
-            if getattr(callback, "__name__", "") == "_deliver":  # the Outbox's hand-over
-                self.callers.append(threading.current_thread().name)
-            return self._real(callback, *args, **kwargs)
-
-        loop.call_soon_threadsafe = counted  # type: ignore[method-assign]
-
-    def restore(self) -> None:
-        del self.loop.call_soon_threadsafe
 
 
 async def produce(n_passes: int, per_pass: int, close_at_once: bool) -> tuple[list[Any], Any]:
     """A producer thread posts `n_passes` passes of events for three readers through an
     Outbox with a courier; returns what each reader got and the loop's callers."""
     loop = asyncio.get_running_loop()
-    counting = CountingLoop(loop)
+    calls = LoopCalls(loop)
     queues: list[asyncio.Queue[Any]] = [asyncio.Queue() for _ in range(3)]
     courier = Courier()
     outbox = Outbox(courier)
@@ -67,8 +48,8 @@ async def produce(n_passes: int, per_pass: int, close_at_once: bool) -> tuple[li
         await asyncio.to_thread(thread.join)
         if not close_at_once:
             courier.close()
-        counting.restore()
-    return got, counting.callers
+        calls.restore()
+    return got, calls.callers("_deliver")
 
 
 @pytest.mark.parametrize("close_at_once", [False, True], ids=["open", "closed-after-posting"])
@@ -107,19 +88,13 @@ def llama_scheduler(demo_gguf: Any) -> Any:
 
 
 async def run_jobs(scheduler: Any, prompts: list[str]) -> tuple[list[list[int]], list[str]]:
-    from tokentrail.server.protocol import parse_completion
+    """Submit one completion per prompt together; each one's tokens, and the threads that
+    handed events to the event loop meanwhile."""
     from tokentrail.server.scheduler import Job
 
-    loop = asyncio.get_running_loop()
-    counting = CountingLoop(loop)
+    calls = LoopCalls(asyncio.get_running_loop())
     try:
-        jobs = []
-        for i, prompt in enumerate(prompts):
-            body = {"prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0}
-            req = parse_completion(body, "m", scheduler.vocab.size)
-            jobs.append(Job(id=f"job-{i}", request=req, loop=loop))
-        for job in jobs:
-            scheduler.submit(job)
+        jobs = submit_completions(scheduler, prompts, MAX_TOKENS)
 
         async def drain(job: Job) -> list[int]:
             tokens = []
@@ -133,8 +108,8 @@ async def run_jobs(scheduler: Any, prompts: list[str]) -> tuple[list[list[int]],
 
         results = await asyncio.gather(*(drain(job) for job in jobs))
     finally:
-        counting.restore()
-    return list(results), counting.callers
+        calls.restore()
+    return list(results), calls.callers("_deliver")
 
 
 def test_a_llamacpp_scheduler_delivers_through_the_courier(

@@ -21,7 +21,7 @@ pytest.importorskip("mlx_lm")
 pytest.importorskip("prometheus_client")
 
 import tokentrail
-from tokentrail.server.protocol import parse_completion
+from tests.helpers.scheduler import LoopCalls, submit_completions
 from tokentrail.server.scheduler import Job, Scheduler
 
 PROMPTS = ["The list", "A generator", "import this", "With a file"]
@@ -58,24 +58,9 @@ def mlx_lm_tokens(loaded: tuple[Any, Any], prompt: str) -> list[int]:
 async def run_jobs(scheduler: Any, prompts: list[str]) -> tuple[list[list[Any]], int]:
     """Submit one completion per prompt together; every job's events, and how many times
     the loop thread woke the event loop meanwhile."""
-    loop = asyncio.get_running_loop()
-    wakeups = 0
-    real = loop.call_soon_threadsafe
-
-    def counted(callback: Any, *args: Any, **kwargs: Any) -> Any:
-        nonlocal wakeups
-        wakeups += 1
-        return real(callback, *args, **kwargs)
-
-    loop.call_soon_threadsafe = counted  # type: ignore[method-assign]
+    calls = LoopCalls(asyncio.get_running_loop())
     try:
-        jobs = []
-        for i, prompt in enumerate(prompts):
-            body = {"prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0}
-            req = parse_completion(body, "m", scheduler.vocab.size)
-            jobs.append(Job(id=f"job-{i}", request=req, loop=loop))
-        for job in jobs:
-            scheduler.submit(job)
+        jobs = submit_completions(scheduler, prompts, MAX_TOKENS)
 
         async def drain(job: Job) -> list[Any]:
             events = []
@@ -87,8 +72,8 @@ async def run_jobs(scheduler: Any, prompts: list[str]) -> tuple[list[list[Any]],
 
         results = await asyncio.gather(*(drain(job) for job in jobs))
     finally:
-        del loop.call_soon_threadsafe
-    return list(results), wakeups
+        calls.restore()
+    return list(results), len(calls.calls)
 
 
 def tokens_of(events: list[Any]) -> list[int]:

@@ -35,6 +35,7 @@ __all__ = [
     "ThreadedBatch",
     "arrived",
     "batch_capacity",
+    "check_prompt_cache_bytes",
     "open_batch",
 ]
 
@@ -76,6 +77,18 @@ class Batch(Protocol):
     def __len__(self) -> int: ...
 
     def close(self) -> None: ...
+
+
+def check_prompt_cache_bytes(prompt_cache_bytes: Any) -> None:
+    """Refuse a prompt cache bound that is not None or an int >= 0, naming it."""
+    if prompt_cache_bytes is not None and (
+        isinstance(prompt_cache_bytes, bool)
+        or not isinstance(prompt_cache_bytes, int)
+        or prompt_cache_bytes < 0
+    ):
+        raise ValueError(
+            f"prompt_cache_bytes must be None or an int >= 0, got {prompt_cache_bytes!r}"
+        )
 
 
 class BaseBatch:

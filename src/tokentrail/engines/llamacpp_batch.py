@@ -41,9 +41,10 @@ import numpy as np
 
 from ..sampling import SamplingParams
 from .base import Step, check_generate_args
-from .batch import BaseBatch
+from .batch import BaseBatch, check_prompt_cache_bytes
 from .llamacpp_guided import guided_chain, guided_step
 from .llamacpp_sampling import REPEAT_LAST_N, LazyLogprobs, make_sampler, step_logprobs
+from .saved_prompts import PromptStore, SavedPrompt
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,11 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
+def _pointer(data: np.ndarray) -> Any:
+    """`data`'s buffer as the `uint8_t *` llama.cpp's state functions take."""
+    return data.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
+
+
 def slots(engine: Any) -> int:
     """The batch's capacity: the sequence slots the engine's model was loaded with
     (llama.cpp's `n_seq_max`) when more than one, else `DEFAULT_SLOTS`; at most
@@ -75,22 +81,6 @@ def slots(engine: Any) -> int:
     loaded = int(getattr(engine.llama.context_params, "n_seq_max", 1) or 1)
     wanted = loaded if loaded > 1 else DEFAULT_SLOTS
     return max(1, min(wanted, int(llama_cpp.llama_max_parallel_sequences())))
-
-
-@dataclass(eq=False)
-class SavedPrompt:
-    """A finished sequence's KV state copied out of llama.cpp, and the tokens it holds."""
-
-    tokens: list[int]
-    data: np.ndarray  # uint8, as llama_state_seq_get_data filled it
-
-    @property
-    def size(self) -> int:
-        return int(self.data.nbytes)
-
-    @property
-    def pointer(self) -> Any:
-        return self.data.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
 
 
 @dataclass
@@ -134,14 +124,7 @@ class LlamaCppBatch(BaseBatch):
         **options: Any,
     ) -> None:
         super().__init__(slots(engine) if max_batch is None else max_batch)
-        if prompt_cache_bytes is not None and (
-            isinstance(prompt_cache_bytes, bool)
-            or not isinstance(prompt_cache_bytes, int)
-            or prompt_cache_bytes < 0
-        ):
-            raise ValueError(
-                f"prompt_cache_bytes must be None or an int >= 0, got {prompt_cache_bytes!r}"
-            )
+        check_prompt_cache_bytes(prompt_cache_bytes)
         if options:
             log.debug("llama.cpp batch ignores options %s", sorted(options))
         # llama-cpp-python's wrappers of a second context on the same loaded weights and
@@ -166,7 +149,7 @@ class LlamaCppBatch(BaseBatch):
         self.prompt_cache_bytes = (
             DEFAULT_PROMPT_CACHE_BYTES if prompt_cache_bytes is None else prompt_cache_bytes
         )
-        self._saved: list[SavedPrompt] = []  # least recently used first
+        self._saved = PromptStore(self.prompt_cache_bytes)
         self._cached: dict[int, int] = {}  # uid -> prompt tokens reused (recent uids)
         self._live: dict[int, LlamaSlot] = {}
         self.decodes = 0  # bumped at every decode: which logits the buffer holds
@@ -213,7 +196,7 @@ class LlamaCppBatch(BaseBatch):
         prompt's last token is left to evaluate (its logits are needed)."""
         lengths = [common_prefix(self._held[s], ids) for s in self._free]
         best = max(range(len(lengths)), key=lambda j: (lengths[j], -j))
-        saved, saved_length = self._best_saved(ids)
+        saved, saved_length = self._saved.longest(ids)
         if lengths[best] == 0 or saved_length > lengths[best]:
             best = next((j for j, s in enumerate(self._free) if not self._held[s]), 0)
         seq_id = self._free.pop(best)
@@ -236,54 +219,40 @@ class LlamaCppBatch(BaseBatch):
             keep = 0
         return keep
 
-    def _best_saved(self, ids: list[int]) -> tuple[SavedPrompt | None, int]:
-        """The saved state sharing the longest prefix with `ids` (the most recent among
-        equals) and that length; (None, 0) when none shares a token."""
-        best, length = None, 0
-        for saved in reversed(self._saved):
-            n = common_prefix(saved.tokens, ids)
-            if n > length:
-                best, length = saved, n
-        return best, length
-
     def _restore(self, seq_id: int, saved: SavedPrompt, ids: list[int]) -> int:
         """Restore `saved` into empty sequence `seq_id`, trimmed to the prefix it shares
         with `ids`; return how many prompt tokens it gives (0: none, or no room in the
         KV cache for its cells)."""
         if min(common_prefix(saved.tokens, ids), len(ids) - 1) == 0:
             return 0
-        got = llama_cpp.llama_state_seq_set_data(self._ctx.ctx, saved.pointer, saved.size, seq_id)
+        got = llama_cpp.llama_state_seq_set_data(
+            self._ctx.ctx, _pointer(saved.data), saved.size, seq_id
+        )
         if got != saved.size:  # no room for its cells: evaluate the whole prompt
             llama_cpp.llama_memory_seq_rm(self._mem, seq_id, -1, -1)
             return 0
-        self._saved.remove(saved)
-        self._saved.append(saved)  # the most recently used
+        self._saved.touch(saved)
         return self._trim(seq_id, saved.tokens, ids)
 
     def _save(self, seq_id: int, tokens: list[int]) -> None:
         """Copy sequence `seq_id`'s KV state (holding `tokens`) into host memory, unless a
-        saved state already holds `tokens` as its prefix; drop the saved states `tokens`
-        extends, then the least recently used ones, to stay within the bound."""
-        for saved in self._saved:
-            if common_prefix(saved.tokens, tokens) == len(tokens):
-                self._saved.remove(saved)
-                self._saved.append(saved)
-                return
+        saved state already starts with `tokens` (`PromptStore.put` keeps the store
+        prefix-free and within its bound)."""
+        found, n = self._saved.longest(tokens)
+        if found is not None and n == len(tokens):
+            self._saved.touch(found)
+            return
         size = int(llama_cpp.llama_state_seq_get_size(self._ctx.ctx, seq_id))
         if size > self.prompt_cache_bytes:
             return
-        self._saved = [s for s in self._saved if common_prefix(s.tokens, tokens) < len(s.tokens)]
-        total = sum(s.size for s in self._saved)
-        while self._saved and total + size > self.prompt_cache_bytes:
-            total -= self._saved.pop(0).size
-        saved = SavedPrompt(list(tokens), np.empty(size, dtype=np.uint8))  # no zero fill
-        if llama_cpp.llama_state_seq_get_data(self._ctx.ctx, saved.pointer, size, seq_id) == size:
-            self._saved.append(saved)
+        data = np.empty(size, dtype=np.uint8)  # no zero fill: llama.cpp writes every byte
+        if llama_cpp.llama_state_seq_get_data(self._ctx.ctx, _pointer(data), size, seq_id) == size:
+            self._saved.put(SavedPrompt(list(tokens), data))
 
     @property
     def saved_bytes(self) -> int:
         """Bytes of KV state the host-memory prompt cache holds."""
-        return sum(s.size for s in self._saved)
+        return self._saved.nbytes
 
     def kv_positions(self) -> list[int]:
         """Each llama.cpp sequence's highest position in the KV cache (-1: no cells)."""
@@ -317,7 +286,7 @@ class LlamaCppBatch(BaseBatch):
 
     def close(self) -> None:
         super().close()
-        self._saved = []
+        self._saved.clear()
         self._ctx.close()
 
     def _fill(self) -> list[tuple[int, LlamaSlot]]:

@@ -38,7 +38,7 @@ from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prom
 
 from ..sampling import SamplingParams
 from .base import Step
-from .batch import BaseBatch
+from .batch import BaseBatch, check_prompt_cache_bytes
 from .config import PREFILL_STEP_SIZE
 from .mlx_guided import guided_recorder, read_masses, shown_top
 from .mlx_sampling import Recorder, Sink, filters, read_rows, sampling_for
@@ -148,14 +148,7 @@ class MLXBatch(BaseBatch):
         if max_batch is None:
             max_batch = generator_default("completion_batch_size")
         super().__init__(max_batch)
-        if prompt_cache_bytes is not None and (
-            isinstance(prompt_cache_bytes, bool)
-            or not isinstance(prompt_cache_bytes, int)
-            or prompt_cache_bytes < 0
-        ):
-            raise ValueError(
-                f"prompt_cache_bytes must be None or an int >= 0, got {prompt_cache_bytes!r}"
-            )
+        check_prompt_cache_bytes(prompt_cache_bytes)
         self.model = model
         self.vocab_size = vocab_size
         self.sink = Sink()  # k: the most top-k any active sequence asked for

@@ -132,7 +132,7 @@ def cpu_seconds(pid: int) -> float:
 
 
 def repeated(
-    urls: dict[str, str], names: dict[str, str], bodies: dict[str, dict[str, Any]], n: int
+    urls: dict[str, str], bodies: dict[str, dict[str, Any]], n: int
 ) -> dict[str, dict[str, float]]:
     """One client per server, the same request `n` times on each, the servers taking turns
     request by request (so both see the same machine): per server, TTFT p50 and cached
@@ -202,7 +202,7 @@ def measure(
                         flush=True,
                     )
     bodies = {k: body_for(0, names[k], args.max_tokens, bias) for k in KINDS}
-    rep = repeated(urls, names, bodies, args.repeats)
+    rep = repeated(urls, bodies, args.repeats)
     return {"levels": levels, "modes": modes, "runs": runs, "repeated": rep}
 
 

@@ -204,7 +204,7 @@ class LlamaCppBatch(BaseBatch):
         if saved is not None and saved_length > common_prefix(held, ids):
             if held:
                 llama_cpp.llama_memory_seq_rm(self._mem, seq_id, -1, -1)
-            return seq_id, self._restore(seq_id, saved, ids)
+            return seq_id, self._restore(seq_id, saved, saved_length, ids)
         return seq_id, self._trim(seq_id, held, ids)
 
     def _trim(self, seq_id: int, held: list[int], ids: list[int]) -> int:
@@ -219,11 +219,11 @@ class LlamaCppBatch(BaseBatch):
             keep = 0
         return keep
 
-    def _restore(self, seq_id: int, saved: SavedPrompt, ids: list[int]) -> int:
-        """Restore `saved` into empty sequence `seq_id`, trimmed to the prefix it shares
-        with `ids`; return how many prompt tokens it gives (0: none, or no room in the
-        KV cache for its cells)."""
-        if min(common_prefix(saved.tokens, ids), len(ids) - 1) == 0:
+    def _restore(self, seq_id: int, saved: SavedPrompt, shared: int, ids: list[int]) -> int:
+        """Restore `saved` into empty sequence `seq_id`, trimmed to the `shared` tokens it
+        has in common with `ids`; return how many prompt tokens it gives (0: none, or no
+        room in the KV cache for its cells)."""
+        if min(shared, len(ids) - 1) == 0:
             return 0
         got = llama_cpp.llama_state_seq_set_data(
             self._ctx.ctx, _pointer(saved.data), saved.size, seq_id
@@ -238,12 +238,10 @@ class LlamaCppBatch(BaseBatch):
         """Copy sequence `seq_id`'s KV state (holding `tokens`) into host memory, unless a
         saved state already starts with `tokens` (`PromptStore.put` keeps the store
         prefix-free and within its bound)."""
-        found, n = self._saved.longest(tokens)
-        if found is not None and n == len(tokens):
-            self._saved.touch(found)
+        if self._saved.covers(tokens):
             return
         size = int(llama_cpp.llama_state_seq_get_size(self._ctx.ctx, seq_id))
-        if size > self.prompt_cache_bytes:
+        if size > self._saved.limit:  # never kept: not worth the copy
             return
         data = np.empty(size, dtype=np.uint8)  # no zero fill: llama.cpp writes every byte
         if llama_cpp.llama_state_seq_get_data(self._ctx.ctx, _pointer(data), size, seq_id) == size:

@@ -71,17 +71,20 @@ class PromptStore:
         """Mark `entry` as the most recently used."""
         self._lru.move_to_end(id(entry))
 
+    def covers(self, tokens: Sequence[int]) -> bool:
+        """Whether a saved state starts with `tokens` (it is then touched): a state for
+        `tokens` would add nothing."""
+        found, n = self.longest(tokens)
+        if found is None or n < len(tokens):
+            return False
+        self.touch(found)
+        return True
+
     def put(self, entry: SavedPrompt) -> bool:
         """Keep `entry` unless it is over the bound or a saved state already starts with
         its tokens (that one is touched instead); drop the states its tokens extend, then
         the least recently used ones, to make room. Whether it was kept."""
-        if not entry.tokens:
-            return False
-        found, n = self.longest(entry.tokens)
-        if found is not None and n == len(entry.tokens):
-            self.touch(found)
-            return False
-        if entry.size > self.limit:
+        if not entry.tokens or self.covers(entry.tokens) or entry.size > self.limit:
             return False
         node = self._root
         for token in entry.tokens:  # drop the (at most one) state it extends

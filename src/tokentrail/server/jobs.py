@@ -79,8 +79,8 @@ class Outbox:
         self._by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Any, Any]]] = {}
         self.courier = courier
 
-    def add(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[Any], event: Any) -> None:
-        self._by_loop.setdefault(loop, []).append((queue, event))
+    def add(self, loop: asyncio.AbstractEventLoop, reader: asyncio.Queue[Any], event: Any) -> None:
+        self._by_loop.setdefault(loop, []).append((reader, event))
 
     def flush(self) -> None:
         """Hand over everything added so far, in the order it was added."""

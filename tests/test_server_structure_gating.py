@@ -1,5 +1,5 @@
 """The server's reasoning format and a constraint: `structured.bound` gates the
-constraint after the format's end markers, and `open_structure` refuses a constraint
+constraint after the format's end markers, and `structure_options` refuses a constraint
 the caller bound without them (never a mask that starts before the reasoning ends).
 Real llguidance and Qwen2's tokenizer from the corpus."""
 
@@ -14,8 +14,8 @@ transformers = require("transformers")
 
 from tokentrail.constrain import constraint_from  # noqa: E402
 from tokentrail.errors import APIError  # noqa: E402
-from tokentrail.server.structured import Structure, bound, open_structure  # noqa: E402
-from tokentrail.structure import reasoning_format  # noqa: E402
+from tokentrail.server.structured import Structure, bound, structure_options  # noqa: E402
+from tokentrail.structure import ChannelSplitter, reasoning_format  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -32,10 +32,10 @@ def test_the_servers_format_gates_the_constraint(tok) -> None:
     granite = reasoning_format("granite")  # starts as content: the mask starts at once
     assert bound(structure, tok, granite).after == ()
     with pytest.raises(APIError) as e:
-        open_structure(structure, qwen3, True, lambda ids: None)
+        structure_options(structure, qwen3, True, lambda ids: None)
     assert e.value.status == 400 and e.value.param == "response_format"
-    stream, _ = open_structure(structure, qwen3, True, lambda ids: None, gated=True)
-    assert stream is not None and stream.channel == "reasoning"
+    options = structure_options(structure, qwen3, True, lambda ids: None, gated=True)
+    assert ChannelSplitter(options["reasoning"]).channel == "reasoning"
 
 
 def test_the_requests_own_format_needs_no_hook(tok) -> None:
@@ -43,8 +43,9 @@ def test_the_requests_own_format_needs_no_hook(tok) -> None:
         constraint=constraint_from(json_object=True), reasoning=reasoning_format(("", "END"))
     )
     assert bound(own, tok).after == ("END",)
-    stream, _ = open_structure(own, None, True, lambda ids: None)
-    assert stream is not None
+    assert structure_options(own, None, True, lambda ids: None)["reasoning"] is not None
     off = Structure(constraint=constraint_from(json_object=True), reasoning=False)
     assert bound(off, tok, reasoning_format("qwen3")).after == ()
-    assert open_structure(off, reasoning_format("qwen3"), True, lambda ids: None)[0] is not None
+    # fields (a JSON constraint) keep the output stage on, with no reasoning split
+    options = structure_options(off, reasoning_format("qwen3"), True, lambda ids: None)
+    assert options["fields"] and options["reasoning"] is None

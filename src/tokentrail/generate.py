@@ -4,7 +4,8 @@ carrying the exact tokens behind it, their logprobs, alternatives and a confiden
 On MLX, generation is mlx-lm's own `generate_step` / `speculative_generate_step` (see
 `tokentrail.engines.mlx_steps`), so every mlx-lm option keeps its meaning; other engines
 (torch, vLLM) yield `Step`s through the `Engine` protocol. Either way each step goes
-through a `tokentrail.sequence.Sequence` (aligner, stop strings, EOS) and becomes one
+through the sequence's output stage (`tokentrail.output.processor.OutputProcessor`:
+aligner, stop strings, EOS, then any structure asked for) and becomes one
 `GenerationResponse`. Text is aligned in the prompt's context, so it is exactly what the
 continuation adds to the prompt's decoded text (or, with `align_to_prompt=False`, the
 reply's own text, as mlx-lm's detokenizer gives it).
@@ -21,10 +22,10 @@ from typing import TYPE_CHECKING, Any
 from .detokenizer import mlx_lm_drops_first_space
 from .engines import Engine, engine_for, load_model
 from .engines.base import Step
+from .output.processor import OutputProcessor
 from .prompting import aligner_for, eos_ids, prompt_ids, room, stop_matcher, vocab_for
 from .sampling import SamplingParams, check_max_tokens, make_params
 from .sequence import GenerationResponse, SequenceState
-from .structure.pipeline import StructuredStream
 from .structure.reasoning import ReasoningFormat, reasoning_format
 
 if TYPE_CHECKING:
@@ -182,6 +183,9 @@ def stream_generate(
     choice: Sequence[str] | None = None,
     grammar: str | None = None,
     logprobs_mode: str = "raw",
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    tool_choice: str | Mapping[str, Any] | None = None,
+    tool_parser: str | None = None,
     **mlx_options: Any,
 ) -> Iterator[GenerationResponse]:
     """Generate from `prompt`, one `GenerationResponse` per token; the last has
@@ -207,7 +211,7 @@ def stream_generate(
     `cap_to_context`: where the model fails past its positions (`_position_limit`),
     `max_tokens` is cut to the room left, ending with "length"; False turns that off.
     `reasoning` (a `structure.REASONING_PARSERS` name, (START, END), a `ReasoningFormat`)
-    and `fields=True` add channels and JSON fields (`structure.pipeline`). `json_schema`,
+    and `fields=True` add channels and JSON fields (`output.processor`). `json_schema`,
     `regex`, `choice` or `grammar` constrain the output through llguidance
     (`tokentrail.constrain`; a JSON schema turns `fields` on; with `reasoning`, the
     content after the reasoning, as in vLLM); `logprobs_mode` "raw" (the
@@ -218,7 +222,8 @@ def stream_generate(
     limit = check_max_tokens(max_tokens)
     constraint = _constraint(tokenizer, json_schema, regex, choice, grammar)
     fields = fields or (constraint is not None and constraint.kind == "json_schema")
-    fmt = _structure_format(reasoning, fields, whole_tokens)
+    constraint, parser = _tools(tokenizer, tools, tool_choice, tool_parser, constraint)
+    fmt = _structure_format(reasoning, fields or parser is not None, whole_tokens)
     if constraint is not None and fmt is not None:  # the content after the reasoning
         constraint = constraint.after_reasoning(fmt.constraint_after)
     mlx = _takes_mlx_options(engine)
@@ -232,7 +237,7 @@ def stream_generate(
         top_logprobs=top_logprobs, vocab_size=engine.vocab_size, constraint=constraint,
         logprobs_mode=logprobs_mode,
     )
-    ids, n_prompt = _prompt(engine, tokenizer, prompt, mlx_options)
+    ids, n_prompt = _prompt(engine, tokenizer, prompt, mlx_options, tools)
     if cap_to_context:
         limit = _capped(engine, mlx, n_prompt, limit, mlx_options)
     seq = _sequence(
@@ -244,7 +249,9 @@ def stream_generate(
         mlx_options,
     )
     schema = json_schema if isinstance(json_schema, Mapping) else None
-    return _structured(engine, tokenizer, ids, (fmt, fields, schema), mlx_options, seq, steps)
+    return _structured(
+        engine, tokenizer, ids, (fmt, fields, schema, parser), mlx_options, seq, steps
+    )
 
 
 def _constraint(
@@ -276,6 +283,31 @@ def _constraint(
         grammar=grammar, param=given[0],
     )
     return None if spec is None else spec.bind(tokenizer)
+
+
+def _tools(
+    tokenizer: Any,
+    tools: Sequence[Mapping[str, Any]] | None,
+    tool_choice: Any,
+    tool_parser: str | None,
+    constraint: Constraint | None,
+) -> tuple[Constraint | None, str | None]:
+    """(the constraint, with the one `tool_choice` puts on the reply; the tool-call
+    parser, None without tools). ConstraintError naming `tools` or `tool_choice`."""
+    if tools is None and tool_choice is None:
+        return constraint, None
+    from .structure.tool_choice import check_tools, tool_choice_of, tool_parser_for
+
+    checked = check_tools(tools)
+    call, how = tool_choice_of(checked, tool_choice)
+    if call is not None:
+        if constraint is not None:
+            raise ValueError(
+                f"tool_choice {how} constrains the reply to a call; give it without "
+                f"{constraint.param}"
+            )
+        constraint = call.bind(tokenizer)
+    return constraint, tool_parser_for(how if checked else None, tool_parser, tokenizer)
 
 
 def _capped(
@@ -318,7 +350,9 @@ def _structure_format(
     if not isinstance(fields, bool):
         raise TypeError(f"fields must be True or False, got {fields!r}")
     if whole_tokens and (reasoning is not None or fields):
-        raise ValueError("reasoning and fields need each token's byte ranges: whole_tokens=False")
+        raise ValueError(
+            "reasoning, fields and tools need each token's byte ranges: whole_tokens=False"
+        )
     return None if reasoning is None else reasoning_format(reasoning)
 
 
@@ -326,22 +360,20 @@ def _structured(
     engine: Engine,
     tokenizer: Any,
     ids: list[int],
-    structure: tuple[ReasoningFormat | None, bool, Mapping[str, Any] | str | None],
+    structure: tuple[ReasoningFormat | None, bool, Mapping[str, Any] | None, str | None],
     options: Mapping[str, Any],
     seq: SequenceState,
     steps: Iterator[Step],
 ) -> Iterator[GenerationResponse]:
-    """The responses of `steps` through the structure pipeline: channels, then fields
-    with a scorer (as they are when neither is asked for).
+    """The responses of `steps` through the sequence's output stage
+    (`output.processor.OutputProcessor`): channels, tool calls, then fields with a
+    scorer (each only when asked for).
 
     A constraint (`tokentrail.constrain`, a JSON schema or choices) passes its schema
-    here, so fields get its allowed values, and starts its mask once `channel` leaves
+    here, so fields get its allowed values, and starts its mask once the reply leaves
     the reasoning.
     """
-    fmt, fields, schema = structure
-    responses = _run(seq, steps, engine.name)
-    if fmt is None and not fields:
-        return responses
+    fmt, fields, schema, parser = structure
     output_ids: list[int] = []
     scorer = None
     if fields:
@@ -350,21 +382,25 @@ def _structured(
         scorer, why = scorer_for(engine, tokenizer, ids, output_ids, dict(options))
         if scorer is None:
             log.info("fields without alternatives: %s", why)
-    pipeline = StructuredStream(
-        fmt, fields=fields, scorer=scorer, output_ids=output_ids,
-        schema=schema if isinstance(schema, Mapping) else None,
-    )
-    return pipeline.wrap(responses)
+    processor = OutputProcessor(
+        seq, reasoning=fmt, tool_parser=parser, fields=fields, scorer=scorer,
+        output_ids=output_ids, schema=schema,
+    )  # fmt: skip
+    return _run(processor, steps, engine.name)
 
 
 def _prompt(
-    engine: Engine, tokenizer: Any, prompt: Any, mlx_options: Mapping[str, Any]
+    engine: Engine,
+    tokenizer: Any,
+    prompt: Any,
+    mlx_options: Mapping[str, Any],
+    tools: Sequence[Mapping[str, Any]] | None = None,
 ) -> tuple[list[int], int]:
     """The prompt's checked ids and its length (that of `input_embeddings` given alone)."""
     embeddings = mlx_options.get("input_embeddings")
     if embeddings is not None and _empty(prompt):
         return [], len(embeddings)
-    ids = prompt_ids(tokenizer, prompt, engine.vocab_size)
+    ids = prompt_ids(tokenizer, prompt, engine.vocab_size, tools)
     return ids, len(ids)
 
 
@@ -427,12 +463,13 @@ def _mlx_steps(
     )
 
 
-def _run(seq: SequenceState, steps: Iterator[Step], name: str) -> Iterator[GenerationResponse]:
+def _run(
+    processor: OutputProcessor, steps: Iterator[Step], name: str
+) -> Iterator[GenerationResponse]:
     try:
         for step in steps:
-            response = seq.feed(step)
-            yield response
-            if seq.done:
+            yield GenerationResponse.of(processor.feed(step), step.logprobs)
+            if processor.done:
                 return
         raise RuntimeError(
             f"the {name} engine stopped before EOS or the token limit; engines must "

@@ -15,6 +15,7 @@ from typing import Any
 
 from .align import Aligner
 from .engines.base import Step
+from .output.record import TokenOutput
 from .segment import Alternative, Confidence, Segment, TokenSpan, confidence_of
 from .stops import StopMatcher, WholeTokens, drop_first_space, merge_spans
 
@@ -33,12 +34,16 @@ class GenerationResponse:
     and `stop_tokens` are the spans that carried it: from its first byte to the end of
     what was generated (an EOS right after it included), none of them in `text`.
 
-    With `stream_generate(..., reasoning=...)` and/or `fields=True` the structure fields
-    are set (`tokentrail.structure.pipeline` says what each holds): `channel`,
-    `channels` (`ChannelSegment`s final at this step), `reasoning_text` and
-    `content_text` (this step's), and on the final response `reasoning`, `content` and
-    `channel_confidence`; `fields` (the `JsonField`s completed at this step), and on the
-    final response `all_fields` and `fields_error`. Without them they stay None / empty.
+    It is a view of `output` (the step's `tokentrail.output.record.TokenOutput`), built
+    once and never changed. With `stream_generate(..., reasoning=...)`, `fields=True`
+    and/or `tools=...` the structure properties read it (`tokentrail.output.processor`
+    says what each holds): `channel`, `channels` (`ChannelSegment`s final at this step),
+    `reasoning_text` and `content_text` (this step's), and on the final response
+    `reasoning`, `content` and `channel_confidence`; `fields` (the `JsonField`s completed
+    at this step), and on the final response `all_fields` and `fields_error`;
+    `tool_calls` (this step's `delta.tool_calls` pieces) and on the final response
+    `all_tool_calls` (the `ToolCall`s, with their fields). Without them they are None /
+    empty.
     """
 
     text: str
@@ -57,16 +62,98 @@ class GenerationResponse:
     top_logprobs: list[Alternative] = field(default_factory=list)
     stop_string: str | None = None
     stop_tokens: list[TokenSpan] = field(default_factory=list)
-    channel: str | None = None
-    channels: list[Any] = field(default_factory=list)
-    reasoning_text: str = ""
-    content_text: str = ""
-    reasoning: str | None = None
-    content: str | None = None
-    channel_confidence: dict[str, Confidence | None] | None = None
-    fields: list[Any] | None = None
-    all_fields: list[Any] | None = None
-    fields_error: str | None = None
+    output: TokenOutput | None = None
+
+    @classmethod
+    def of(cls, out: TokenOutput, logprobs: Any = None) -> GenerationResponse:
+        """The mlx-lm-shaped view of `out` (`logprobs`: the engine's full vector)."""
+        return cls(
+            text=out.text,
+            token=out.token,
+            logprobs=logprobs,
+            from_draft=out.from_draft,
+            prompt_tokens=out.prompt_tokens,
+            prompt_tps=out.prompt_tps,
+            generation_tokens=out.index + 1,
+            generation_tps=out.generation_tps,
+            peak_memory=out.peak_memory,
+            finish_reason=out.finish_reason,
+            last_segment_tokens=list(out.tokens),
+            confidence=out.confidence,
+            token_logprob=out.logprob,
+            top_logprobs=list(out.top),
+            stop_string=out.stop_string,
+            stop_tokens=list(out.stop_tokens),
+            output=out,
+        )
+
+    # -- structure, read from `output` --
+
+    @property
+    def channel(self) -> str | None:
+        return None if self.output is None else self.output.channel
+
+    @property
+    def channels(self) -> list[Any]:
+        parts = None if self.output is None else self.output.parts
+        return [] if parts is None else list(parts)
+
+    def _channel_text(self, channel: str) -> str:
+        return "".join(p.text for p in self.channels if p.channel == channel)
+
+    @property
+    def reasoning_text(self) -> str:
+        return self._channel_text("reasoning")
+
+    @property
+    def content_text(self) -> str:
+        """This step's content: with a tool parser, the content it let through."""
+        out = self.output
+        if out is not None and out.tool is not None:
+            return out.tool.content
+        return self._channel_text("content")
+
+    @property
+    def reasoning(self) -> str | None:
+        end = None if self.output is None else self.output.end
+        return None if end is None else end.reasoning
+
+    @property
+    def content(self) -> str | None:
+        end = None if self.output is None else self.output.end
+        if end is not None and end.tool_content is not None:
+            return end.tool_content
+        return None if end is None else end.content
+
+    @property
+    def channel_confidence(self) -> dict[str, Confidence | None] | None:
+        end = None if self.output is None else self.output.end
+        return None if end is None else end.channel_confidence
+
+    @property
+    def fields(self) -> list[Any] | None:
+        found = None if self.output is None else self.output.fields
+        return None if found is None else list(found)
+
+    @property
+    def all_fields(self) -> list[Any] | None:
+        end = None if self.output is None else self.output.end
+        return None if end is None or end.all_fields is None else list(end.all_fields)
+
+    @property
+    def fields_error(self) -> str | None:
+        end = None if self.output is None else self.output.end
+        return None if end is None else end.fields_error
+
+    @property
+    def tool_calls(self) -> list[dict[str, Any]] | None:
+        tool = None if self.output is None else self.output.tool
+        return None if tool is None else list(tool.deltas)
+
+    @property
+    def all_tool_calls(self) -> list[Any] | None:
+        end = None if self.output is None else self.output.end
+        return None if end is None or end.tool_calls is None else list(end.tool_calls)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-safe dict (no device arrays) for logs, scripts and HTTP."""
@@ -84,8 +171,7 @@ class GenerationResponse:
             "generation_tokens": self.generation_tokens,
             "generation_tps": self.generation_tps,
         }
-        if self.channel is not None or self.fields is not None:
-            structure_dict(self, out)
+        structure_dict(self, out)
         return out
 
 
@@ -107,6 +193,14 @@ def structure_dict(r: GenerationResponse, out: dict[str, Any]) -> None:
         if r.all_fields is not None:
             out["all_fields"] = [f.to_dict() for f in r.all_fields]
             out["fields_error"] = r.fields_error
+    if r.tool_calls is not None:
+        out["tool_calls"] = r.tool_calls
+        if r.channel is None:
+            out["content_text"] = r.content_text
+        calls = r.all_tool_calls
+        if calls is not None:
+            out["all_tool_calls"] = [c.to_dict() for c in calls]
+            out["content"] = r.content
 
 
 def _confidence(spans: list[TokenSpan]) -> Confidence | None:
@@ -147,6 +241,7 @@ class SequenceState:
         "padded",
         "peak_memory",
         "prompt_tps",
+        "refused",
         "tic",
         "whole",
     )
@@ -181,11 +276,18 @@ class SequenceState:
         self.done = False
         self.tic = time.perf_counter()
         self.prompt_tps = 0.0
+        #: index -> why, for tokens the engine could not identify (an upstream's lossy data)
+        self.refused: dict[int, str] = {}
+
+    def feed(self, step: Step) -> GenerationResponse:
+        """The response for the next token; raises RuntimeError after the last one."""
+        return GenerationResponse.of(self.advance(step), step.logprobs)
 
     # The per-token hot path of every engine: one frame instead of several helper calls
     # long: is measurably cheaper (benchmarks/bench_generate.py), so it stays one piece.
-    def feed(self, step: Step) -> GenerationResponse:
-        """The response for the next token; raises RuntimeError after the last one."""
+    def advance(self, step: Step, cached: int = 0) -> TokenOutput:
+        """The record of the next token (`cached`: prompt tokens the engine's cache
+        served); raises RuntimeError after the last one."""
         if self.done:
             raise RuntimeError("this sequence has already finished")
         n = self.n
@@ -205,8 +307,8 @@ class SequenceState:
         if is_eos:
             # EOS ends the text: it adds no characters but is still reported.
             segs = aligner.finish()
-            top = aligner.alternatives(pairs) if pairs else None
-            eos_span = TokenSpan(n, token, 0, 0, step.logprob, top, step.from_draft)
+            eos_top = aligner.alternatives(pairs) if pairs else None
+            eos_span = TokenSpan(n, token, 0, 0, step.logprob, eos_top, step.from_draft)
         else:
             segs = aligner.push(token, step.logprob, pairs or None)
             if last:
@@ -247,36 +349,49 @@ class SequenceState:
             spans, stop_tokens = self.whole.take(spans, stop_tokens, last, bool(text))
 
         if not pairs:
-            top_list: list[Alternative] = []
+            top: tuple[Alternative, ...] = ()
         elif spans and spans[-1].index == n and spans[-1].top_logprobs is not None:
-            top_list = list(spans[-1].top_logprobs)
+            top = tuple(spans[-1].top_logprobs)
         else:
-            top_list = list(aligner.alternatives(pairs))
+            top = tuple(aligner.alternatives(pairs))
 
         finish = None
         if last:
             finish = "stop" if (is_eos or stop_string is not None) else "length"
             self.done = True
         self.n = n + 1
-        return GenerationResponse(
-            text=text,
-            token=token,
-            logprobs=step.logprobs,
-            from_draft=step.from_draft,
-            prompt_tokens=self.n_prompt,
-            prompt_tps=self.prompt_tps,
-            generation_tokens=n + 1,
-            generation_tps=(n + 1) / max(time.perf_counter() - self.tic, 1e-9),
-            peak_memory=self.peak_memory(),
-            finish_reason=finish,
-            last_segment_tokens=spans,
-            confidence=_confidence(spans),
-            token_logprob=step.logprob,
-            top_logprobs=top_list,
-            stop_string=stop_string,
-            stop_tokens=stop_tokens,
+        reason = getattr(step, "refused", None)
+        if reason is not None:
+            self.refused[n] = reason
+        refused: tuple[dict[str, Any], ...] = ()
+        if self.refused:
+            why = self.refused
+            refused = tuple(
+                {"index": t.index, "id": t.id, "reason": why[t.index]}
+                for t in (*spans, *stop_tokens)
+                if t.index in why
+            )
+        return TokenOutput(
+            n,
+            token,
+            text,
+            step.logprob,
+            top,
+            tuple(spans),
+            _confidence(spans),
+            finish,
+            stop_string,
+            tuple(stop_tokens),
+            self.n_prompt,
+            self.prompt_tps,
+            (n + 1) / max(time.perf_counter() - self.tic, 1e-9),
+            self.peak_memory(),
+            step.from_draft,
+            step.distribution,
+            step.allowed_mass,
+            cached,
+            refused,
         )
-
 
     def _mark_drafted(self, spans: list[TokenSpan]) -> list[TokenSpan]:
         """`spans` with `from_draft` set on the tokens a draft model proposed."""

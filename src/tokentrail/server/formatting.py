@@ -4,89 +4,12 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
 from typing import Any
 
-from ..segment import WIRE_NEG_INF, Alternative, Confidence, Segment, TokenSpan, json_number
+from ..output.record import TokenOutput
+from ..segment import WIRE_NEG_INF, Alternative, TokenSpan, json_number
 from ..vocab import Vocab
 from .protocol import GenRequest
-from .tool_calls import ToolReply
-
-
-@dataclass(slots=True)
-class StepRecord:
-    """One generated token and what it finalised, as the HTTP layer needs it: no engine
-    arrays, so it crosses from the generation thread to the event loop safely (the
-    engine's own per-token record is `tokentrail.engines.Step`)."""
-
-    index: int
-    token: int
-    text: str
-    logprob: float
-    top: tuple[Alternative, ...]
-    segment_tokens: tuple[TokenSpan, ...]
-    confidence: Confidence | None
-    finish_reason: str | None
-    stop_string: str | None
-    stop_tokens: tuple[TokenSpan, ...]
-    prompt_tokens: int
-    cached_tokens: int = 0
-    #: Tokens behind this step's text the engine did not identify (an upstream's lossy
-    #: data), as {"index", "id", "reason"}: listed, never guessed.
-    refused: tuple[dict[str, Any], ...] = ()
-    #: Which distribution `logprob` and the alternatives come from ("raw", "processed").
-    distribution: str = "raw"
-    #: The probability the model put on the tokens a constraint allowed (None: none).
-    allowed_mass: float | None = None
-    #: The channel segments that became final (None: no reasoning format).
-    channels: tuple[Any, ...] | None = None
-    #: The JSON fields whose last token arrived (as dicts; None: fields off).
-    fields: tuple[dict[str, Any], ...] | None = None
-    #: On the last step with fields on: every field, and why there are none.
-    all_fields: tuple[dict[str, Any], ...] | None = None
-    fields_error: str | None = None
-    #: On the last step with a reasoning format: each channel's confidence.
-    channel_confidence: dict[str, Any] | None = None
-
-
-def step_of(
-    response: Any,
-    index: int,
-    cached: int,
-    refused: tuple[dict[str, Any], ...] = (),
-    engine_step: Any = None,
-) -> StepRecord:
-    """Copy what the HTTP layer needs out of a GenerationResponse (and the engine's
-    `Step`, for the distribution and the allowed mass)."""
-    fields = getattr(response, "fields", None)
-    final_fields = getattr(response, "all_fields", None)
-    split = getattr(response, "channel", None) is not None
-    channels = tuple(response.channels) if split else None
-    by_channel = getattr(response, "channel_confidence", None)
-    return StepRecord(
-        index=index,
-        token=int(response.token),
-        text=response.text or "",
-        logprob=float(response.token_logprob),
-        top=tuple(response.top_logprobs or ()),
-        segment_tokens=tuple(response.last_segment_tokens or ()),
-        confidence=response.confidence,
-        finish_reason=response.finish_reason,
-        stop_string=response.stop_string,
-        stop_tokens=tuple(response.stop_tokens or ()),
-        prompt_tokens=int(response.prompt_tokens or 0),
-        cached_tokens=cached,
-        refused=refused,
-        distribution=str(getattr(engine_step, "distribution", None) or "raw"),
-        allowed_mass=getattr(engine_step, "allowed_mass", None),
-        channels=channels,
-        channel_confidence=None if by_channel is None else {
-            c: None if conf is None else conf.to_dict() for c, conf in by_channel.items()
-        },
-        fields=None if fields is None else tuple(_field(f) for f in fields),
-        all_fields=None if final_fields is None else tuple(_field(f) for f in final_fields),
-        fields_error=getattr(response, "fields_error", None),
-    )
 
 
 def _field(found: Any) -> dict[str, Any]:
@@ -123,8 +46,10 @@ class Formatter:
         self.prompt_tokens = 0
         self.constrained = req.structure.constraint is not None
         self.mass: dict[int, float | None] = {}  # token index -> allowed mass
-        parser = req.tool_parser if req.kind == "chat" else None
-        self.tools = None if parser is None else ToolReply(parser)
+        #: Whether the reply goes through a tool-call parser (its records have `tool`).
+        self.tools = False
+        #: Whether the reply ended in tool calls (finish_reason "tool_calls").
+        self.called = False
         #: With a tool parser: the content tokens it released with the latest step(s).
         self.released: list[TokenSpan] = []
 
@@ -179,26 +104,26 @@ class Formatter:
             ]
         return out
 
-    def segment(self, step: StepRecord) -> dict[str, Any] | None:
-        if not step.text and not step.segment_tokens:
+    def segment(self, step: TokenOutput) -> dict[str, Any] | None:
+        if not step.text and not step.tokens:
             return None
         conf = step.confidence
         out = {
             "text": step.text,
-            "tokens": [self._span(s) for s in step.segment_tokens],
+            "tokens": [self._span(s) for s in step.tokens],
             "confidence": None if conf is None else conf.to_dict(),  # finite or None
         }
         if step.refused:
             out["refused"] = list(step.refused)
         return out
 
-    def segments(self, step: StepRecord) -> list[dict[str, Any]]:
+    def segments(self, step: TokenOutput) -> list[dict[str, Any]]:
         """The extension's segments for a step: one, or one per channel part (each with
         its `channel` and the tokens narrowed to the bytes that went into it)."""
-        if step.channels is None:
+        if step.parts is None:
             return [s for s in (self.segment(step),) if s is not None]
         out = []
-        for part in step.channels:
+        for part in step.parts:
             conf = part.confidence
             out.append({
                 "text": part.text,
@@ -208,29 +133,33 @@ class Formatter:
             })
         return out
 
-    def _structure(self, ext: dict[str, Any], step: StepRecord, whole: bool) -> None:
+    def _structure(self, ext: dict[str, Any], step: TokenOutput, whole: bool) -> None:
         """Add the distribution, allowed mass, fields and channel confidence to `ext`."""
         ext["distribution"] = step.distribution
+        end = step.end
         if whole:
-            if step.all_fields is not None:
-                ext["fields"] = list(step.all_fields)
-                if step.fields_error is not None:
-                    ext["fields_error"] = step.fields_error
+            if end is not None and end.all_fields is not None:
+                ext["fields"] = [_field(f) for f in end.all_fields]
+                if end.fields_error is not None:
+                    ext["fields_error"] = end.fields_error
         elif step.fields is not None:
-            ext["fields"] = list(step.fields)
-            if step.finish_reason is not None and step.fields_error is not None:
-                ext["fields_error"] = step.fields_error
-        if step.channel_confidence is not None:
-            ext["channel_confidence"] = step.channel_confidence
+            ext["fields"] = [_field(f) for f in step.fields]
+            if end is not None and end.fields_error is not None:
+                ext["fields_error"] = end.fields_error
+        if end is not None and end.channel_confidence is not None:
+            ext["channel_confidence"] = {
+                c: None if conf is None else conf.to_dict()
+                for c, conf in end.channel_confidence.items()
+            }
 
     @staticmethod
-    def _channel_text(steps: list[StepRecord], channel: str) -> str:
-        return "".join(p.text for s in steps for p in s.channels or () if p.channel == channel)
+    def _channel_text(steps: list[TokenOutput], channel: str) -> str:
+        return "".join(p.text for s in steps for p in s.parts or () if p.channel == channel)
 
-    def _delta(self, step: StepRecord) -> dict[str, Any]:
+    def _delta(self, step: TokenOutput) -> dict[str, Any]:
         """A chat chunk's delta: the content, and the reasoning as both `reasoning`
         (vLLM >= 0.17) and `reasoning_content` (DeepSeek, mlx-vlm, the AI SDK)."""
-        if step.channels is None:
+        if step.parts is None:
             return {"content": step.text}
         delta: dict[str, Any] = {"content": self._channel_text([step], "content")}
         reasoning = self._channel_text([step], "reasoning")
@@ -238,57 +167,47 @@ class Formatter:
             delta["reasoning"] = delta["reasoning_content"] = reasoning
         return delta
 
-    @staticmethod
-    def _content_segments(step: StepRecord) -> list[Segment]:
-        if step.channels is not None:
-            return [p for p in step.channels if p.channel == "content"]
-        if not step.text and not step.segment_tokens:
-            return []
-        return [Segment(step.text, step.segment_tokens)]
-
-    def _tool_delta(self, step: StepRecord, delta: dict[str, Any], ext: dict[str, Any]) -> None:
-        """Route the step's content through the tool-call parser: the content it lets
-        through, `delta.tool_calls` pieces, and at the end the calls' fields."""
-        tools = self.tools
-        assert tools is not None
-        piece, calls = tools.feed(self._content_segments(step))
-        if step.finish_reason is not None:
-            more, more_calls = tools.finish()
-            piece, calls = piece + more, calls + more_calls
-            if tools.calls:
-                ext["fields"] = [_field(f) for f in tools.result.fields]
-        self.released = tools.released()
-        delta["content"] = piece
-        if calls:
-            delta["tool_calls"] = _merged(calls)
+    def _tool_delta(self, step: TokenOutput, delta: dict[str, Any], ext: dict[str, Any]) -> None:
+        """The step's content as the tool-call parser let it through, its
+        `delta.tool_calls` pieces, and at the end the calls' fields."""
+        tool = step.tool
+        assert tool is not None
+        self.released = list(tool.released)
+        delta["content"] = tool.content
+        if tool.deltas:
+            delta["tool_calls"] = [dict(d) for d in tool.deltas]
+        end = step.end
+        if end is not None and end.tool_calls:
+            self.called = True
+            ext["fields"] = [_field(f) for call in end.tool_calls for f in call.fields]
 
     def _finish(self, reason: str | None) -> str | None:
         """`finish_reason`: "tool_calls" when the reply ended in calls."""
-        if reason is not None and self.tools is not None and self.tools.calls:
+        if reason is not None and self.called:
             return "tool_calls"
         return reason
 
     def _message(
-        self, steps: list[StepRecord], text: str, ext: dict[str, Any]
+        self, steps: list[TokenOutput], text: str, ext: dict[str, Any]
     ) -> dict[str, Any]:
         """A whole chat reply's `message`: content, reasoning, tool calls (whose fields
         go in `ext`)."""
         message: dict[str, Any] = {"role": "assistant", "content": text}
-        if steps and steps[-1].channels is not None:
+        if steps and steps[-1].parts is not None:
             message["content"] = self._channel_text(steps, "content")
             reasoning = self._channel_text(steps, "reasoning")
             message["reasoning"] = message["reasoning_content"] = reasoning or None
-        if self.tools is not None:
-            self.tools.feed([seg for step in steps for seg in self._content_segments(step)])
-            self.tools.finish()
-            self.released = self.tools.released()
-            if self.tools.calls:
-                message["content"] = self.tools.content or None
-                message["tool_calls"] = self.tools.calls
-                ext["fields"] = [_field(f) for f in self.tools.result.fields]
+        if self.tools:
+            self.released = [t for step in steps if step.tool for t in step.tool.released]
+            end = steps[-1].end if steps else None
+            if end is not None and end.tool_calls:
+                self.called = True
+                message["content"] = end.tool_content or None
+                message["tool_calls"] = [c.to_dict() for c in end.tool_calls]
+                ext["fields"] = [_field(f) for call in end.tool_calls for f in call.fields]
         return message
 
-    def _stop(self, step: StepRecord) -> dict[str, Any] | None:
+    def _stop(self, step: TokenOutput) -> dict[str, Any] | None:
         if step.stop_string is None:
             return None
         return {"string": step.stop_string, "tokens": [self._span(s) for s in step.stop_tokens]}
@@ -307,13 +226,13 @@ class Formatter:
         v = self.vocab
         return span.start == span.end and (span.id in v.special or span.id in v.hidden)
 
-    def listed(self, step: StepRecord, offset: int) -> list[tuple[TokenSpan, int]]:
+    def listed(self, step: TokenOutput, offset: int) -> list[tuple[TokenSpan, int]]:
         """The tokens whose text became final with `step`, not listed before, each with
         the text offset where its text starts."""
         out: list[tuple[TokenSpan, int]] = []
         raw = step.text.encode("utf-8")
         pos = 0
-        for span in step.segment_tokens:
+        for span in step.tokens:
             if span.index >= self.n_listed:
                 out.append((span, offset + len(raw[:pos].decode("utf-8", "ignore"))))
                 self.n_listed = span.index + 1
@@ -322,7 +241,7 @@ class Formatter:
 
     def chat_logprobs(
         self,
-        steps: list[StepRecord],
+        steps: list[TokenOutput],
         listed: list[tuple[TokenSpan, int]],
         whole: bool,
     ) -> dict[str, Any]:
@@ -335,14 +254,14 @@ class Formatter:
         With a tool parser, `content` lists the tokens it released (`self.released`):
         a token whose text may still open a call is listed once the parser lets that
         text through as content, one that wrote only call text never."""
-        tools = self.tools is not None
-        if not steps or steps[-1].channels is None:
+        tools = self.tools
+        if not steps or steps[-1].parts is None:
             if tools:
                 return {"content": [self.chat_logprob(s) for s in self.released]}
             return {"content": [self.chat_logprob(s) for s, _ in listed]}
         out: dict[str, list[dict[str, Any]]] = {"content": [], "reasoning_content": []}
         for step in steps:
-            for part in step.channels or ():
+            for part in step.parts or ():
                 key = _LOGPROB_KEYS.get(part.channel)
                 if key is None or (tools and key == "content"):
                     continue
@@ -382,7 +301,7 @@ class Formatter:
             "text_offset": [at for _, at in listed],
         }
 
-    def _note(self, step: StepRecord) -> int:
+    def _note(self, step: TokenOutput) -> int:
         """Account for a step; return the text offset where its text starts."""
         offset = self.chars
         self.chars += len(step.text)
@@ -407,8 +326,10 @@ class Formatter:
 
     # -- streamed --
 
-    def chunk(self, step: StepRecord) -> dict[str, Any]:
+    def chunk(self, step: TokenOutput) -> dict[str, Any]:
         offset = self._note(step)
+        if step.tool is not None:
+            self.tools = True
         self.mass[step.index] = step.allowed_mass
         token = {
             "index": step.index,
@@ -427,7 +348,7 @@ class Formatter:
         listed = self.listed(step, offset)
         if self.req.kind == "chat":
             delta = self._delta(step)
-            if self.tools is not None:
+            if step.tool is not None:
                 self._tool_delta(step, delta, ext)
             if self.first:
                 delta = {"role": "assistant", **delta}
@@ -464,12 +385,14 @@ class Formatter:
 
     # -- whole --
 
-    def response(self, steps: list[StepRecord]) -> dict[str, Any]:
+    def response(self, steps: list[TokenOutput]) -> dict[str, Any]:
         text_parts: list[str] = []
         segments: list[dict[str, Any]] = []
         listed: list[tuple[TokenSpan, int]] = []
         stop = None
         for step in steps:
+            if step.tool is not None:
+                self.tools = True
             self.mass[step.index] = step.allowed_mass
             listed.extend(self.listed(step, self._note(step)))
             text_parts.append(step.text)
@@ -513,25 +436,6 @@ class Formatter:
 
 #: The `logprobs` key of each channel's tokens (markup and tool calls: none).
 _LOGPROB_KEYS = {"content": "content", "reasoning": "reasoning_content"}
-
-
-def _merged(pieces: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """`delta.tool_calls` pieces with one entry per call index (arguments joined)."""
-    out: dict[int, dict[str, Any]] = {}
-    for piece in pieces:
-        have = out.get(piece["index"])
-        if have is None:
-            out[piece["index"]] = {**piece, "function": dict(piece["function"])}
-            continue
-        for key in ("id", "type"):
-            if key in piece:
-                have[key] = piece[key]
-        fn = have["function"]
-        if "name" in piece["function"]:
-            fn["name"] = piece["function"]["name"]
-        if "arguments" in piece["function"]:
-            fn["arguments"] = fn.get("arguments", "") + piece["function"]["arguments"]
-    return list(out.values())
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:

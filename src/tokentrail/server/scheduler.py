@@ -26,15 +26,16 @@ import os
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..batch import open_sequence
-from ..errors import APIError, ContextOverflow, QueueFull
+from ..errors import APIError, ConstraintError, ContextOverflow, QueueFull
+from ..output.processor import OutputProcessor
 from ..prompting import eos_ids, prompt_ids, room, stop_matcher, vocab_for
 from ..sampling import SamplingError, check_max_tokens
-from ..sequence import SequenceState
+from ..structure.tool_choice import tool_parser_for
 from ..vocab import Vocab
 from .config import (  # noqa: F401  (DEFAULT_*: their old home)
     DEFAULT_CLIENT_TIMEOUT,
@@ -43,12 +44,10 @@ from .config import (  # noqa: F401  (DEFAULT_*: their old home)
     Loader,
     ServerConfig,
 )
-from .formatting import step_of
 from .jobs import Courier, EventKind, Job, Outbox  # noqa: F401  (EventKind, Job: their old home)
 from .metrics import Metrics
 from .protocol import GenRequest
-from .structured import bound, open_structure
-from .tool_calls import tool_parser_for
+from .structured import bound, structure_options
 
 logger = logging.getLogger("tokentrail.server")
 
@@ -58,21 +57,17 @@ RECENT_JOBS = 32
 
 @dataclass(eq=False)
 class ChoiceState:
-    """One sequence of the batch: a choice of a job, and its per-token state (the same
-    `tokentrail.sequence.SequenceState` that `stream_generate` and `batch_generate` use)."""
+    """One sequence of the batch: a choice of a job, and its output stage (the same
+    `tokentrail.output.processor.OutputProcessor` that `stream_generate` uses)."""
 
     job: Job
     choice: int
-    state: SequenceState
+    out: OutputProcessor
     index: int = 0
     last_step: float = 0.0
     cached: int | None = None
     #: When it joined the engine's batch (time.perf_counter), for the prefill metric.
     added: float = 0.0
-    #: index -> why, for tokens the engine could not identify (an upstream's lossy data)
-    refused: dict[int, str] = field(default_factory=dict)
-    #: Reasoning channels and JSON fields (`tokentrail.server.structured`), or None.
-    structure: Any = None
 
 
 def served_name(model_path: str | os.PathLike[str] | None) -> str:
@@ -402,7 +397,8 @@ class Scheduler:
             constraint = bound(req.structure, self.tokenizer, self.config.reasoning, chat)
             params = req.params(self._engine.vocab_size, constraint)
             structures = [self._structure(req, ids) for _ in range(req.n)]
-        except SamplingError as e:  # e.g. a logit_bias id past the engine's vocabulary
+        except (SamplingError, ConstraintError) as e:
+            # e.g. a logit_bias id past the engine's vocabulary; tools with no format
             job.post("error", 0, APIError(400, str(e), param=e.param, code="invalid_value"))
             self._finish(job, "failed")
             return
@@ -429,9 +425,8 @@ class Scheduler:
                 )
                 job.live += 1
                 now = time.perf_counter()
-                self._seqs[uid] = ChoiceState(
-                    job, choice, state, last_step=now, added=now, structure=structures[choice]
-                )
+                out = OutputProcessor(state, **structures[choice])
+                self._seqs[uid] = ChoiceState(job, choice, out, last_step=now, added=now)
         except (ValueError, TypeError) as e:  # the engine refused the prompt or a setting
             logger.info("request %s refused by the engine: %s", job.id, e)
             job.post("error", 0, e)
@@ -442,9 +437,10 @@ class Scheduler:
                 self._finish(job, "failed")
         self.metrics.batch_size.set(len(self._seqs))
 
-    def _structure(self, req: GenRequest, ids: list[int]) -> Any:
-        """One choice's `StructuredStream` (None: plain text); fields get alternatives
-        from the engine's scorer where it has one (one forward pass per enum leaf)."""
+    def _structure(self, req: GenRequest, ids: list[int]) -> dict[str, Any]:
+        """One choice's `OutputProcessor` keywords: reasoning, tool parser, fields (with
+        alternatives from the engine's scorer where it has one: one forward pass per
+        enum leaf)."""
 
         def scorer(output_ids: list[int]) -> Any:
             from ..engines.scoring import scorer_for
@@ -454,12 +450,15 @@ class Scheduler:
                 logger.debug("fields without alternatives: %s", why)
             return found
 
-        if req.structure.tool_choice is not None:  # before the first event: the app reads it
-            req.tool_parser = tool_parser_for(
+        chat = req.kind == "chat"
+        options = structure_options(
+            req.structure, self.config.reasoning, chat, scorer, gated=True
+        )
+        if chat and req.structure.tool_choice is not None:
+            options["tool_parser"] = tool_parser_for(
                 req.structure.tool_choice, self.config.tool_call_parser, self.tokenizer
             )
-        reasoning = self.config.reasoning
-        return open_structure(req.structure, reasoning, req.kind == "chat", scorer, gated=True)[0]
+        return options
 
     def _limit(self, req: GenRequest, n_prompt: int) -> int:
         """The token limit for a prompt of `n_prompt` tokens, or APIError (context).
@@ -491,13 +490,8 @@ class Scheduler:
             job.post("error", seq.choice, engine_step)
             self._leave(batch, seq, "failed")
             return
-        reason = getattr(engine_step, "refused", None)
-        if reason is not None:
-            seq.refused[seq.index] = reason
         try:
-            response = seq.state.feed(engine_step)
-            if seq.structure is not None:
-                seq.structure.apply(response)
+            step = seq.out.feed(engine_step, seq.cached)
         except Exception as e:
             logger.exception("request %s failed", job.id)
             job.post("error", seq.choice, e)
@@ -510,15 +504,6 @@ class Scheduler:
         else:
             self.metrics.itl.observe(now - seq.last_step)
         seq.last_step = now
-        refused: tuple[dict[str, Any], ...] = ()
-        if seq.refused:
-            spans = (*response.last_segment_tokens, *response.stop_tokens)
-            refused = tuple(
-                {"index": t.index, "id": t.id, "reason": seq.refused[t.index]}
-                for t in spans
-                if t.index in seq.refused
-            )
-        step = step_of(response, seq.index, seq.cached, refused, engine_step)
         seq.index += 1
         with self._cond:
             job.generated += 1

@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import APIError, ConstraintError
-from ..structure.pipeline import StructuredStream
 from ..structure.reasoning import ReasoningFormat, reasoning_format
 
 if TYPE_CHECKING:
@@ -41,9 +40,9 @@ __all__ = [
     "StructuredFields",
     "TokentrailOptions",
     "bound",
-    "open_structure",
     "reply_format",
     "structure_of",
+    "structure_options",
 ]
 
 #: The request fields that constrain the output, in the order they are looked at.
@@ -208,34 +207,32 @@ def _ungated(constraint: Constraint) -> APIError:
     )
 
 
-def open_structure(
+def structure_options(
     structure: Structure,
     server_reasoning: ReasoningFormat | None,
     chat: bool,
     scorer_for: Any,
     gated: bool = False,
-) -> tuple[StructuredStream | None, list[int]]:
-    """The `StructuredStream` for one choice (None: plain text) and the output-id list
-    its scorer reads. `scorer_for(output_ids)` returns a `ContinuationScorer` or None;
-    it is called only when fields are on. `gated`: the caller bound the constraint with
-    `server_reasoning` (`bound(structure, tokenizer, server_reasoning, chat)`); else a
-    constraint that would start after the server's reasoning is a 400 (never a mask
-    that starts before the reasoning ends)."""
+) -> dict[str, Any]:
+    """One choice's structure as `output.processor.OutputProcessor` keywords (reasoning,
+    fields, schema, scorer, output_ids; empty: plain text). `scorer_for(output_ids)`
+    returns a `ContinuationScorer` or None; it is called only when fields are on.
+    `gated`: the caller bound the constraint with `server_reasoning` (`bound(structure,
+    tokenizer, server_reasoning, chat)`); else a constraint that would start after the
+    server's reasoning is a 400 (never a mask that starts before the reasoning ends)."""
     fmt = reply_format(structure, server_reasoning, chat)
     c = structure.constraint
     from_server = chat and structure.reasoning is None and fmt is not None
     if c is not None and from_server and fmt.constraint_after and not gated:
         raise _ungated(c)
     fields = structure.fields or structure.json_constrained
-    output_ids: list[int] = []
     if not fields and not fmt:
-        return None, output_ids
-    scorer = scorer_for(output_ids) if fields else None
-    stream = StructuredStream(
-        fmt or None,
-        fields=fields,
-        scorer=scorer,
-        output_ids=output_ids,
-        schema=structure.schema(),
-    )
-    return stream, output_ids
+        return {}
+    output_ids: list[int] = []
+    return {
+        "reasoning": fmt or None,
+        "fields": fields,
+        "scorer": scorer_for(output_ids) if fields else None,
+        "output_ids": output_ids,
+        "schema": structure.schema(),
+    }

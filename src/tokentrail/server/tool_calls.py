@@ -1,6 +1,6 @@
-"""Tool calls on chat completions: the `tools` and `tool_choice` request fields, the
-constraint `required` and a named function put on the reply, and `ToolReply`, which
-turns one choice's content into OpenAI's `delta.tool_calls` / `message.tool_calls`.
+"""Tool calls on chat completions: the `tools` and `tool_choice` request fields (the
+rules are `structure.tool_choice`'s, shared with `stream_generate`; the reply's calls
+come from `output.processor.OutputProcessor` and are written by `formatting`).
 
 The model's chat template renders the tools (`prompting.chat_ids(..., tools=...)`).
 With `tool_choice` "auto" the reply is parsed in the model family's own format
@@ -21,22 +21,16 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import APIError, ConstraintError
-from ..segment import Segment, TokenSpan
-from ..structure.tools import TOOL_PARSERS, ToolCallStream, detect_tool_parser, parse_tool_calls
+from ..structure.tool_choice import CONSTRAINED_PARSER, tool_choice_of
 
 __all__ = [
     "CONSTRAINED_PARSER",
     "FunctionSpec",
-    "ToolReply",
     "ToolSpec",
     "template_messages",
     "tool_constraint",
-    "tool_parser_for",
     "with_tools",
 ]
-
-#: The format a constrained call (tool_choice "required" or named) is written in.
-CONSTRAINED_PARSER = "llama3_json"
 
 _CONFIG = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False, frozen=True)
 
@@ -73,60 +67,15 @@ def _bad(param: str, message: str) -> APIError:
     return APIError(400, message, param=param, code="invalid_value")
 
 
-def _choice_name(tool_choice: Any, tools: Sequence[ToolSpec]) -> str | None:
-    """The function `tool_choice` names (None for a string choice), checked."""
-    if isinstance(tool_choice, str):
-        if tool_choice not in ("auto", "none", "required"):
-            raise _bad("tool_choice", f"'tool_choice' must be auto, none, required or "
-                       f"{{\"type\": \"function\", \"function\": {{\"name\": ...}}}}, "
-                       f"got {tool_choice!r}")  # fmt: skip
-        return None
-    function = tool_choice.get("function") if isinstance(tool_choice, Mapping) else None
-    name = function.get("name") if isinstance(function, Mapping) else None
-    if not isinstance(tool_choice, Mapping) or tool_choice.get("type") != "function" or not (
-        isinstance(name, str)
-    ):
-        raise _bad("tool_choice", "'tool_choice' must be auto, none, required or "
-                   "{\"type\": \"function\", \"function\": {\"name\": ...}}")  # fmt: skip
-    if name not in {t.function.name for t in tools}:
-        raise _bad("tool_choice", f"'tool_choice' names {name!r}, which is not in 'tools'")
-    return name
-
-
-def _call_schema(tool: ToolSpec) -> dict[str, Any]:
-    params = tool.function.parameters or {"type": "object"}
-    return {
-        "type": "object",
-        "properties": {"name": {"const": tool.function.name}, "parameters": params},
-        "required": ["name", "parameters"],
-        "additionalProperties": False,
-    }
-
-
 def tool_constraint(tools: Sequence[ToolSpec] | None, tool_choice: Any) -> tuple[Any, str]:
     """(the constraint `tool_choice` puts on the reply or None, the choice as "auto",
-    "none", "required" or "named"). APIError 400 naming `tool_choice` or `tools`."""
-    if tool_choice is None:
-        return None, "auto" if tools else "none"
-    if not tools:
-        raise _bad("tool_choice", "'tool_choice' needs 'tools'")
-    name = _choice_name(tool_choice, tools)
-    if name is None and tool_choice in ("auto", "none"):
-        return None, tool_choice
-    chosen = [t for t in tools if name is None or t.function.name == name]
-    schema = _call_schema(chosen[0]) if len(chosen) == 1 else {
-        "anyOf": [_call_schema(t) for t in chosen]
-    }
+    "none", "required" or "named"): `structure.tool_choice.tool_choice_of`, with its
+    ConstraintError as a 400 naming `tool_choice` or `tools`."""
+    specs = [t.as_template() for t in tools] if tools else None
     try:
-        from ..constrain import constraint_from
-    except ImportError as e:
-        raise _bad("tool_choice", f"this 'tool_choice' needs llguidance: {e}") from None
-    try:
-        # the reply is only the call: no blanks before it (they would be blank content)
-        call = constraint_from(json_schema=schema, param="tools", leading_whitespace=False)
-        return call, "required" if name is None else "named"
+        return tool_choice_of(specs, tool_choice)
     except ConstraintError as e:
-        raise _bad("tools", f"a tool's parameters do not compile: {e}") from None
+        raise _bad(e.param, str(e)) from None
 
 
 def with_tools(structure: Any, tools: Sequence[ToolSpec] | None, tool_choice: Any) -> Any:
@@ -144,27 +93,6 @@ def with_tools(structure: Any, tools: Sequence[ToolSpec] | None, tool_choice: An
             f"with '{structure.constraint.param}'",
         )
     return replace(structure, constraint=constraint, tool_choice=choice)
-
-
-def tool_parser_for(choice: str, configured: str | None, tokenizer: Any) -> str | None:
-    """The parser a reply with tools goes through (None: no parsing, tool_choice none).
-    APIError 400 naming `tools` when "auto" finds none."""
-    if choice == "none":
-        return None
-    if choice in ("required", "named"):
-        return CONSTRAINED_PARSER
-    if configured is not None:
-        return configured
-    template = getattr(tokenizer, "chat_template", None)
-    found = detect_tool_parser(template) if isinstance(template, str) else None
-    if found is None:
-        raise _bad(
-            "tools",
-            "this model's chat template names no tool-call format; start the server with "
-            f"--tool-call-parser ({', '.join(sorted(TOOL_PARSERS))}), or send "
-            "tool_choice 'required' or a named function",
-        )
-    return found
 
 
 def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -188,42 +116,3 @@ def _parsed_call(call: Any) -> Any:
     except json.JSONDecodeError:
         return call
     return {**call, "function": {**function, "arguments": args}}
-
-
-class ToolReply:
-    """One choice's content through a tool-call parser: `feed` takes a step's content
-    segments and returns (content text now final, `delta.tool_calls` pieces);
-    `finish` the last ones. Afterwards `calls` are the whole parse's calls (dicts of
-    `message.tool_calls`) and `fields` their fields."""
-
-    def __init__(self, parser: str) -> None:
-        self.parser = parser
-        self.stream = ToolCallStream(parser)
-        self.segments: list[Segment] = []
-        self.result: Any = None
-
-    def feed(self, segments: list[Segment]) -> tuple[str, list[dict[str, Any]]]:
-        self.segments += segments
-        piece, deltas = self.stream.feed(segments)
-        return piece, [d.to_dict() for d in deltas]
-
-    def finish(self) -> tuple[str, list[dict[str, Any]]]:
-        piece, deltas = self.stream.finish()
-        text = "".join(s.text for s in self.segments)
-        self.result = parse_tool_calls(text, self.segments, self.parser)
-        return piece, [d.to_dict() for d in deltas]
-
-    def released(self) -> list[TokenSpan]:
-        """The content tokens the parser let through since the last call, in order
-        (`ToolCallStream.released_tokens`): a token whose text may still open a call
-        waits, one that wrote only call text never comes; `logprobs.content` lists
-        these (the calls' fields and the extension's segments list every token)."""
-        return self.stream.released_tokens()
-
-    @property
-    def calls(self) -> list[dict[str, Any]]:
-        return [] if self.result is None else [c.to_dict() for c in self.result.calls]
-
-    @property
-    def content(self) -> str:
-        return "" if self.result is None else self.result.content

@@ -1,0 +1,147 @@
+"""What `tools` and `tool_choice` ask of a reply, for every entry point.
+
+`tool_choice` "auto" parses the reply in the model family's own format (a configured
+parser, else the one the chat template names: `tools.detect_tool_parser`); "none"
+leaves it as text. "required" and a named function constrain the reply, as vLLM does,
+to one JSON call ``{"name": ..., "parameters": {...}}`` (the named function's, or any
+tool's), compiled by llguidance from a JSON schema, and parse it with the
+"llama3_json" parser whatever the model's own format, so the call is always
+well-formed. Tools are OpenAI's shape (``{"type": "function", "function": {"name",
+"description", "parameters"}}``). Bad input is a `ConstraintError` naming the field
+(`tools` or `tool_choice`); the server turns it into a 400.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..errors import ConstraintError
+from .tools import TOOL_PARSERS, detect_tool_parser
+
+__all__ = ["CONSTRAINED_PARSER", "ToolChoice", "check_tools", "tool_choice_of", "tool_parser_for"]
+
+#: The format a constrained call (tool_choice "required" or named) is written in.
+CONSTRAINED_PARSER = "llama3_json"
+
+#: "auto", "none", "required" or "named".
+ToolChoice = str
+
+_CHOICE_SHAPE = (
+    "'tool_choice' must be auto, none, required or "
+    '{"type": "function", "function": {"name": ...}}'
+)
+
+
+def _name(tool: Mapping[str, Any]) -> str | None:
+    function = tool.get("function") if isinstance(tool, Mapping) else None
+    name = function.get("name") if isinstance(function, Mapping) else None
+    return name if isinstance(name, str) else None
+
+
+def _choice_name(tool_choice: Any, tools: Sequence[Mapping[str, Any]]) -> str | None:
+    """The function `tool_choice` names (None for a string choice), checked."""
+    if isinstance(tool_choice, str):
+        if tool_choice not in ("auto", "none", "required"):
+            raise ConstraintError(f"{_CHOICE_SHAPE}, got {tool_choice!r}", "tool_choice")
+        return None
+    function = tool_choice.get("function") if isinstance(tool_choice, Mapping) else None
+    name = function.get("name") if isinstance(function, Mapping) else None
+    if (
+        not isinstance(tool_choice, Mapping)
+        or tool_choice.get("type") != "function"
+        or not isinstance(name, str)
+    ):
+        raise ConstraintError(_CHOICE_SHAPE, "tool_choice")
+    if name not in {_name(t) for t in tools}:
+        raise ConstraintError(
+            f"'tool_choice' names {name!r}, which is not in 'tools'", "tool_choice"
+        )
+    return name
+
+
+def _call_schema(tool: Mapping[str, Any]) -> dict[str, Any]:
+    function = tool["function"]
+    params = function.get("parameters") or {"type": "object"}
+    return {
+        "type": "object",
+        "properties": {"name": {"const": function["name"]}, "parameters": params},
+        "required": ["name", "parameters"],
+        "additionalProperties": False,
+    }
+
+
+def check_tools(tools: Any) -> list[Mapping[str, Any]] | None:
+    """`tools` checked as OpenAI's list of functions (None: no tools)."""
+    if tools is None:
+        return None
+    if isinstance(tools, str | bytes) or not isinstance(tools, Sequence):
+        raise ConstraintError(
+            "'tools' must be a list of {type: function, function: {...}}", "tools"
+        )
+    for i, tool in enumerate(tools):
+        if not isinstance(tool, Mapping) or tool.get("type") != "function" or _name(tool) is None:
+            raise ConstraintError(
+                f'\'tools\' entry {i} must be {{"type": "function", "function": '
+                f'{{"name": ...}}}}, got {tool!r}'[:300],
+                "tools",
+            )
+        params = tool["function"].get("parameters")
+        if params is not None and not isinstance(params, Mapping):
+            raise ConstraintError(f"'tools' entry {i}: 'parameters' must be a JSON schema", "tools")
+    return list(tools) or None
+
+
+def tool_choice_of(tools: Sequence[Mapping[str, Any]] | None, tool_choice: Any) -> tuple[Any, str]:
+    """(the constraint `tool_choice` puts on the reply, unbound, or None; the choice as
+    "auto", "none", "required" or "named"). ConstraintError naming the field."""
+    if tool_choice is None:
+        return None, "auto" if tools else "none"
+    if not tools:
+        raise ConstraintError("'tool_choice' needs 'tools'", "tool_choice")
+    name = _choice_name(tool_choice, tools)
+    if name is None and tool_choice in ("auto", "none"):
+        return None, tool_choice
+    chosen = [t for t in tools if name is None or _name(t) == name]
+    schema = (
+        _call_schema(chosen[0])
+        if len(chosen) == 1
+        else {"anyOf": [_call_schema(t) for t in chosen]}
+    )
+    try:
+        from ..constrain import constraint_from
+    except ImportError as e:
+        raise ConstraintError(f"this 'tool_choice' needs llguidance: {e}", "tool_choice") from None
+    try:
+        # the reply is only the call: no blanks before it (they would be blank content)
+        call = constraint_from(json_schema=schema, param="tools", leading_whitespace=False)
+    except ConstraintError as e:
+        raise ConstraintError(f"a tool's parameters do not compile: {e}", "tools") from None
+    return call, "required" if name is None else "named"
+
+
+def tool_parser_for(choice: str | None, configured: str | None, tokenizer: Any) -> str | None:
+    """The parser a reply with tools goes through (None: no tools, or tool_choice none).
+    ConstraintError naming `tools` when "auto" finds no format."""
+    if choice is None or choice == "none":
+        return None
+    if choice in ("required", "named"):
+        return CONSTRAINED_PARSER
+    if configured is not None:
+        if configured not in TOOL_PARSERS:
+            raise ConstraintError(
+                f"unknown tool-call parser {configured!r}; "
+                f"known: {', '.join(sorted(TOOL_PARSERS))}",
+                "tool_parser",
+            )
+        return configured
+    template = getattr(tokenizer, "chat_template", None)
+    found = detect_tool_parser(template) if isinstance(template, str) else None
+    if found is None:
+        raise ConstraintError(
+            "this model's chat template names no tool-call format; name one "
+            f"(--tool-call-parser / tool_parser=: {', '.join(sorted(TOOL_PARSERS))}), or send "
+            "tool_choice 'required' or a named function",
+            "tools",
+        )
+    return found

@@ -521,6 +521,50 @@ def test_named_tool_call_whole_and_streamed(client: Any) -> None:
     }
 
 
+def test_stream_generate_gives_the_servers_tool_calls(client: Any, model_dir: Any) -> None:
+    """The library's tool calls (issue 28) are the server's: the same call, the same
+    fields with the same tokens, and its streamed pieces join to the call."""
+    from tokentrail import load, stream_generate
+    from tokentrail.output.processor import merged_tool_deltas
+
+    model, tok = load(model_dir)
+    got = list(
+        stream_generate(model, tok, MSG, max_tokens=60, tools=TOOLS, tool_choice=NAMED)
+    )
+    r = client.chat.completions.create(
+        model=SERVED[0], messages=MSG, max_tokens=60, tools=TOOLS, tool_choice=NAMED,
+        logprobs=True,
+    )
+    (call,) = r.choices[0].message.tool_calls
+    lib_calls = got[-1].all_tool_calls
+    assert [c.to_dict()["function"] for c in lib_calls] == [
+        {"name": call.function.name, "arguments": call.function.arguments}
+    ]
+    pieces = merged_tool_deltas([p for g in got for p in g.tool_calls or ()])
+    assert [p["function"] for p in pieces] == [c.to_dict()["function"] for c in lib_calls]
+    assert "".join(g.content_text for g in got) == ""
+    lib_fields = [
+        (f.path, f.value, [t.id for t in f.tokens]) for c in lib_calls for f in c.fields
+    ]
+    http_fields = [
+        (f["path"], f["value"], [t["id"] for t in f["tokens"]]) for f in _ext(r)["fields"]
+    ]
+    assert lib_fields == http_fields and lib_fields
+    # the token ids behind the reply are the same on both sides
+    http_ids = [t["id"] for s in _ext(r)["segments"] for t in s["tokens"]]
+    lib_ids = [t.id for g in got for t in g.last_segment_tokens]
+    assert lib_ids == http_ids
+    # batch_generate: each completion has the same call, content None (only a call)
+    from tokentrail import batch_generate
+
+    out = batch_generate(model, tok, [MSG, MSG], 60, tools=TOOLS, tool_choice=NAMED)
+    for c in out.completions:
+        assert [t.to_dict()["function"] for t in c.tool_calls] == [
+            x.to_dict()["function"] for x in lib_calls
+        ]
+        assert [f.path for t in c.tool_calls for f in t.fields] == [f[0] for f in lib_fields]
+
+
 @pytest.mark.parametrize(
     ("body", "param"),
     [

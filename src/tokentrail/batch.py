@@ -19,10 +19,12 @@ from typing import Any
 
 from .engines import engine_for
 from .engines.batch import open_batch
+from .output.processor import OutputProcessor
 from .prompting import aligner_for, eos_ids, prompt_ids, room, stop_matcher
 from .sampling import SamplingParams, check_max_tokens, for_choice, make_params
 from .segment import Segment
 from .sequence import GenerationResponse, SequenceState
+from .structure.tool_choice import tools_for
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +58,10 @@ class Completion:
     logprobs: list[float] = field(default_factory=list)
     finish_reason: str | None = None
     stop_string: str | None = None
+    #: With `tools`: the calls the reply made (`structure.ToolCall`s, with their
+    #: fields) and its content around them (`text` keeps the whole reply).
+    tool_calls: list[Any] = field(default_factory=list)
+    content: str | None = None
 
 
 @dataclass
@@ -158,6 +164,9 @@ def stream_batch_generate(
     skip_special_tokens: bool = True,
     max_batch: int | None = None,
     prompt_cache_bytes: int | None = None,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    tool_choice: str | Mapping[str, Any] | None = None,
+    tool_parser: str | None = None,
 ) -> Iterator[tuple[int, GenerationResponse]]:
     """Generate from every prompt together; yield `(index, response)` per token.
 
@@ -169,8 +178,9 @@ def stream_batch_generate(
     `seed + j`. `max_batch` sequences decode at once (default: all, up to 32); the rest
     join as others finish. `prompt_cache_bytes` (default None: no cache) turns on a prompt
     cache of that many bytes, shared by the call's sequences: one that joins after another
-    with a common prefix finished reuses its KV cache. Arguments are checked before any
-    model work.
+    with a common prefix finished reuses its KV cache. `tools`, `tool_choice` and
+    `tool_parser` (one set for every prompt; the prompts are chat messages) parse tool
+    calls as `stream_generate` does. Arguments are checked before any model work.
     """
     engine = engine_for(model)
     if isinstance(prompts, str) or not isinstance(prompts, Sequence):
@@ -188,13 +198,14 @@ def stream_batch_generate(
     per = {k: _per_prompt(k, v, count) for k, v in settings.items()}
     limits = [check_max_tokens(m) for m in _per_prompt("max_tokens", max_tokens, count)]
     stops = _per_prompt("stop", stop, count, nested=True)
+    constraint, parser = tools_for(tokenizer, tools, tool_choice, tool_parser)
     jobs: deque[_Job] = deque()
     for i, prompt in enumerate(prompts):
-        ids = prompt_ids(tokenizer, prompt, engine.vocab_size)
+        ids = prompt_ids(tokenizer, prompt, engine.vocab_size, tools)
         limit = room(engine.context_length, len(ids), limits[i])
         stop_matcher(stops[i])  # checked now
         params = make_params(**{k: per[k][i] for k in _PER_SEQUENCE},
-                             vocab_size=engine.vocab_size)
+                             vocab_size=engine.vocab_size, constraint=constraint)
         for j in range(n):
             jobs.append(_Job(i * n + j, j, ids, params, limit, stops[i]))
     if max_batch is None:
@@ -204,7 +215,7 @@ def stream_batch_generate(
     # A one-shot call's batch is private and short-lived, so its prompt cache only pays
     # off when asked for (sequences that follow others with a common prefix).
     options = {"prompt_cache_bytes": 0 if prompt_cache_bytes is None else prompt_cache_bytes}
-    return _run(engine, tokenizer, jobs, max_batch, skip_special_tokens, options)
+    return _run(engine, tokenizer, jobs, max_batch, (skip_special_tokens, parser), options)
 
 
 def _run(
@@ -212,12 +223,14 @@ def _run(
     tokenizer: Any,
     jobs: deque[_Job],
     max_batch: int,
-    skip_special_tokens: bool,
+    output: tuple[bool, str | None],
     options: dict[str, Any],
 ) -> Iterator[tuple[int, GenerationResponse]]:
+    """The batch loop; `output`: (skip_special_tokens, the tool-call parser or None)."""
+    skip_special_tokens, parser = output
     batch = open_batch(engine, max_batch, **options)
     eos = eos_ids(tokenizer)
-    live: dict[int, tuple[_Job, SequenceState]] = {}
+    live: dict[int, tuple[_Job, OutputProcessor]] = {}
     try:
         while jobs or live:
             while jobs and len(batch) < max_batch:
@@ -226,13 +239,13 @@ def _run(
                     batch, engine, tokenizer, job.ids, job.params, job.limit, job.stop,
                     choice=job.choice, eos=eos, skip_special_tokens=skip_special_tokens,
                 )
-                live[uid] = (job, seq)
+                live[uid] = (job, OutputProcessor(seq, tool_parser=parser))
             for uid, step in batch.step():
                 entry = live.get(uid)
                 if entry is None:
                     continue
                 job, seq = entry
-                response = seq.feed(step)
+                response = GenerationResponse.of(seq.feed(step), step.logprobs)
                 if seq.done:
                     del live[uid]
                     batch.remove(uid)
@@ -275,6 +288,9 @@ def batch_generate(
         if r.finish_reason is not None:
             c.finish_reason = r.finish_reason
             c.stop_string = r.stop_string
+            c.tool_calls = r.all_tool_calls or []
+            if r.all_tool_calls is not None:
+                c.content = r.content
     for c, parts in zip(out, texts, strict=True):
         c.text = "".join(parts)
     return BatchResponse(out)

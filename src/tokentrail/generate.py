@@ -27,6 +27,7 @@ from .prompting import aligner_for, eos_ids, prompt_ids, room, stop_matcher, voc
 from .sampling import SamplingParams, check_max_tokens, make_params
 from .sequence import GenerationResponse, SequenceState
 from .structure.reasoning import ReasoningFormat, reasoning_format
+from .structure.tool_choice import tools_for
 
 if TYPE_CHECKING:
     from .constrain import Constraint
@@ -222,7 +223,7 @@ def stream_generate(
     limit = check_max_tokens(max_tokens)
     constraint = _constraint(tokenizer, json_schema, regex, choice, grammar)
     fields = fields or (constraint is not None and constraint.kind == "json_schema")
-    constraint, parser = _tools(tokenizer, tools, tool_choice, tool_parser, constraint)
+    constraint, parser = tools_for(tokenizer, tools, tool_choice, tool_parser, constraint)
     fmt = _structure_format(reasoning, fields or parser is not None, whole_tokens)
     if constraint is not None and fmt is not None:  # the content after the reasoning
         constraint = constraint.after_reasoning(fmt.constraint_after)
@@ -283,31 +284,6 @@ def _constraint(
         grammar=grammar, param=given[0],
     )
     return None if spec is None else spec.bind(tokenizer)
-
-
-def _tools(
-    tokenizer: Any,
-    tools: Sequence[Mapping[str, Any]] | None,
-    tool_choice: Any,
-    tool_parser: str | None,
-    constraint: Constraint | None,
-) -> tuple[Constraint | None, str | None]:
-    """(the constraint, with the one `tool_choice` puts on the reply; the tool-call
-    parser, None without tools). ConstraintError naming `tools` or `tool_choice`."""
-    if tools is None and tool_choice is None:
-        return constraint, None
-    from .structure.tool_choice import check_tools, tool_choice_of, tool_parser_for
-
-    checked = check_tools(tools)
-    call, how = tool_choice_of(checked, tool_choice)
-    if call is not None:
-        if constraint is not None:
-            raise ValueError(
-                f"tool_choice {how} constrains the reply to a call; give it without "
-                f"{constraint.param}"
-            )
-        constraint = call.bind(tokenizer)
-    return constraint, tool_parser_for(how if checked else None, tool_parser, tokenizer)
 
 
 def _capped(

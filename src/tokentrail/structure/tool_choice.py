@@ -19,7 +19,14 @@ from typing import Any
 from ..errors import ConstraintError
 from .tools import TOOL_PARSERS, detect_tool_parser
 
-__all__ = ["CONSTRAINED_PARSER", "ToolChoice", "check_tools", "tool_choice_of", "tool_parser_for"]
+__all__ = [
+    "CONSTRAINED_PARSER",
+    "ToolChoice",
+    "check_tools",
+    "tool_choice_of",
+    "tool_parser_for",
+    "tools_for",
+]
 
 #: The format a constrained call (tool_choice "required" or named) is written in.
 CONSTRAINED_PARSER = "llama3_json"
@@ -145,3 +152,28 @@ def tool_parser_for(choice: str | None, configured: str | None, tokenizer: Any) 
             "tools",
         )
     return found
+
+
+def tools_for(
+    tokenizer: Any,
+    tools: Sequence[Mapping[str, Any]] | None,
+    tool_choice: Any,
+    tool_parser: str | None = None,
+    constraint: Any = None,
+) -> tuple[Any, str | None]:
+    """For the library's keywords: (the constraint, `constraint` or the call
+    `tool_choice` forces, bound to `tokenizer`; the tool-call parser, None without
+    tools). ConstraintError naming `tools` or `tool_choice`, ValueError for a forced call
+    with another constraint."""
+    if tools is None and tool_choice is None:
+        return constraint, None
+    checked = check_tools(tools)
+    call, how = tool_choice_of(checked, tool_choice)
+    if call is not None:
+        if constraint is not None:
+            raise ValueError(
+                f"tool_choice {how} constrains the reply to a call; give it without "
+                f"{constraint.param}"
+            )
+        constraint = call.bind(tokenizer)
+    return constraint, tool_parser_for(how if checked else None, tool_parser, tokenizer)

@@ -1,0 +1,202 @@
+"""One output pipeline (issue 28): the library's streamed responses, the server's
+streamed chunks joined and the server's whole response agree field by field.
+
+Replies with a reasoning block, content and tool calls (hermes, llama3_json) or a JSON
+object are built by hypothesis, tokenized by the demo model's real tokenizer and fed as
+engine steps, with random logprobs and alternatives, through one `OutputProcessor` per
+view (`GenerationResponse.of` for `stream_generate`, `Formatter.chunk` for the streamed
+server, `Formatter.response` for the whole one). The oracle for the texts is the reply
+itself: the reasoning and content each view gives join to what was written, the calls'
+names and arguments are the ones written, and every view lists the same fields with the
+same tokens, alternatives and logprobs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.helpers.env import require
+from tokentrail.engines.base import Step
+from tokentrail.output.processor import OutputProcessor, merged_tool_deltas
+from tokentrail.prompting import aligner_for, stop_matcher
+from tokentrail.sequence import GenerationResponse, SequenceState
+
+DEMO = Path(__file__).resolve().parents[1] / "src" / "tokentrail" / "demo_model"
+
+WORDS = st.sampled_from(["Paris", "rain", "is", "warm", "ok", "déjà", "42", "ß", "🙂", "no"])
+PROSE = st.lists(WORDS, min_size=1, max_size=6).map(" ".join)
+ARGS = st.fixed_dictionaries(
+    {"city": WORDS, "unit": st.sampled_from(["celsius", "fahrenheit"]), "days": st.integers(0, 9)}
+)
+
+
+@st.composite
+def replies(draw: Any) -> tuple[str, str, str, list[tuple[str, dict[str, Any]]]]:
+    """(parser, reply text, its content, its calls): content and hermes calls, a
+    llama3_json call, or a JSON object (no parser)."""
+    kind = draw(st.sampled_from(["hermes", "llama3_json", "json"]))
+    calls = [(draw(st.sampled_from(["get_weather", "lookup"])), draw(ARGS))
+             for _ in range(draw(st.integers(1, 2)))]  # fmt: skip
+    if kind == "hermes":
+        content = draw(PROSE) + "\n"
+        text = content + "".join(
+            f"<tool_call>\n{json.dumps({'name': n, 'arguments': a})}\n</tool_call>"
+            for n, a in calls
+        )
+        return kind, text, content, calls
+    if kind == "llama3_json":
+        n, a = calls[0]
+        return kind, json.dumps({"name": n, "parameters": a}), "", calls[:1]
+    value = {"answer": draw(PROSE), "unit": calls[0][1]["unit"], "n": calls[0][1]["days"]}
+    return "json", json.dumps(value), json.dumps(value), []
+
+
+@pytest.fixture(scope="module")
+def demo() -> Any:
+    tokenizers = require("tokenizers")
+    transformers = require("transformers")
+    tok = tokenizers.Tokenizer.from_file(str(DEMO / "tokenizer.json"))
+    hf = transformers.PreTrainedTokenizerFast(tokenizer_file=str(DEMO / "tokenizer.json"))
+    return tok, hf
+
+
+def _steps(ids: list[int], seed: int) -> list[Step]:
+    """Steps with logprobs and two alternatives each (deterministic per seed)."""
+    out = []
+    for n, i in enumerate(ids):
+        lp = -((seed * 7 + n * 13) % 50) / 10.0
+        alt = (i + 1 + (seed + n) % 5) % 500
+        out.append(Step(i, lp, [(i, lp), (alt, lp - 0.5)], None))
+    return out
+
+
+def _processor(hf: Any, parser: str | None, reasoning: bool, n: int) -> OutputProcessor:
+    state = SequenceState(
+        aligner_for(hf, None, True), stop_matcher(None), frozenset(), 0, n, None, lambda: 0.0
+    )
+    fields = parser is None
+    return OutputProcessor(
+        state,
+        reasoning=("<think>", "</think>") if reasoning else None,
+        starts_in_reasoning=False if reasoning else None,
+        tool_parser=parser,
+        fields=fields,
+    )
+
+
+def _fields(found: list[Any]) -> list[tuple[Any, ...]]:
+    return [
+        (
+            f["path"],
+            f["value"],
+            tuple((t["index"], t["id"], t["start"], t["end"]) for t in f["tokens"]),
+        )
+        for f in found
+    ]
+
+
+def _lib_fields(found: list[Any]) -> list[tuple[Any, ...]]:
+    return _fields([f.to_dict() for f in found])
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(reply=replies(), think=st.one_of(st.none(), PROSE), seed=st.integers(0, 99))
+def test_library_streamed_and_whole_agree(
+    demo: Any, reply: Any, think: str | None, seed: int
+) -> None:
+    from tokentrail.prompting import vocab_for
+    from tokentrail.server.formatting import Formatter
+    from tokentrail.server.protocol import GenRequest
+
+    tok, hf = demo
+    kind, body, content, calls = reply
+    parser = None if kind == "json" else kind
+    text = body if think is None else f"<think>{think}</think>{body}"
+    ids = tok.encode(text, add_special_tokens=False).ids
+    steps = _steps(ids, seed)
+    reasoning = think is not None
+
+    # the library: stream_generate's responses
+    proc = _processor(hf, parser, reasoning, len(ids))
+    lib = [GenerationResponse.of(proc.feed(s)) for s in steps]
+    # the server: streamed chunks and the whole response, each from its own stage
+    req = GenRequest(kind="chat", prompt=[], model="m", logprobs=True, top_logprobs=2)
+    vocab = vocab_for(hf)
+    proc = _processor(hf, parser, reasoning, len(ids))
+    streamed = Formatter("a", req, vocab)
+    records = [proc.feed(s) for s in steps]
+    chunks = [streamed.chunk(r) for r in records]
+    whole = Formatter("a", req, vocab).response(records)
+
+    message = whole["choices"][0]["message"]
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+
+    # reasoning: what was written, in every view
+    lib_reasoning = "".join(r.reasoning_text for r in lib)
+    assert lib_reasoning == "".join(d.get("reasoning", "") for d in deltas)
+    if reasoning:
+        assert lib_reasoning == think == message["reasoning"]
+        assert lib[-1].reasoning == think
+
+    # content: around the calls, in every view
+    if parser is not None:
+        lib_content = "".join(r.content_text for r in lib)
+        assert lib_content == "".join(d.get("content", "") for d in deltas)
+        assert lib_content.strip() == content.strip() == (message["content"] or "").strip()
+    else:
+        streamed_content = "".join(d.get("content", "") for d in deltas)
+        assert streamed_content == message["content"] == content
+        if reasoning:
+            assert "".join(r.content_text for r in lib) == content
+
+    # tool calls: the ones written, streamed pieces == whole == library
+    if parser is not None:
+        pieces = merged_tool_deltas([p for d in deltas for p in d.get("tool_calls", [])])
+        lib_pieces = merged_tool_deltas([p for r in lib for p in (r.tool_calls or [])])
+        want = [(n, a) for n, a in calls]
+        for got in (pieces, lib_pieces, message.get("tool_calls", [])):
+            assert [
+                (c["function"]["name"], json.loads(c["function"]["arguments"])) for c in got
+            ] == want
+        assert [c.to_dict()["function"] for c in lib[-1].all_tool_calls] == [
+            c["function"] for c in message["tool_calls"]
+        ]
+        assert (
+            whole["choices"][0]["finish_reason"]
+            == chunks[-1]["choices"][0]["finish_reason"]
+            == "tool_calls"
+        )
+
+    # fields: the same paths, values and tokens everywhere
+    ext_stream = [f for c in chunks for f in c["tokentrail"].get("fields", [])]
+    ext_whole = whole["tokentrail"].get("fields", [])
+    if parser is None:
+        lib_found = [f for r in lib for f in (r.fields or [])]
+        assert _fields(ext_stream) == _fields(ext_whole) == _lib_fields(lib_found)
+        assert _lib_fields(lib[-1].all_fields) == _fields(ext_whole)
+        assert {f["path"] for f in ext_whole} == {"/answer", "/unit", "/n"}
+    else:
+        lib_calls = lib[-1].all_tool_calls
+        assert (
+            _fields(ext_stream)
+            == _fields(ext_whole)
+            == _lib_fields([f for c in lib_calls for f in c.fields])
+        )
+
+    # logprobs: the same listed tokens streamed and whole, each logprob the step's
+    listed_stream = [
+        e for c in chunks for e in (c["choices"][0]["logprobs"] or {}).get("content", [])
+    ]
+    listed_whole = whole["choices"][0]["logprobs"]["content"]
+    assert listed_stream == listed_whole
+    assert {e["logprob"] for e in listed_whole} <= {s.logprob for s in steps}
+    assert all(len(e["top_logprobs"]) == 2 for e in listed_whole)
+    assert len(listed_whole) <= len(ids)

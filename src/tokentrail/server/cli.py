@@ -1,8 +1,9 @@
 """`tokentrail serve`: the parser, the engine choice and startup.
 
-Startup order: check the flags (exit 2 with one line), bind the socket (a port in use
-is exit 2, nothing logged as served), load the model, start uvicorn on that socket, and
-only then log the real URL (the real port too, with ``--port 0``).
+The flags come from the settings' declarations (`config.py`). Startup order: check the
+flags (exit 2 with one line), bind the socket (a port in use is exit 2, nothing logged
+as served), load the model, start uvicorn on that socket, and only then log the real URL
+(the real port too, with ``--port 0``).
 """
 
 from __future__ import annotations
@@ -63,8 +64,8 @@ def model_loader(args: argparse.Namespace) -> Loader:
     """What loads the model for these flags: a function returning (model, tokenizer).
 
     Raises UsageError for a flag the chosen engine does not take. A new kind of engine
-    adds its loader keywords to `ENGINE_OPTIONS` and, if it is not loaded through
-    `tokentrail.load`, a branch here.
+    adds its name to `config.ENGINES`, its loader's flags to `config.ENGINE_FLAGS` and,
+    if it is not loaded through `tokentrail.load`, a branch here.
     """
     from .. import generate
 

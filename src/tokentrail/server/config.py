@@ -1,5 +1,8 @@
-"""`ServerConfig`: the server's settings, built once (from `tokentrail serve`'s flags or
-`create_app`'s keywords) and handed to the app and the `Scheduler` as one object.
+"""The server's settings, each declared once (`settings.declare`): `ServerConfig` (what
+the app and the `Scheduler` run with, built from `tokentrail serve`'s flags or
+`create_app`'s keywords), `ListenConfig` (how `tokentrail serve` listens and logs) and
+`ENGINE_FLAGS` (the engine loaders' flags, which become `ServerConfig.load_options`).
+Their flags, checks and defaults all come from these declarations.
 
 This module imports no server dependency, so the `serve` parser loads without them.
 """
@@ -13,16 +16,29 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from ..batch import DEFAULT_MAX_BATCH
+from ..errors import UsageError
+from ..sampling import OPENAI_LIMITS, Range
+from .settings import Flag, Setting, at_least, declare, settings_of, values_from_args
 
 __all__ = [
     "DEFAULT_CLIENT_TIMEOUT",
+    "DEFAULT_KEEP_ALIVE",
     "DEFAULT_MAX_BATCH",
     "DEFAULT_MAX_BODY_BYTES",
     "DEFAULT_MAX_BUFFERED",
+    "DEFAULT_MAX_CONNECTIONS",
     "DEFAULT_MAX_QUEUE",
     "DEFAULT_PROXY_MAX_QUEUE",
+    "DEFAULT_READ_TIMEOUT",
+    "ENGINES",
+    "ENGINE_FLAGS",
+    "ENGINE_OPTIONS",
+    "ENGINE_SETTINGS",
+    "LOG_LEVELS",
+    "ListenConfig",
     "Loader",
     "ServerConfig",
+    "engine_options",
 ]
 
 #: What loads a model: a function returning (model, tokenizer), run on the loop thread.
@@ -39,6 +55,60 @@ DEFAULT_MAX_BODY_BYTES = 1 << 20
 DEFAULT_CLIENT_TIMEOUT = 30.0
 #: Most steps one request may have unread before it is dropped.
 DEFAULT_MAX_BUFFERED = 4096
+#: Seconds a client has to send a whole request (headers and body) once it starts one.
+DEFAULT_READ_TIMEOUT = 10.0
+#: Seconds an idle keep-alive connection stays open.
+DEFAULT_KEEP_ALIVE = 5.0
+DEFAULT_MAX_CONNECTIONS = 256
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+#: The engines `--engine` names, in the order `--help` lists them.
+ENGINES = ("mlx", "torch", "vllm", "llamacpp")
+
+#: The engine loaders' flags (`tokentrail.load`'s keywords for the `engines` that take them).
+ENGINE_FLAGS: tuple[Flag, ...] = (
+    Flag("--device", "cuda, mps or cpu (default: best)", engines=("torch",)),
+    Flag("--dtype", "float32, bfloat16, float16, auto", engines=("torch", "vllm")),
+    Flag("--tensor-parallel-size", type=int, metavar="N", engines=("vllm",)),
+    Flag("--pipeline-parallel-size", type=int, metavar="N", engines=("vllm",)),
+    Flag("--gpu-memory-utilization", type=float, metavar="F", engines=("vllm",)),
+    Flag("--max-model-len", type=int, metavar="N", engines=("vllm",)),
+    Flag("--n-ctx", "context length", type=int, metavar="N", engines=("llamacpp",)),
+    Flag("--n-threads", "CPU threads", type=int, metavar="N", engines=("llamacpp",)),
+    Flag("--n-gpu-layers", "layers to offload", type=int, metavar="N", engines=("llamacpp",)),
+)
+#: Engine name -> the loader keywords (flag names with "_") it takes.
+ENGINE_OPTIONS: dict[str, tuple[str, ...]] = {
+    engine: tuple(f.dest for f in ENGINE_FLAGS if engine in f.engines) for engine in ENGINES
+}
+#: `ENGINE_FLAGS` as settings, for `settings.add_flags` (no default: the loader's own).
+ENGINE_SETTINGS = tuple(Setting(f.dest, None, (f,)) for f in ENGINE_FLAGS)
+
+
+def engine_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The chosen engine's loader keywords from the flags; UsageError for a flag that
+    engine does not take."""
+    options: dict[str, Any] = {}
+    for flag in ENGINE_FLAGS:
+        value = getattr(args, flag.dest, None)
+        if value is None:
+            continue
+        if args.engine not in flag.engines:
+            raise UsageError(f"{flag.name} does not apply to --engine {args.engine}")
+        options[flag.dest] = value
+    return options
+
+
+def _tool_parsers() -> list[str]:
+    from ..structure.tools import TOOL_PARSERS
+
+    return sorted(TOOL_PARSERS)
+
+
+def _reasoning_parsers() -> list[str]:
+    from ..structure.reasoning import REASONING_PARSERS
+
+    return sorted(REASONING_PARSERS)
 
 
 @dataclass(frozen=True)
@@ -63,40 +133,81 @@ class ServerConfig:
     the chat template) parses tool calls.
     """
 
-    model_path: str | os.PathLike[str] | None = None
-    model_name: str | None = None
-    engine: str = "mlx"
+    model_path: str | os.PathLike[str] | None = field(default=None, metadata=declare(
+        Flag("--model", "model folder in Hugging Face layout", metavar="PATH"),
+        default_note="the built-in demo model",
+    ))
+    model_name: str | None = field(default=None, metadata=declare(
+        Flag("--model-name", "id the model is served under"),
+        default_note="the folder name, or tokentrail-demo",
+    ))
+    engine: str = field(default="mlx", metadata=declare(
+        Flag("--engine", "model runtime: torch runs transformers, vllm a vLLM "
+             "deployment, llamacpp a .gguf file on llama.cpp", choices=lambda: ENGINES),
+    ))
+    #: The engine's loader keywords: from `ENGINE_FLAGS` on the command line.
     load_options: Mapping[str, Any] = field(default_factory=dict)
-    max_batch: int | None = None
-    max_queue: int = DEFAULT_MAX_QUEUE
-    prompt_cache_bytes: int | None = None
-    client_timeout: float = DEFAULT_CLIENT_TIMEOUT
-    max_buffered: int = DEFAULT_MAX_BUFFERED
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    temperature: float = 0.0
-    api_key: str | None = None
-    allowed_hosts: Iterable[str] | None = None
-    reasoning: Any = None
-    tool_call_parser: str | None = None
+    max_batch: int | None = field(default=None, metadata=declare(
+        Flag("--max-batch", "sequences decoded together", type=int, metavar="N"),
+        range=at_least("int", 1),
+        default_note="the engine's capacity, e.g. mlx-lm's BatchGenerator's 32; 1 for an "
+        "engine without batched decoding",
+    ))
+    max_queue: int = field(default=DEFAULT_MAX_QUEUE, metadata=declare(
+        Flag("--max-queue", "sequences that may wait for room in the batch; more get 429",
+             type=int, metavar="N"),
+        range=at_least("int", 0),
+        proxy_default=DEFAULT_PROXY_MAX_QUEUE,
+        default_note=f"{DEFAULT_MAX_QUEUE}; {DEFAULT_PROXY_MAX_QUEUE} with --upstream, whose "
+        "own queue holds what its slots cannot run yet",
+    ))
+    prompt_cache_bytes: int | None = field(default=None, metadata=declare(
+        Flag("--prompt-cache-bytes", "memory bound of the prompt cache shared across "
+             "requests, for engines that have one", type=int, metavar="N"),
+        range=at_least("int", 0),
+        default_note="the engine's",
+    ))
+    client_timeout: float = field(default=DEFAULT_CLIENT_TIMEOUT, metadata=declare(
+        Flag("--client-timeout", "drop a streaming client that leaves output unread this "
+             "many seconds", type=float, metavar="S"),
+        range=at_least("real", 0, strict=True),
+    ))
+    max_buffered: int = field(default=DEFAULT_MAX_BUFFERED, metadata=declare())  # no flag
+    max_body_bytes: int = field(default=DEFAULT_MAX_BODY_BYTES, metadata=declare(
+        Flag("--max-body-bytes", "largest accepted request body", type=int, metavar="N"),
+        range=at_least("int", 1),
+    ))
+    temperature: float = field(default=0.0, metadata=declare(
+        Flag("--temp", "temperature for requests that do not set one", type=float,
+             metavar="T"),
+        range=OPENAI_LIMITS["temp"],  # the range a request's temperature has
+        default_note="0.0, as mlx_lm.server",
+    ))
+    api_key: str | None = field(default=None, metadata=declare(
+        Flag("--api-key", "require 'Authorization: Bearer KEY' on /v1/* and /metrics",
+             metavar="KEY"),
+        env="TOKENTRAIL_API_KEY",
+        default_note="$TOKENTRAIL_API_KEY; none",
+    ))
+    allowed_hosts: Iterable[str] | None = field(default=None, metadata=declare(
+        Flag("--allowed-host", "a Host name to serve besides the address, localhost and IP "
+             "literals (repeatable; '*' allows any)", metavar="NAME", action="append"),
+    ))
+    reasoning: Any = field(default=None, metadata=declare(
+        Flag("--reasoning-parser", "split chat replies into reasoning and content with a "
+             "named format ({choices})", metavar="NAME", choices=_reasoning_parsers),
+        Flag("--reasoning-markers", "split chat replies at these markers (START may be '': "
+             "the reasoning then starts with the reply)", nargs=2, metavar=("START", "END")),
+    ))
+    tool_call_parser: str | None = field(default=None, metadata=declare(
+        Flag("--tool-call-parser", "parse tool calls in this format ({choices})",
+             metavar="NAME", choices=_tool_parsers),
+        default_note="detected from the chat template",
+    ))
 
     def __post_init__(self) -> None:
         """Refuse settings no server can run with (ValueError naming the setting)."""
-        from ..sampling import OPENAI_LIMITS, check_value
-
-        problems = [
-            (self.max_queue >= 0, f"max_queue must be >= 0, got {self.max_queue}"),
-            (self.max_batch is None or self.max_batch >= 1,
-             f"max_batch must be >= 1 or None (the engine's capacity), got {self.max_batch}"),
-            (self.max_body_bytes >= 1, f"max_body_bytes must be >= 1, got {self.max_body_bytes}"),
-            (self.client_timeout > 0,
-             f"client_timeout must be > 0 seconds, got {self.client_timeout}"),
-            (self.prompt_cache_bytes is None or self.prompt_cache_bytes >= 0,
-             f"prompt_cache_bytes must be >= 0, got {self.prompt_cache_bytes}"),
-        ]
-        for ok, message in problems:
-            if not ok:
-                raise ValueError(message)
-        check_value("temp", self.temperature, OPENAI_LIMITS, label="temperature")
+        _check_all(self)
         if self.reasoning is not None:
             from ..structure.reasoning import reasoning_format
 
@@ -118,34 +229,64 @@ class ServerConfig:
     def from_args(
         cls, args: argparse.Namespace, load_options: Mapping[str, Any] | None = None
     ) -> ServerConfig:
-        """The settings `tokentrail serve`'s flags give (`load_options`: the engine's)."""
-        given = {name: getattr(args, flag) for name, flag in _FLAGS.items()}
-        if given["max_queue"] is None:  # the flag's default depends on what is served
-            proxy = getattr(args, "upstream", None)
-            given["max_queue"] = DEFAULT_PROXY_MAX_QUEUE if proxy else DEFAULT_MAX_QUEUE
-        parser = getattr(args, "reasoning_parser", None)
-        markers = getattr(args, "reasoning_markers", None)
-        if parser is not None and markers is not None:
-            raise ValueError("give --reasoning-parser or --reasoning-markers, not both")
-        return cls(
-            **given,
-            reasoning=parser if markers is None else tuple(markers),
-            load_options=dict(load_options or {}),
-            allowed_hosts=(args.host, *args.allowed_host),
-        )
+        """The settings `tokentrail serve`'s flags give (`load_options`: the engine's);
+        `tokentrail.errors.UsageError` naming the flag for a value out of range."""
+        given = values_from_args(cls, args)
+        # The address served always passes the Host check, besides --allowed-host's names.
+        given["allowed_hosts"] = (args.host, *(given["allowed_hosts"] or ()))
+        try:
+            return cls(**given, load_options=dict(load_options or {}))
+        except ValueError as e:  # what the checks above leave: markers no format takes
+            raise UsageError(str(e)) from None
 
 
-#: ServerConfig field -> the `tokentrail serve` flag (argparse dest) that sets it.
-_FLAGS = {
-    "model_path": "model",
-    "model_name": "model_name",
-    "engine": "engine",
-    "max_batch": "max_batch",
-    "max_queue": "max_queue",
-    "prompt_cache_bytes": "prompt_cache_bytes",
-    "client_timeout": "client_timeout",
-    "max_body_bytes": "max_body_bytes",
-    "temperature": "temp",
-    "api_key": "api_key",
-    "tool_call_parser": "tool_call_parser",
-}
+@dataclass(frozen=True)
+class ListenConfig:
+    """How `tokentrail serve` listens and logs: the socket's `host` and `port` (0: any
+    free port), uvicorn's `max_connections` (more get 503) and `keep_alive_timeout`, the
+    `read_timeout` a client has to send a whole request, and the `log_level`. Not part
+    of the app: an app from `create_app` runs under whatever ASGI server it is given."""
+
+    host: str = field(default="127.0.0.1", metadata=declare(Flag("--host", "address to listen on")))
+    port: int = field(default=8080, metadata=declare(
+        Flag("--port", "port to listen on (0: any free port)", type=int),
+        range=Range("", "int", 0, 65535, note="0: any free port"),
+    ))
+    max_connections: int = field(default=DEFAULT_MAX_CONNECTIONS, metadata=declare(
+        Flag("--max-connections", "concurrent connections and requests; more get 503",
+             type=int, metavar="N"),
+        range=at_least("int", 1),
+    ))
+    read_timeout: float = field(default=DEFAULT_READ_TIMEOUT, metadata=declare(
+        Flag("--read-timeout", "seconds a client has to send a whole request, headers and "
+             "body", type=float, metavar="S"),
+        range=at_least("real", 0, strict=True),
+    ))
+    keep_alive_timeout: float = field(default=DEFAULT_KEEP_ALIVE, metadata=declare(
+        Flag("--keep-alive-timeout", "seconds an idle connection stays open", type=float,
+             metavar="S"),
+        range=at_least("real", 0, strict=True),
+    ))
+    log_level: str = field(default="info", metadata=declare(
+        Flag("--log-level", "how much to log", choices=lambda: LOG_LEVELS),
+    ))
+
+    def __post_init__(self) -> None:
+        """Refuse values out of range (ValueError naming the setting)."""
+        _check_all(self)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> ListenConfig:
+        """The values `tokentrail serve`'s flags give; UsageError naming the flag for a
+        value out of range."""
+        return cls(**values_from_args(cls, args))
+
+
+def _check_all(config: Any) -> None:
+    """Check each of `config`'s settings against its range, keeping the checked value
+    (an int or float as the range says); ValueError naming the first setting out of it."""
+    for s in settings_of(type(config)):
+        value = getattr(config, s.name)
+        checked = s.check(value)
+        if checked is not value:
+            object.__setattr__(config, s.name, checked)

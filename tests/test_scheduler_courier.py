@@ -90,7 +90,7 @@ def llama_scheduler(demo_gguf: Any) -> Any:
 async def run_jobs(scheduler: Any, prompts: list[str]) -> tuple[list[list[int]], list[str]]:
     """Submit one completion per prompt together; each one's tokens, and the threads that
     handed events to the event loop meanwhile."""
-    from tokentrail.server.scheduler import Job
+    from tokentrail.server.jobs import Job
 
     calls = LoopCalls(asyncio.get_running_loop())
     try:

@@ -22,7 +22,8 @@ pytest.importorskip("prometheus_client")
 
 import tokentrail
 from tests.helpers.scheduler import LoopCalls, submit_completions
-from tokentrail.server.scheduler import Job, Scheduler
+from tokentrail.server.jobs import Job
+from tokentrail.server.scheduler import Scheduler
 
 PROMPTS = ["The list", "A generator", "import this", "With a file"]
 MAX_TOKENS = 8

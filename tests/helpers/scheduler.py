@@ -34,8 +34,8 @@ class LoopCalls:
 
 def submit_completions(scheduler: Any, prompts: list[str], max_tokens: int) -> list[Any]:
     """One greedy completion job per prompt, made on the running loop, all submitted."""
+    from tokentrail.server.jobs import Job
     from tokentrail.server.protocol import parse_completion
-    from tokentrail.server.scheduler import Job
 
     loop = asyncio.get_running_loop()
     jobs = []

@@ -70,9 +70,10 @@ if TYPE_CHECKING:
     from .app import STATIC_DIR, Guard, create_app
     from .cli import main, register, run
     from .config import ServerConfig
-    from .formatting import Formatter, StepRecord
+    from .formatting import Formatter
+    from .jobs import Job
     from .protocol import GenRequest, parse_chat, parse_completion
-    from .scheduler import Job, Scheduler
+    from .scheduler import Scheduler
 
 #: Public name -> the module that defines it. Loaded on first use (PEP 562), so that
 #: `tokentrail serve`'s parser and `tokentrail.server.cli` load without the server
@@ -86,11 +87,10 @@ _EXPORTS = {
     "run": ".cli",
     "ServerConfig": ".config",
     "Formatter": ".formatting",
-    "StepRecord": ".formatting",
     "GenRequest": ".protocol",
     "parse_chat": ".protocol",
     "parse_completion": ".protocol",
-    "Job": ".scheduler",
+    "Job": ".jobs",
     "Scheduler": ".scheduler",
     "APIError": "..errors",
     "QueueFull": "..errors",
@@ -99,7 +99,6 @@ _EXPORTS = {
 #: Old names, importable with a DeprecationWarning.
 _DEPRECATED = {
     "Engine": (".scheduler", "Scheduler"),  # the class's name when it ran one request at a time
-    "Step": (".formatting", "StepRecord"),
 }
 
 __all__ = [
@@ -112,7 +111,6 @@ __all__ = [
     "QueueFull",
     "Scheduler",
     "ServerConfig",
-    "StepRecord",
     "create_app",
     "main",
     "parse_chat",

@@ -27,9 +27,10 @@ from ..errors import APIError, ClientGone, EngineError
 from ..vocab import Vocab
 from .config import Loader, ServerConfig
 from .formatting import Formatter, merge_responses, sse, usage
+from .jobs import Job
 from .metrics import Metrics
 from .protocol import Kind, bad_request, json_type_name, parse_chat, parse_completion, read_json
-from .scheduler import Job, Scheduler
+from .scheduler import Scheduler
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette

@@ -1,0 +1,101 @@
+"""Request preparation: a validated request made ready to join the batch, once.
+
+`prepare` decides everything a request's sequences need before their first step, in
+one place: the prompt's ids (the chat template with the tools), the token limit (the
+server's context rule), the stop strings (checked), the constraint bound to the
+model's tokenizer (after the reasoning where a format is on), the sampling settings
+(built once, with the bound constraint) and each choice's output stage (reasoning
+format, tool-call parser, fields and their scorer: `output.processor.OutputProcessor`
+keywords). Anything wrong is an `APIError` 400 naming the field, before the request
+takes a place in the batch.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import APIError, ConstraintError, ContextOverflow
+from ..prompting import prompt_ids, room, stop_matcher
+from ..sampling import SamplingError, SamplingParams, check_max_tokens
+from ..structure.tool_choice import tool_parser_for
+from .config import ServerConfig
+from .protocol import GenRequest
+from .structured import bound, structure_options
+
+logger = logging.getLogger("tokentrail.server")
+
+__all__ = ["Prepared", "prepare"]
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """What a request's `n` sequences start from: prompt `ids`, the token `limit`, the
+    sampling `params` (choice j derives its seed from them) and, per choice, its
+    `OutputProcessor` keywords (`outputs`)."""
+
+    ids: list[int]
+    limit: int
+    params: SamplingParams
+    outputs: tuple[dict[str, Any], ...]
+
+
+def prepare(req: GenRequest, engine: Any, tokenizer: Any, config: ServerConfig) -> Prepared:
+    """`req` made ready for `engine` (see the module); APIError 400 naming the field."""
+    try:
+        ids = prompt_ids(tokenizer, req.prompt, engine.vocab_size, req.tools)
+        limit = _limit(req, len(ids), engine.context_length)
+        stop_matcher(req.stop)
+        chat = req.kind == "chat"
+        constraint = bound(req.structure, tokenizer, config.reasoning, chat)
+        params = req.params(engine.vocab_size, constraint)
+        outputs = tuple(_output(req, ids, engine, tokenizer, config) for _ in range(req.n))
+    except (SamplingError, ConstraintError) as e:
+        # e.g. a logit_bias id past the engine's vocabulary; tools with no format
+        raise APIError(400, str(e), param=e.param, code="invalid_value") from None
+    return Prepared(ids, limit, params, outputs)
+
+
+def _limit(req: GenRequest, n_prompt: int, context_length: int | None) -> int:
+    """The token limit for a prompt of `n_prompt` tokens, or APIError (context).
+
+    The server's rule, as OpenAI and vLLM answer: a `max_tokens` the client gave must
+    fit the room the prompt leaves; the default is cut to it."""
+    overflow = "raise" if req.max_tokens_given else "cap"
+    try:
+        limit = room(context_length, n_prompt, req.max_tokens, overflow=overflow)
+    except ContextOverflow as e:
+        prompt = "messages" if req.kind == "chat" else "prompt"
+        raise APIError(
+            400,
+            str(e).replace("max_tokens is", "'max_tokens' is", 1),
+            param=prompt if e.param == "prompt" else "max_tokens",
+            code="context_length_exceeded",
+        ) from None
+    checked = check_max_tokens(limit)
+    return req.max_tokens if checked is None else checked
+
+
+def _output(
+    req: GenRequest, ids: list[int], engine: Any, tokenizer: Any, config: ServerConfig
+) -> dict[str, Any]:
+    """One choice's `OutputProcessor` keywords: reasoning, tool parser, fields (with
+    alternatives from the engine's scorer where it has one: one forward pass per enum
+    leaf)."""
+
+    def scorer(output_ids: list[int]) -> Any:
+        from ..engines.scoring import scorer_for
+
+        found, why = scorer_for(engine, tokenizer, ids, output_ids, {})
+        if found is None:
+            logger.debug("fields without alternatives: %s", why)
+        return found
+
+    chat = req.kind == "chat"
+    options = structure_options(req.structure, config.reasoning, chat, scorer, gated=True)
+    if chat and req.structure.tool_choice is not None:
+        options["tool_parser"] = tool_parser_for(
+            req.structure.tool_choice, config.tool_call_parser, tokenizer
+        )
+    return options

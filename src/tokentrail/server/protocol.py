@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
@@ -391,14 +391,21 @@ class GenRequest:
     #: The tools for the chat template (OpenAI's shape), and the parser the reply goes
     #: through (set by the scheduler from `structure.tool_choice`).
     tools: list[dict[str, Any]] | None = None
-    tool_parser: str | None = None
+    #: The sampling settings as validation built them (once; `params` adds the bound
+    #: constraint). None until then.
+    sampling: SamplingParams | None = None
 
     def params(
         self, vocab_size: int | None = None, constraint: Any = None
     ) -> SamplingParams:
         """The sampling settings, checked by `make_params` against OpenAI's limits
         (`SamplingError` naming the wire field); `vocab_size` bounds `logit_bias`;
-        `constraint` is `structure.constraint` bound to the model's tokenizer."""
+        `constraint` is `structure.constraint` bound to the model's tokenizer. Built
+        once, when the request is validated; later calls add the constraint to that."""
+        if self.sampling is not None:
+            if constraint is None:
+                return self.sampling
+            return replace(self.sampling, constraint=constraint)
         return make_params(
             constraint=constraint,
             logprobs_mode=self.structure.logprobs_mode,
@@ -452,7 +459,8 @@ def _gen_request(
         req.structure = with_tools(req.structure, wire.tools, wire.tool_choice)
         req.tools = [t.as_template() for t in wire.tools] if wire.tools else None
     try:
-        req.logit_bias = dict(req.params(vocab_size).logit_bias or {}) or None
+        req.sampling = req.params(vocab_size)
+        req.logit_bias = dict(req.sampling.logit_bias or {}) or None
     except SamplingError as e:
         raise bad_request(e.param, f"'{e.param}' {str(e).removeprefix(e.param).strip()}") from None
     if top and not logprobs:

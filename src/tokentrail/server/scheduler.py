@@ -41,7 +41,7 @@ from .prepare import prepare
 
 logger = logging.getLogger("tokentrail.server")
 
-__all__ = ["RECENT_JOBS", "ChoiceState", "Scheduler", "served_name"]
+__all__ = ["RECENT_JOBS", "ChoiceState", "LoadedModel", "Scheduler", "served_name"]
 
 
 @dataclass(eq=False)
@@ -57,6 +57,19 @@ class ChoiceState:
     cached: int | None = None
     #: When it joined the engine's batch (time.perf_counter), for the prefill metric.
     added: float = 0.0
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """What the loop thread loaded: the model and tokenizer, the engine that runs them,
+    the tokenizer's vocabulary and EOS ids, and the class of the engine's batch."""
+
+    model: Any
+    tokenizer: Any
+    engine: Any
+    vocab: Vocab
+    eos: frozenset[int]
+    batch_kind: str
 
 
 def served_name(model_path: str | os.PathLike[str] | None) -> str:
@@ -96,17 +109,13 @@ class Scheduler:
         if model_path is not None:
             settings["model_path"] = model_path
         self.config = config = (config or ServerConfig()).updated(**settings)
-        self.model = model
-        self.tokenizer = tokenizer
-        self.loader = loader
+        #: What to load: (model, tokenizer) given, or a loader, or config.model_path.
+        self._given: tuple[Any, Any, Loader | None] = (model, tokenizer, loader)
+        self._loaded: LoadedModel | None = None
         self.metrics = metrics or Metrics()
         self.admission = Admission(config.max_queue, config.max_batch, self.metrics)
         self.model_name = config.model_name or served_name(config.model_path)
         self.created = int(time.time())
-        #: Known once the model is loaded: its vocabulary, context, and batch's class.
-        self.vocab: Vocab | None = None
-        self.context_length: int | None = None
-        self.batch_kind: str | None = None
         self._seqs: dict[int, ChoiceState] = {}
         self._stopping = False
         self._ready = threading.Event()
@@ -119,6 +128,29 @@ class Scheduler:
         #: `_deferred`, the batch hands them over itself (`before_compute`).
         self._outbox = Outbox()
         self._deferred = False
+
+    # -- what the loop thread loaded (None before) --
+
+    @property
+    def model(self) -> Any:
+        return self._given[0] if self._loaded is None else self._loaded.model
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._given[1] if self._loaded is None else self._loaded.tokenizer
+
+    @property
+    def vocab(self) -> Vocab | None:
+        return None if self._loaded is None else self._loaded.vocab
+
+    @property
+    def context_length(self) -> int | None:
+        return None if self._loaded is None else self._loaded.engine.context_length
+
+    @property
+    def batch_kind(self) -> str | None:
+        """The class of the engine's batch (e.g. SerialBatch: one generator per sequence)."""
+        return None if self._loaded is None else self._loaded.batch_kind
 
     @property
     def max_batch(self) -> int | None:
@@ -219,24 +251,25 @@ class Scheduler:
         from ..engines.batch import batch_capacity, open_batch
 
         config = self.config
-        if self.model is None:
-            if self.loader is not None:
-                self.model, self.tokenizer = self.loader()
+        model, tokenizer, loader = self._given
+        if model is None:
+            if loader is not None:
+                model, tokenizer = loader()
             else:
                 logger.debug("loading model %s", config.model_path or "(built-in demo model)")
-                self.model, self.tokenizer = generate.load(
+                model, tokenizer = generate.load(
                     config.model_path, engine=config.engine, **dict(config.load_options)
                 )
-        self._engine = engine_for(self.model)
-        self.vocab = vocab_for(self.tokenizer)
-        self.context_length = self._engine.context_length
-        self._eos = eos_ids(self.tokenizer)
+        engine = engine_for(model)
+        vocab = vocab_for(tokenizer)
         options = {}
         if config.prompt_cache_bytes is not None:
             options["prompt_cache_bytes"] = config.prompt_cache_bytes
-        batch = open_batch(self._engine, self.admission.capacity, **options)
-        self.batch_kind = type(batch).__name__
+        batch = open_batch(engine, self.admission.capacity, **options)
         self.admission.capacity = batch_capacity(batch)
+        self._loaded = LoadedModel(
+            model, tokenizer, engine, vocab, eos_ids(tokenizer), type(batch).__name__
+        )
         # A batch that says when a step's graph is built gets the previous step's
         # events handed over there, so the event loop formats them while the model
         # computes rather than while this thread builds the next step.
@@ -305,7 +338,9 @@ class Scheduler:
             return
         req = job.request
         try:
-            ready = prepare(req, self._engine, self.tokenizer, self.config)
+            loaded = self._loaded
+            assert loaded is not None
+            ready = prepare(req, loaded.engine, loaded.tokenizer, self.config)
         except (APIError, ValueError, TypeError) as e:
             logger.info("request %s refused: %s", job.id, e)
             job.post("error", 0, e)
@@ -316,8 +351,8 @@ class Scheduler:
         try:
             for choice in range(req.n):
                 uid, state = open_sequence(
-                    batch, self._engine, self.tokenizer, ready.ids, ready.params,
-                    ready.limit, req.stop, choice=choice, eos=self._eos,
+                    batch, loaded.engine, loaded.tokenizer, ready.ids, ready.params,
+                    ready.limit, req.stop, choice=choice, eos=loaded.eos,
                 )  # fmt: skip
                 job.live += 1
                 now = time.perf_counter()

@@ -215,7 +215,8 @@ def stream_batch_generate(
     # A one-shot call's batch is private and short-lived, so its prompt cache only pays
     # off when asked for (sequences that follow others with a common prefix).
     options = {"prompt_cache_bytes": 0 if prompt_cache_bytes is None else prompt_cache_bytes}
-    return _run(engine, tokenizer, jobs, max_batch, (skip_special_tokens, parser), options)
+    output = (skip_special_tokens, parser, tools)
+    return _run(engine, tokenizer, jobs, max_batch, output, options)
 
 
 def _run(
@@ -223,11 +224,12 @@ def _run(
     tokenizer: Any,
     jobs: deque[_Job],
     max_batch: int,
-    output: tuple[bool, str | None],
+    output: tuple[bool, str | None, Any],
     options: dict[str, Any],
 ) -> Iterator[tuple[int, GenerationResponse]]:
-    """The batch loop; `output`: (skip_special_tokens, the tool-call parser or None)."""
-    skip_special_tokens, parser = output
+    """The batch loop; `output`: (skip_special_tokens, the tool-call parser or None,
+    the tools, whose schemas give the calls' arguments their allowed values)."""
+    skip_special_tokens, parser, tools = output
     batch = open_batch(engine, max_batch, **options)
     eos = eos_ids(tokenizer)
     live: dict[int, tuple[_Job, OutputProcessor]] = {}
@@ -239,7 +241,7 @@ def _run(
                     batch, engine, tokenizer, job.ids, job.params, job.limit, job.stop,
                     choice=job.choice, eos=eos, skip_special_tokens=skip_special_tokens,
                 )
-                live[uid] = (job, OutputProcessor(seq, tool_parser=parser))
+                live[uid] = (job, OutputProcessor(seq, tool_parser=parser, tools=tools))
             for uid, step in batch.step():
                 entry = live.get(uid)
                 if entry is None:

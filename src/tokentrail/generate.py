@@ -251,7 +251,7 @@ def stream_generate(
     )
     schema = json_schema if isinstance(json_schema, Mapping) else None
     return _structured(
-        engine, tokenizer, ids, (fmt, fields, schema, parser), mlx_options, seq, steps
+        engine, tokenizer, ids, (fmt, fields, schema, parser, tools), mlx_options, seq, steps
     )
 
 
@@ -336,7 +336,9 @@ def _structured(
     engine: Engine,
     tokenizer: Any,
     ids: list[int],
-    structure: tuple[ReasoningFormat | None, bool, Mapping[str, Any] | None, str | None],
+    structure: tuple[
+        ReasoningFormat | None, bool, Mapping[str, Any] | None, str | None, Any
+    ],
     options: Mapping[str, Any],
     seq: SequenceState,
     steps: Iterator[Step],
@@ -349,17 +351,17 @@ def _structured(
     here, so fields get its allowed values, and starts its mask once the reply leaves
     the reasoning.
     """
-    fmt, fields, schema, parser = structure
+    fmt, fields, schema, parser, tools = structure
     output_ids: list[int] = []
     scorer = None
-    if fields:
+    if fields or parser is not None:  # tool calls' arguments get alternatives too
         from .engines.scoring import scorer_for
 
         scorer, why = scorer_for(engine, tokenizer, ids, output_ids, dict(options))
         if scorer is None:
             log.info("fields without alternatives: %s", why)
     processor = OutputProcessor(
-        seq, reasoning=fmt, tool_parser=parser, fields=fields, scorer=scorer,
+        seq, reasoning=fmt, tool_parser=parser, tools=tools, fields=fields, scorer=scorer,
         output_ids=output_ids, schema=schema,
     )  # fmt: skip
     return _run(processor, steps, engine.name)

@@ -37,10 +37,12 @@ class OutputProcessor:
 
     `state`: the sequence's `SequenceState`. `reasoning`: a parser name, a
     `ReasoningFormat` or (START, END) markers, or None. `tool_parser`: a
-    `structure.TOOL_PARSERS` name (None: no tool calls). `fields`: find JSON fields in
-    the content; `schema` / `choices` give leaves their allowed values and `scorer` their
-    alternatives. `output_ids` is filled with each step's token, in order, before fields
-    are built (a scorer built on the same list sees the output up to the leaf).
+    `structure.TOOL_PARSERS` name (None: no tool calls); `tools` (OpenAI's list) give
+    the calls' arguments their allowed values. `fields`: find JSON fields in the
+    content; `schema` / `choices` give leaves their allowed values and `scorer` their
+    alternatives (the calls' arguments' too). `output_ids` is filled with each step's
+    token, in order, before fields are built (a scorer built on the same list sees the
+    output up to the leaf).
     """
 
     __slots__ = ("fields", "output_ids", "splitter", "state", "tools")
@@ -52,6 +54,7 @@ class OutputProcessor:
         reasoning: str | ReasoningFormat | tuple[str, str] | None = None,
         starts_in_reasoning: bool | None = None,
         tool_parser: str | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
         fields: bool = False,
         schema: Mapping[str, Any] | None = None,
         choices: Mapping[str, Sequence[Any]] | None = None,
@@ -64,7 +67,10 @@ class OutputProcessor:
             if reasoning is None
             else ChannelSplitter(reasoning, starts_in_reasoning=starts_in_reasoning)
         )
-        self.tools = None if tool_parser is None else ToolCallStream(tool_parser)
+        self.tools = (
+            None if tool_parser is None
+            else ToolCallStream(tool_parser, tools=tools, scorer=scorer)
+        )  # fmt: skip
         self.fields = FieldStream(schema=schema, choices=choices, scorer=scorer) if fields else None
         self.output_ids = [] if output_ids is None else output_ids
 

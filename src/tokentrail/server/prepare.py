@@ -95,7 +95,10 @@ def _output(
     chat = req.kind == "chat"
     options = structure_options(req.structure, config.reasoning, chat, scorer, gated=True)
     if chat and req.structure.tool_choice is not None:
-        options["tool_parser"] = tool_parser_for(
-            req.structure.tool_choice, config.tool_call_parser, tokenizer
-        )
+        parser = tool_parser_for(req.structure.tool_choice, config.tool_call_parser, tokenizer)
+        options["tool_parser"] = parser
+        if parser is not None:  # the calls' enum and boolean arguments get alternatives
+            options["tools"] = req.tools
+            if options.get("scorer") is None:
+                options["scorer"] = scorer(options.setdefault("output_ids", []))
     return options

@@ -6,7 +6,8 @@ range), after the fact or streamed, and never reaches into the aligner's state:
 - `reasoning`: `ChannelSplitter` tags text as reasoning, content, tool_call or markup;
 - `fields`: one `JsonField` per JSON leaf (path, value, exact text, narrowed tokens,
   confidence, and, given a scorer, the probability of each allowed value);
-- `tools`: tool calls parsed in a model family's own format, with their fields.
+- `tools`: tool calls parsed in a model family's own format, with their fields;
+- `schema`: the values a JSON schema allows at a path (`$ref`, `anyOf`, `allOf`...).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from .tools import (
     ToolCallStream,
     detect_tool_parser,
     parse_tool_calls,
+    tool_schemas,
 )
 
 __all__ = [
@@ -67,4 +69,5 @@ __all__ = [
     "parse_tool_calls",
     "reasoning_format",
     "split_channels",
+    "tool_schemas",
 ]

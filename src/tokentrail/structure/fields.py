@@ -6,8 +6,9 @@ narrowed to the bytes of it that belong to the leaf (a token `":"` + `"Par` is l
 with `"Par` only), so the tokens' byte ranges join to exactly `text`. `confidence` is a
 segment's confidence of those narrowed tokens.
 
-For a leaf whose allowed values are known (a schema's `enum`, `const` or `boolean`, a
-`choice`, any boolean value), `alternatives` holds the model's probability of each
+For a leaf whose allowed values are known (a schema's `enum`, `const` or `boolean`,
+found through `$ref`, `anyOf`, `allOf` and the rest by `structure.schema`; a `choice`;
+any boolean value), `alternatives` holds the model's probability of each
 allowed value, computed from its full distribution by a `ContinuationScorer` the engine
 supplies (it has the logits). Without one, `alternatives` is None with a `reason`:
 top-k logprobs are never used to guess, since an allowed value may lie outside them.
@@ -26,6 +27,7 @@ from ..errors import StructureError
 from ..segment import Confidence, Segment, TokenSpan, confidence_of, json_number
 from ..stops import splittable
 from .jsonscan import JsonLeaf, JsonScanner, json_pointer
+from .schema import schema_values
 
 __all__ = [
     "NO_SCORER",
@@ -218,40 +220,12 @@ class TokenPlacement:
 
 
 def allowed_values(schema: Mapping[str, Any] | None, path: Sequence[str | int]) -> list | None:
-    """The values a JSON schema allows at `path` (`enum`, `const`, `boolean`, or an
-    `anyOf`/`oneOf` of those), or None when it does not pin them down. Follows
-    `properties`, `items` and `prefixItems`; a `$ref` is not followed."""
-    node: Any = schema
-    for part in path:
-        if not isinstance(node, Mapping):
-            return None
-        if isinstance(part, str):
-            node = (node.get("properties") or {}).get(part)
-        else:
-            prefix = node.get("prefixItems") or []
-            node = prefix[part] if part < len(prefix) else node.get("items")
-    return _values_of(node)
-
-
-def _values_of(node: Any) -> list | None:
-    if not isinstance(node, Mapping):
+    """The scalar values a JSON schema allows at `path` (object keys and array indexes),
+    or None when it does not pin them down. `$ref`/`$defs`, `anyOf`/`oneOf`/`allOf`
+    and the rest are resolved as `structure.schema.SchemaValues` says."""
+    if schema is None:
         return None
-    if "enum" in node:
-        return list(node["enum"])
-    if "const" in node:
-        return [node["const"]]
-    if node.get("type") == "boolean":
-        return [True, False]
-    options = node.get("anyOf") or node.get("oneOf")
-    if options:
-        found: list = []
-        for sub in options:
-            values = _values_of(sub)
-            if values is None:
-                return None
-            found += [v for v in values if v not in found]
-        return found
-    return None
+    return schema_values(schema).allowed(path)
 
 
 def _score(
@@ -317,6 +291,7 @@ class FieldBuilder:
     ) -> None:
         self.placement = placement
         self.schema = schema
+        self.values = None if schema is None else schema_values(schema)
         self.choices = choices or {}
         self.scorer = scorer
         self.path_of = path_of
@@ -348,7 +323,7 @@ class FieldBuilder:
     def allowed(self, parts: tuple[str | int, ...], path: str, value: Any) -> list | None:
         if path in self.choices:
             return list(self.choices[path])
-        found = allowed_values(self.schema, parts) if self.schema is not None else None
+        found = None if self.values is None else self.values.allowed(parts)
         if found is None and isinstance(value, bool):
             return [True, False]
         return found

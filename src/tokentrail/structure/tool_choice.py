@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..errors import ConstraintError
+from .schema import rebase_refs
 from .tools import TOOL_PARSERS, detect_tool_parser
 
 __all__ = [
@@ -67,9 +68,12 @@ def _choice_name(tool_choice: Any, tools: Sequence[Mapping[str, Any]]) -> str | 
     return name
 
 
-def _call_schema(tool: Mapping[str, Any]) -> dict[str, Any]:
+def _call_schema(tool: Mapping[str, Any], at: str = "") -> dict[str, Any]:
+    """The schema of one call to `tool`, standing at JSON Pointer `at` of the
+    constraint (its parameters' local refs, `#/$defs/...`, moved along with them)."""
     function = tool["function"]
     params = function.get("parameters") or {"type": "object"}
+    params = rebase_refs(params, f"{at}/properties/parameters")
     return {
         "type": "object",
         "properties": {"name": {"const": function["name"]}, "parameters": params},
@@ -113,7 +117,7 @@ def tool_choice_of(tools: Sequence[Mapping[str, Any]] | None, tool_choice: Any) 
     schema = (
         _call_schema(chosen[0])
         if len(chosen) == 1
-        else {"anyOf": [_call_schema(t) for t in chosen]}
+        else {"anyOf": [_call_schema(t, f"/anyOf/{i}") for i, t in enumerate(chosen)]}
     )
     try:
         from ..constrain import constraint_from

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..errors import StructureError
@@ -36,6 +36,7 @@ __all__ = [
     "ToolCallStream",
     "detect_tool_parser",
     "parse_tool_calls",
+    "tool_schemas",
 ]
 
 #: name -> (the text that opens a call, what the format is for).
@@ -45,6 +46,28 @@ TOOL_PARSERS: dict[str, tuple[str, str]] = {
     "mistral": ("[TOOL_CALLS]", "Mistral: [TOOL_CALLS][{...}] or [TOOL_CALLS]name[ARGS]{...}"),
 }
 _ARG_KEYS = ("arguments", "parameters")
+Path = tuple[str | int, ...]
+
+
+def tool_schemas(
+    tools: Iterable[Mapping[str, Any]] | Mapping[str, Mapping[str, Any]] | None,
+) -> dict[str, Mapping[str, Any]]:
+    """Each tool's `parameters` schema by its name, from OpenAI's `tools` list
+    (`{"type": "function", "function": {"name", "parameters"}}`, or the bare function)
+    or from a map of name to schema already. A tool without a schema is left out."""
+    if tools is None:
+        return {}
+    if isinstance(tools, Mapping):
+        return {k: v for k, v in tools.items() if isinstance(v, Mapping)}
+    out: dict[str, Mapping[str, Any]] = {}
+    for tool in tools:
+        function = tool.get("function", tool) if isinstance(tool, Mapping) else None
+        if not isinstance(function, Mapping):
+            continue
+        name, params = function.get("name"), function.get("parameters")
+        if isinstance(name, str) and isinstance(params, Mapping):
+            out[name] = params
+    return out
 
 
 @dataclass(slots=True)
@@ -118,7 +141,8 @@ class _Found:
     name_span: tuple[int, int] | None = None  # a name that is not a JSON string (Mistral)
     args_string: str | None = None  # arguments the model wrote as a JSON string
     error: bool = False  # the text there is not JSON
-    leaves: list[tuple[JsonLeaf, str, int]] = field(default_factory=list)  # leaf, path, char0
+    #: leaf, field path, char0, the leaf's path inside the arguments (None: the name)
+    leaves: list[tuple[JsonLeaf, str, int, Path | None]] = field(default_factory=list)
 
 
 def _scan(text: str, pos: int) -> tuple[JsonScanner, list[JsonLeaf]]:
@@ -139,11 +163,12 @@ def _object_call(text: str, pos: int, n: int, prefix: tuple = ()) -> _Found:
         path = leaf.path[k:]
         if path == ("name",):
             found.name = json.loads(text[pos + leaf.start : pos + leaf.end])
-            found.leaves.append((leaf, f"/tool_calls/{n}/function/name", pos))
+            found.leaves.append((leaf, f"/tool_calls/{n}/function/name", pos, None))
         elif path[0] in _ARG_KEYS:
             if len(path) == 1 and text[pos + leaf.start] == '"':
                 found.args_string = json.loads(text[pos + leaf.start : pos + leaf.end])
-            found.leaves.append((leaf, f"/tool_calls/{n}/arguments{json_pointer(path[1:])}", pos))
+            at = f"/tool_calls/{n}/arguments{json_pointer(path[1:])}"
+            found.leaves.append((leaf, at, pos, path[1:]))
     for key in _ARG_KEYS:
         if (*prefix, key) in scanner.opened:
             found.args_start = pos + scanner.opened[(*prefix, key)]
@@ -246,7 +271,7 @@ def _mistral(text: str) -> _Parsed:
         found = _Found(m.start(), name=m.group(1), args_start=m.end(), call_id=m.group(2))
         found.name_span = m.span(1)
         found.leaves = [
-            (leaf, f"/tool_calls/{n}/arguments{json_pointer(leaf.path)}", m.end())
+            (leaf, f"/tool_calls/{n}/arguments{json_pointer(leaf.path)}", m.end(), leaf.path)
             for leaf in leaves
         ]
         calls.append(found)
@@ -275,13 +300,25 @@ def _parser(name: str) -> Callable[[str], _Parsed]:
     return found
 
 
-def _call(text: str, found: _Found, n: int, placement: TokenPlacement, scorer: Any) -> ToolCall:
-    """A finished call with its tokens and fields."""
+def _call(
+    text: str,
+    found: _Found,
+    n: int,
+    placement: TokenPlacement,
+    scorer: Any,
+    schemas: Mapping[str, Mapping[str, Any]],
+) -> ToolCall:
+    """A finished call with its tokens and fields; its arguments' allowed values come
+    from the called tool's `parameters` schema in `schemas` (by name)."""
     fields: list[JsonField] = []
-    for leaf, path, char0 in found.leaves:
-        builder = FieldBuilder(placement, None, None, scorer, path_of=lambda _p, at=path: at)
+    schema = schemas.get(found.name or "")
+    for leaf, path, char0, inside in found.leaves:
+        builder = FieldBuilder(placement, None if inside is None else schema, None, scorer,
+                               path_of=lambda _p, at=path: at)  # fmt: skip
         byte0 = len(text[:char0].encode("utf-8", "surrogatepass"))
-        made = builder.field(text, leaf, char0, byte0)
+        # the leaf's path inside the arguments, where the parameters schema applies
+        made = builder.field(text, leaf if inside is None else replace(leaf, path=inside),
+                             char0, byte0)  # fmt: skip
         if made is not None:
             fields.append(made)
     if found.name_span is not None:
@@ -327,15 +364,22 @@ def parse_tool_calls(
     parser: str,
     *,
     scorer: ContinuationScorer | None = None,
+    tools: Iterable[Mapping[str, Any]] | Mapping[str, Mapping[str, Any]] | None = None,
 ) -> ToolCallResult:
     """A whole reply's tool calls in format `parser` (see `TOOL_PARSERS`), with their
     tokens and fields. A call left unfinished (the reply was cut off) is not a call: its
-    text is returned in `content`, as vLLM does."""
+    text is returned in `content`, as vLLM does.
+
+    `tools` (OpenAI's `tools` list, or a map of name to `parameters` schema) give each
+    argument the values its tool's schema allows (`enum`, `const`, `boolean`, through
+    `$ref`/`anyOf`/`allOf`: `structure.schema`), and with `scorer` their alternatives;
+    a boolean argument has true and false whatever the schema says."""
     parse = _parser(parser)
     placement = TokenPlacement.of(segments)
+    schemas = tool_schemas(tools)
     found, content, tail = parse(text)
     calls = [
-        _call(text, f, n, placement, scorer)
+        _call(text, f, n, placement, scorer, schemas)
         for n, f in enumerate(found)
         if f.start < tail and f.end is not None and f.name is not None and not f.error
     ]
@@ -361,11 +405,20 @@ class ToolCallStream:
 
     Each feed parses the reply so far again (calls are short); what was emitted is
     never taken back, so a call cut off at the end has had its pieces streamed although
-    `result` counts its text as content.
+    `result` counts its text as content. `tools` and `scorer` give the calls' fields
+    their allowed values and alternatives, as in `parse_tool_calls`.
     """
 
-    def __init__(self, parser: str) -> None:
+    def __init__(
+        self,
+        parser: str,
+        *,
+        tools: Iterable[Mapping[str, Any]] | Mapping[str, Mapping[str, Any]] | None = None,
+        scorer: ContinuationScorer | None = None,
+    ) -> None:
         self.parser = parser
+        self.tools = tool_schemas(tools)
+        self.scorer = scorer
         self._parse = _parser(parser)
         self._open = TOOL_PARSERS[parser][0]
         self._segments: list[Segment] = []
@@ -386,7 +439,9 @@ class ToolCallStream:
 
     def finish(self) -> tuple[str, list[ToolCallDelta]]:
         out = self._step(final=True)
-        self.result = parse_tool_calls(self._text, self._segments, self.parser)
+        self.result = parse_tool_calls(
+            self._text, self._segments, self.parser, scorer=self.scorer, tools=self.tools
+        )
         return out
 
     def released_tokens(self) -> list[TokenSpan]:

@@ -514,6 +514,56 @@ def test_tool_call_enum_argument_from_stream_generate(mlx_demo: tuple[Any, Any])
     assert unit.alternatives is None and unit.reason is None
 
 
+class Options(pydantic.BaseModel):
+    unit: Unit
+    loud: bool
+
+
+class Call(pydantic.BaseModel):
+    """Arguments with an enum behind `$defs`, a nested model and a list of them."""
+
+    opts: Options
+    more: list[Options]
+    city: str
+
+
+CALL_ARGS = {"opts": {"unit": "fahrenheit", "loud": True}, "more": [{"unit": "celsius",
+             "loud": False}], "city": "Oslo"}  # fmt: skip
+WRITTEN = {
+    "hermes": f'<tool_call>{{"name": "call", "arguments": {json.dumps(CALL_ARGS)}}}</tool_call>',
+    "llama3_json": f'{{"name": "call", "parameters": {json.dumps(CALL_ARGS)}}}',
+    "mistral": f'[TOOL_CALLS][{{"name": "call", "arguments": {json.dumps(CALL_ARGS)}}}]',
+    "mistral_args": f"[TOOL_CALLS]call[ARGS]{json.dumps(CALL_ARGS)}",
+}
+
+
+@pytest.mark.parametrize("form", sorted(WRITTEN))
+def test_every_tool_format_scores_its_arguments(mlx_demo: tuple[Any, Any], form: str) -> None:
+    """Whatever the format puts around the arguments (an object's key, an array of
+    calls, a name before `[ARGS]`), each argument is looked up in its tool's schema."""
+    openai = require("openai", "the SDK writes the tool")
+    import tokentrail
+    from tokentrail.engines import engine_for
+    from tokentrail.engines.scoring import scorer_for
+
+    model, tokenizer = mlx_demo
+    text = WRITTEN[form]
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    aligner = tokentrail.Aligner(tokenizer)
+    segments = [seg for i in ids for seg in aligner.push(i)] + aligner.finish()
+    assert "".join(seg.text for seg in segments) == text
+    scorer, why = scorer_for(engine_for(model), tokenizer, tokenizer.encode("Call:"), list(ids))
+    assert why is None
+    tools = [openai.pydantic_function_tool(Call, name="call")]
+    parser = form.split("_args")[0]
+    (call,) = parse_tool_calls(text, segments, parser, tools=tools, scorer=scorer).calls
+    by_path = {f.path.removeprefix("/tool_calls/0/arguments"): f for f in call.fields}
+    check_alternatives(by_path["/opts/unit"], ["celsius", "fahrenheit"])
+    check_alternatives(by_path["/more/0/unit"], ["celsius", "fahrenheit"])
+    check_alternatives(by_path["/opts/loud"], [True, False])
+    assert by_path["/city"].alternatives is None and by_path["/city"].reason is None
+
+
 def stream_segments(r: Any) -> Iterator[Any]:
     from tokentrail import Segment
 

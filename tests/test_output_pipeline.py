@@ -190,6 +190,13 @@ def test_library_streamed_and_whole_agree(
             == _fields(ext_whole)
             == _lib_fields([f for c in lib_calls for f in c.fields])
         )
+        lib_streamed = [f for r in lib for f in r.tool_fields or ()]
+        assert _lib_fields(lib_streamed) == _fields(ext_whole)
+        # each string field (a name, a city, a unit) comes with the token that ends it
+        for k, c in enumerate(chunks):
+            for f in c["tokentrail"].get("fields", []):
+                if isinstance(f["value"], str):
+                    assert max(t["index"] for t in f["tokens"]) == k, (f, k)
 
     # logprobs: the same listed tokens streamed and whole, each logprob the step's
     listed_stream = [

@@ -41,7 +41,8 @@ class GenerationResponse:
     `reasoning_text` and `content_text` (this step's), and on the final response
     `reasoning`, `content` and `channel_confidence`; `fields` (the `JsonField`s completed
     at this step), and on the final response `all_fields` and `fields_error`;
-    `tool_calls` (this step's `delta.tool_calls` pieces) and on the final response
+    `tool_calls` (this step's `delta.tool_calls` pieces), `tool_fields` (the calls'
+    fields completed at this step) and on the final response
     `all_tool_calls` (the `ToolCall`s, with their fields). Without them they are None /
     empty.
     """
@@ -151,6 +152,12 @@ class GenerationResponse:
         return None if tool is None else list(tool.deltas)
 
     @property
+    def tool_fields(self) -> list[Any] | None:
+        """The tool calls' fields completed at this step (None: no tool parser)."""
+        tool = None if self.output is None else self.output.tool
+        return None if tool is None else list(tool.fields)
+
+    @property
     def all_tool_calls(self) -> list[Any] | None:
         end = None if self.output is None else self.output.end
         return None if end is None or end.tool_calls is None else list(end.tool_calls)
@@ -195,6 +202,7 @@ def structure_dict(r: GenerationResponse, out: dict[str, Any]) -> None:
             out["fields_error"] = r.fields_error
     if r.tool_calls is not None:
         out["tool_calls"] = r.tool_calls
+        out["tool_fields"] = [f.to_dict() for f in r.tool_fields or ()]
         if r.channel is None:
             out["content_text"] = r.content_text
         calls = r.all_tool_calls

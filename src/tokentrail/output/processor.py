@@ -26,7 +26,7 @@ from ..segment import Segment
 from ..sequence import SequenceState
 from ..structure.fields import ContinuationScorer, FieldStream
 from ..structure.reasoning import CHANNELS, ChannelSplitter, ReasoningFormat
-from ..structure.tools import ToolCallStream
+from ..structure.tool_stream import ToolCallStream
 from .record import SequenceEnd, TokenOutput, ToolStep
 
 __all__ = ["OutputProcessor", "merged_tool_deltas"]
@@ -136,6 +136,7 @@ class OutputProcessor:
                 piece,
                 tuple(merged_tool_deltas([d.to_dict() for d in deltas])),
                 tuple(tools.released_tokens()),
+                tuple(tools.take_fields()),
             )
         stream = self.fields
         if stream is not None:

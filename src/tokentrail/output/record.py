@@ -25,13 +25,15 @@ __all__ = ["SequenceEnd", "TokenOutput", "ToolStep"]
 @dataclass(frozen=True, slots=True)
 class ToolStep:
     """A step's content through a tool-call parser: `content` (the content text it let
-    through), `deltas` (OpenAI `delta.tool_calls` pieces, one per call index) and
+    through), `deltas` (OpenAI `delta.tool_calls` pieces, one per call index),
     `released` (the content tokens it let through, in order, each once: what
-    `logprobs.content` lists)."""
+    `logprobs.content` lists) and `fields` (the calls' fields whose last character
+    arrived now: a call's name, each argument leaf, with their tokens)."""
 
     content: str
     deltas: tuple[dict[str, Any], ...]
     released: tuple[TokenSpan, ...]
+    fields: tuple[JsonField, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -176,10 +176,11 @@ class Formatter:
         delta["content"] = tool.content
         if tool.deltas:
             delta["tool_calls"] = [dict(d) for d in tool.deltas]
+        if tool.fields:
+            ext["fields"] = [_field(f) for f in tool.fields]
         end = step.end
         if end is not None and end.tool_calls:
             self.called = True
-            ext["fields"] = [_field(f) for call in end.tool_calls for f in call.fields]
 
     def _finish(self, reason: str | None) -> str | None:
         """`finish_reason`: "tool_calls" when the reply ended in calls."""
@@ -199,12 +200,14 @@ class Formatter:
             message["reasoning"] = message["reasoning_content"] = reasoning or None
         if self.tools:
             self.released = [t for step in steps if step.tool for t in step.tool.released]
+            found = [f for step in steps if step.tool for f in step.tool.fields]
+            if found:
+                ext["fields"] = [_field(f) for f in found]
             end = steps[-1].end if steps else None
             if end is not None and end.tool_calls:
                 self.called = True
                 message["content"] = end.tool_content or None
                 message["tool_calls"] = [c.to_dict() for c in end.tool_calls]
-                ext["fields"] = [_field(f) for call in end.tool_calls for f in call.fields]
         return message
 
     def _stop(self, step: TokenOutput) -> dict[str, Any] | None:

@@ -32,12 +32,12 @@ from .reasoning import (
     reasoning_format,
     split_channels,
 )
+from .tool_stream import ToolCallStream
 from .tools import (
     TOOL_PARSERS,
     ToolCall,
     ToolCallDelta,
     ToolCallResult,
-    ToolCallStream,
     detect_tool_parser,
     parse_tool_calls,
     tool_schemas,

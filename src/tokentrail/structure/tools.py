@@ -24,18 +24,22 @@ from typing import Any
 
 from ..errors import StructureError
 from ..segment import Segment, TokenSpan
-from ..stops import splittable
 from .fields import ContinuationScorer, FieldBuilder, JsonField, TokenPlacement
 from .jsonscan import JsonLeaf, JsonScanner, json_pointer
 
 __all__ = [
     "TOOL_PARSERS",
+    "Found",
+    "Parsed",
     "ToolCall",
     "ToolCallDelta",
     "ToolCallResult",
-    "ToolCallStream",
+    "call_arguments",
+    "call_of",
     "detect_tool_parser",
+    "leaf_field",
     "parse_tool_calls",
+    "parser_for",
     "tool_schemas",
 ]
 
@@ -129,7 +133,7 @@ class ToolCallDelta:
 
 
 @dataclass(slots=True)
-class _Found:
+class Found:
     """A call found in text, maybe unfinished (streaming): where its parts are."""
 
     start: int
@@ -151,11 +155,11 @@ def _scan(text: str, pos: int) -> tuple[JsonScanner, list[JsonLeaf]]:
     return scanner, scanner.feed(text[pos:])
 
 
-def _object_call(text: str, pos: int, n: int, prefix: tuple = ()) -> _Found:
+def _object_call(text: str, pos: int, n: int, prefix: tuple = ()) -> Found:
     """Call `n`, the object {"name": ..., "arguments": {...}} at `prefix` in the JSON
     value at char `pos`."""
     scanner, leaves = _scan(text, pos)
-    found = _Found(pos + scanner.opened.get(prefix, 0))
+    found = Found(pos + scanner.opened.get(prefix, 0))
     k = len(prefix)
     for leaf in leaves:
         if leaf.path[:k] != prefix or len(leaf.path) == k:
@@ -181,16 +185,17 @@ def _object_call(text: str, pos: int, n: int, prefix: tuple = ()) -> _Found:
 
 
 _SPACE = re.compile(r"\s*")
-_Parsed = tuple[list[_Found], list[tuple[int, int]], int]
+#: (the calls found, the content ranges, where the text after the last call starts).
+Parsed = tuple[list[Found], list[tuple[int, int]], int]
 
 
 def _after_space(text: str, pos: int) -> int:
     return _SPACE.match(text, pos).end()  # type: ignore[union-attr]
 
 
-def _hermes(text: str) -> _Parsed:
+def _hermes(text: str) -> Parsed:
     """<tool_call>{json}</tool_call>, any number of times, content around them."""
-    calls: list[_Found] = []
+    calls: list[Found] = []
     content: list[tuple[int, int]] = []
     pos = 0
     while (i := text.find("<tool_call>", pos)) >= 0:
@@ -210,10 +215,10 @@ def _hermes(text: str) -> _Parsed:
     return calls, content, len(text)
 
 
-def _llama3(text: str) -> _Parsed:
+def _llama3(text: str) -> Parsed:
     """Call objects {"name": ..., "parameters": {...}} in the reply (after an optional
     `<|python_tag|>`), `;` between several; other text around them is content."""
-    calls: list[_Found] = []
+    calls: list[Found] = []
     content: list[tuple[int, int]] = []
     pos = _after_space(text, 0)
     if text.startswith("<|python_tag|>", pos):
@@ -243,19 +248,19 @@ def _llama3(text: str) -> _Parsed:
     return calls, content, len(text)
 
 
-def _has_args(found: _Found) -> bool:
+def _has_args(found: Found) -> bool:
     return found.args_start is not None or found.args_string is not None
 
 
 _MISTRAL_NAME = re.compile(r"([^\[\]{}\s]+)(?:\[CALL_ID\]([^\[]*))?\[ARGS\]")
 
 
-def _mistral(text: str) -> _Parsed:
+def _mistral(text: str) -> Parsed:
     """[TOOL_CALLS] then a JSON array of calls, or name[ARGS]{json} (repeated)."""
     i = text.find("[TOOL_CALLS]")
     if i < 0:
         return [], [(0, len(text))], len(text)
-    calls: list[_Found] = []
+    calls: list[Found] = []
     pos = _after_space(text, i + 12)
     if text.startswith("[", pos):  # the older array form
         scanner, _ = _scan(text, pos)
@@ -268,7 +273,7 @@ def _mistral(text: str) -> _Parsed:
     while m := _MISTRAL_NAME.match(text, pos):
         scanner, leaves = _scan(text, m.end())
         n = len(calls)
-        found = _Found(m.start(), name=m.group(1), args_start=m.end(), call_id=m.group(2))
+        found = Found(m.start(), name=m.group(1), args_start=m.end(), call_id=m.group(2))
         found.name_span = m.span(1)
         found.leaves = [
             (leaf, f"/tool_calls/{n}/arguments{json_pointer(leaf.path)}", m.end(), leaf.path)
@@ -285,14 +290,14 @@ def _mistral(text: str) -> _Parsed:
     return calls, [(0, i)], marker
 
 
-_FORMATS: dict[str, Callable[[str], _Parsed]] = {
+_FORMATS: dict[str, Callable[[str], Parsed]] = {
     "hermes": _hermes,
     "llama3_json": _llama3,
     "mistral": _mistral,
 }
 
 
-def _parser(name: str) -> Callable[[str], _Parsed]:
+def parser_for(name: str) -> Callable[[str], Parsed]:
     found = _FORMATS.get(name)
     if found is None:
         known = ", ".join(sorted(_FORMATS))
@@ -300,25 +305,41 @@ def _parser(name: str) -> Callable[[str], _Parsed]:
     return found
 
 
-def _call(
+def leaf_field(
     text: str,
-    found: _Found,
+    entry: tuple[JsonLeaf, str, int, Path | None],
+    placement: TokenPlacement,
+    scorer: Any,
+    schema: Mapping[str, Any] | None,
+) -> JsonField | None:
+    """The field of one leaf of a call (`Found.leaves` entry: leaf, path, char0, its path
+    inside the arguments or None for the name), its allowed values from the called
+    tool's `parameters` `schema`."""
+    leaf, path, char0, inside = entry
+    builder = FieldBuilder(placement, None if inside is None else schema, None, scorer,
+                           path_of=lambda _p, at=path: at)  # fmt: skip
+    byte0 = len(text[:char0].encode("utf-8", "surrogatepass"))
+    # the leaf's path inside the arguments, where the parameters schema applies
+    return builder.field(text, leaf if inside is None else replace(leaf, path=inside),
+                         char0, byte0)  # fmt: skip
+
+
+def call_of(
+    text: str,
+    found: Found,
     n: int,
     placement: TokenPlacement,
     scorer: Any,
     schemas: Mapping[str, Mapping[str, Any]],
+    known: Mapping[str, JsonField] | None = None,
 ) -> ToolCall:
     """A finished call with its tokens and fields; its arguments' allowed values come
-    from the called tool's `parameters` schema in `schemas` (by name)."""
+    from the called tool's `parameters` schema in `schemas` (by name). `known`: fields
+    already built (by path), taken as they are."""
     fields: list[JsonField] = []
     schema = schemas.get(found.name or "")
-    for leaf, path, char0, inside in found.leaves:
-        builder = FieldBuilder(placement, None if inside is None else schema, None, scorer,
-                               path_of=lambda _p, at=path: at)  # fmt: skip
-        byte0 = len(text[:char0].encode("utf-8", "surrogatepass"))
-        # the leaf's path inside the arguments, where the parameters schema applies
-        made = builder.field(text, leaf if inside is None else replace(leaf, path=inside),
-                             char0, byte0)  # fmt: skip
+    for entry in found.leaves:
+        made = (known or {}).get(entry[1]) or leaf_field(text, entry, placement, scorer, schema)
         if made is not None:
             fields.append(made)
     if found.name_span is not None:
@@ -327,7 +348,7 @@ def _call(
         name = JsonField(f"/tool_calls/{n}/function/name", text[a:b], text[a:b],
                          placement.narrow(a8, b8), a, b)  # fmt: skip
         fields.insert(0, name)
-    args = _arguments(text, found)
+    args = call_arguments(text, found)
     s8, e8 = (len(text[:x].encode("utf-8", "surrogatepass")) for x in (found.start, found.end))
     return ToolCall(
         found.call_id or f"call_{n}",
@@ -340,7 +361,7 @@ def _call(
     )
 
 
-def _arguments(text: str, found: _Found) -> str:
+def call_arguments(text: str, found: Found) -> str:
     """OpenAI's `arguments` string: the arguments' JSON text as written (so far)."""
     if found.args_start is not None:
         return text[found.args_start : found.args_end or len(text)]
@@ -365,6 +386,7 @@ def parse_tool_calls(
     *,
     scorer: ContinuationScorer | None = None,
     tools: Iterable[Mapping[str, Any]] | Mapping[str, Mapping[str, Any]] | None = None,
+    known: Mapping[str, JsonField] | None = None,
 ) -> ToolCallResult:
     """A whole reply's tool calls in format `parser` (see `TOOL_PARSERS`), with their
     tokens and fields. A call left unfinished (the reply was cut off) is not a call: its
@@ -373,13 +395,14 @@ def parse_tool_calls(
     `tools` (OpenAI's `tools` list, or a map of name to `parameters` schema) give each
     argument the values its tool's schema allows (`enum`, `const`, `boolean`, through
     `$ref`/`anyOf`/`allOf`: `structure.schema`), and with `scorer` their alternatives;
-    a boolean argument has true and false whatever the schema says."""
-    parse = _parser(parser)
+    a boolean argument has true and false whatever the schema says. `known`: fields
+    already built by path (a stream's), taken as they are."""
+    parse = parser_for(parser)
     placement = TokenPlacement.of(segments)
     schemas = tool_schemas(tools)
     found, content, tail = parse(text)
     calls = [
-        _call(text, f, n, placement, scorer, schemas)
+        call_of(text, f, n, placement, scorer, schemas, known)
         for n, f in enumerate(found)
         if f.start < tail and f.end is not None and f.name is not None and not f.error
     ]
@@ -396,185 +419,3 @@ def detect_tool_parser(template: str) -> str | None:
     if "<|python_tag|>" in template or ('"parameters"' in template and "<|eom_id|>" in template):
         return "llama3_json"
     return None
-
-
-class ToolCallStream:
-    """Tool calls in pieces as segments arrive: `feed` returns (content text now final,
-    call pieces); `finish` returns the last ones, and `result` is then the whole parse
-    (as `parse_tool_calls`). Text that may still open a call is held back.
-
-    Each feed parses the reply so far again (calls are short); what was emitted is
-    never taken back, so a call cut off at the end has had its pieces streamed although
-    `result` counts its text as content. `tools` and `scorer` give the calls' fields
-    their allowed values and alternatives, as in `parse_tool_calls`.
-    """
-
-    def __init__(
-        self,
-        parser: str,
-        *,
-        tools: Iterable[Mapping[str, Any]] | Mapping[str, Mapping[str, Any]] | None = None,
-        scorer: ContinuationScorer | None = None,
-    ) -> None:
-        self.parser = parser
-        self.tools = tool_schemas(tools)
-        self.scorer = scorer
-        self._parse = _parser(parser)
-        self._open = TOOL_PARSERS[parser][0]
-        self._segments: list[Segment] = []
-        self._text = ""
-        self._content_out = 0
-        self._started: set[int] = set()
-        self._args_out: dict[int, int] = {}
-        self.result: ToolCallResult | None = None
-        self._tokens = _TokenHold()
-
-    def feed(self, segments: Segment | Iterable[Segment]) -> tuple[str, list[ToolCallDelta]]:
-        new = [segments] if isinstance(segments, Segment) else list(segments)
-        self._segments += new
-        self._text += "".join(s.text for s in new)
-        for seg in new:
-            self._tokens.add(seg)
-        return self._step(final=False)
-
-    def finish(self) -> tuple[str, list[ToolCallDelta]]:
-        out = self._step(final=True)
-        self.result = parse_tool_calls(
-            self._text, self._segments, self.parser, scorer=self.scorer, tools=self.tools
-        )
-        return out
-
-    def released_tokens(self) -> list[TokenSpan]:
-        """The tokens released as content since the last call, in order, each once.
-
-        A token is released when content text it wrote is given out (`feed`'s
-        content), so a token whose text the parser holds (it may open a call) waits,
-        and one whose bytes all went into calls (or their markers) is never released.
-        A token that wrote content and call text both (`>` + `\n` after a call) is
-        released with its content. A token with no bytes is released in its place in
-        the order. After `finish` every token is decided."""
-        return self._tokens.take(final=self.result is not None)
-
-    def _step(self, final: bool) -> tuple[str, list[ToolCallDelta]]:
-        text = self._text
-        found, content, tail = self._parse(text)
-        ranges = list(content)
-        if final:
-            ranges.append((tail, len(text)))
-        elif content and content[-1][1] == len(text):
-            ranges = _trimmed(ranges, _held(text, self._open))
-        joined = "".join(text[a:b] for a, b in ranges)
-        piece = joined[self._content_out :]
-        if piece:
-            self._tokens.emitted(text, _sources(ranges, self._content_out, len(joined)))
-        self._content_out = max(self._content_out, len(joined))
-        deltas: list[ToolCallDelta] = []
-        for n, f in enumerate(found):
-            if f.name is None or (f.args_start is None and f.end is None):
-                break  # the name and the start of the arguments come first
-            if n not in self._started:
-                self._started.add(n)
-                deltas.append(ToolCallDelta(n, f.call_id or f"call_{n}", f.name))
-            if f.args_start is not None or f.end is not None:
-                args = _arguments(text, f)
-                done = self._args_out.get(n, 0)
-                if len(args) > done:
-                    deltas.append(ToolCallDelta(n, arguments=args[done:]))
-                    self._args_out[n] = len(args)
-        return piece, deltas
-
-
-def _held(text: str, marker: str) -> int:
-    """How many chars at the end of `text` may start `marker`."""
-    for start in range(max(0, len(text) - len(marker) + 1), len(text)):
-        if marker.startswith(text[start:]):
-            return len(text) - start
-    return 0
-
-
-def _trimmed(ranges: list[tuple[int, int]], n: int) -> list[tuple[int, int]]:
-    """`ranges` less their last `n` chars."""
-    out = list(ranges)
-    while n > 0 and out:
-        a, b = out.pop()
-        if b - a > n:
-            out.append((a, b - n))
-        n -= b - a
-    return out
-
-
-def _sources(ranges: list[tuple[int, int]], lo: int, hi: int) -> list[tuple[int, int]]:
-    """Where chars [lo, hi) of the ranges' joined text stand in the text."""
-    out: list[tuple[int, int]] = []
-    pos = 0
-    for a, b in ranges:
-        s, e = max(lo, pos), min(hi, pos + b - a)
-        if s < e:
-            out.append((a + s - pos, a + e - pos))
-        pos += b - a
-    return out
-
-
-class _TokenHold:
-    """The content tokens a `ToolCallStream` has not released yet, placed on the bytes
-    of its text, and the byte ranges of that text given out as content."""
-
-    def __init__(self) -> None:
-        self._queue: list[tuple[int, int, TokenSpan]] = []  # byte range in the text, span
-        self._head = 0  # the first token not decided yet
-        self._size = 0  # bytes of the text so far
-        self._out: list[tuple[int, int]] = []  # byte ranges given out, in order
-        self._chars = (0, 0)  # a (char, byte) offset pair, to place the next range
-        self._last = -1  # the last token index released
-
-    def add(self, segment: Segment) -> None:
-        raw = len(segment.text.encode("utf-8", "surrogatepass"))
-        base = self._size
-        pos = base
-        exact = splittable(segment)
-        for t in segment.tokens:
-            n = t.end - t.start
-            self._queue.append((pos, pos + n, t) if exact else (base, base + raw, t))
-            pos += n
-        self._size += raw
-
-    def _byte(self, text: str, char: int) -> int:
-        c0, b0 = self._chars
-        if char < c0:
-            c0, b0 = 0, 0
-        b = b0 + len(text[c0:char].encode("utf-8", "surrogatepass"))
-        self._chars = (char, b)
-        return b
-
-    def emitted(self, text: str, ranges: list[tuple[int, int]]) -> None:
-        for a, b in ranges:
-            a8, b8 = self._byte(text, a), self._byte(text, b)
-            if self._out and self._out[-1][1] == a8:
-                self._out[-1] = (self._out[-1][0], b8)
-            else:
-                self._out.append((a8, b8))
-
-    def _wrote_content(self, s: int, e: int) -> bool:
-        for a, b in reversed(self._out):
-            if a < e:
-                return b > s
-        return False
-
-    def take(self, final: bool) -> list[TokenSpan]:
-        frontier = self._size if final else (self._out[-1][1] if self._out else 0)
-        out: list[TokenSpan] = []
-        queue, k = self._queue, self._head
-        while k < len(queue):
-            s, e, span = queue[k]
-            if e > s and not self._wrote_content(s, e):
-                if e > frontier:
-                    break  # still held: content or a call, not known yet
-            elif span.index > self._last:
-                out.append(span)
-                self._last = span.index
-            k += 1
-        self._head = k
-        if k > 4096:
-            del queue[:k]
-            self._head = 0
-        return out

@@ -1,6 +1,7 @@
-"""A request as the scheduler's loop thread and the event loop share it: a `Job` and
-the events it posts to its reader, the `Outbox` that hands a batch step's events to
-the event loop in one call, and the `Courier` thread that can make that call for it.
+"""A request as the scheduler's loop thread and the event loop share it: a `Job` (and
+`ChoiceState`, one of its sequences in the batch) and the events it posts to its
+reader, the `Outbox` that hands a batch step's events to the event loop in one call,
+and the `Courier` thread that can make that call for it.
 
 The loop thread writes (`post`); the event loop reads (`next_event`) and cancels.
 """
@@ -13,16 +14,19 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
+from ..sequence import SequenceState
 from .protocol import GenRequest
 
 logger = logging.getLogger("tokentrail.server")
 
-__all__ = ["Courier", "EventKind", "Job", "Outbox"]
+__all__ = ["ChatRunner", "ChoiceState", "Courier", "EventKind", "Job", "Outbox"]
 
-EventKind = Literal["step", "done", "error", "cancelled"]
+#: "admitted": a job the event loop runs (`Job.outside`) may start: it has its place.
+EventKind = Literal["step", "done", "error", "cancelled", "admitted"]
 
 
 def _deliver(events: list[tuple[asyncio.Queue[Any], Any]]) -> None:
@@ -122,6 +126,9 @@ class Job:
     waited_for_room: bool = False
     #: The scheduler's `Outbox` once the job is in the batch (None: events go out at once).
     outbox: Outbox | None = None
+    #: Run on the event loop, not in the engine's batch (``--upstream-chat``): admitted
+    #: like any job, it holds one place in the batch until `Scheduler.release`.
+    outside: bool = False
 
     def post(self, kind: EventKind, choice: int = 0, value: Any = None) -> None:
         """Hand an event to the reader (called from the loop thread): at once, or with
@@ -154,3 +161,43 @@ class Job:
         self.read += 1
         self.last_read = time.monotonic()
         return event
+
+
+@dataclass(eq=False)
+class ChoiceState:
+    """One sequence of the batch: a choice of a job, and its per-token state (the same
+    `tokentrail.sequence.SequenceState` that `stream_generate` and `batch_generate` use)."""
+
+    job: Job
+    choice: int
+    state: SequenceState
+    index: int = 0
+    last_step: float = 0.0
+    cached: int | None = None
+    #: When it joined the engine's batch (time.perf_counter), for the prefill metric.
+    added: float = 0.0
+    #: index -> why, for tokens the engine could not identify (an upstream's lossy data)
+    refused: dict[int, str] = field(default_factory=dict)
+    #: Reasoning channels and JSON fields (`tokentrail.server.structured`), or None.
+    structure: Any = None
+
+
+class ChatRunner(Protocol):
+    """Answers the chat requests the scheduler admits (`Job.outside`) on the event loop,
+    not in the engine's batch (`tokentrail.server.proxy_chat.UpstreamChat`). The app read,
+    checked and validated the body as every request's; `check` refuses what the runner
+    cannot serve (APIError); `open` and `aclose` run as the app starts and stops."""
+
+    def check(self, req: GenRequest) -> None: ...
+
+    def open(self) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+    async def run(
+        self, job: Job, body: dict[str, Any], release: Callable[[Job, str, float | None], None]
+    ) -> dict[str, Any] | AsyncIterator[bytes] | None:
+        """The whole response, the SSE body, or None (the client left first). `release`
+        (`Scheduler.release`) is called once with the outcome when the answer ends,
+        however it ends, a stream's when it is closed."""
+        ...

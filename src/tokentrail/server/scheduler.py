@@ -26,7 +26,6 @@ import os
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +33,6 @@ from ..batch import open_sequence
 from ..errors import APIError, ContextOverflow, QueueFull
 from ..prompting import eos_ids, prompt_ids, room, stop_matcher, vocab_for
 from ..sampling import SamplingError, check_max_tokens
-from ..sequence import SequenceState
 from ..vocab import Vocab
 from .config import (  # noqa: F401  (DEFAULT_*: their old home)
     DEFAULT_CLIENT_TIMEOUT,
@@ -44,7 +42,7 @@ from .config import (  # noqa: F401  (DEFAULT_*: their old home)
     ServerConfig,
 )
 from .formatting import step_of
-from .jobs import Courier, EventKind, Job, Outbox  # noqa: F401  (EventKind, Job: their old home)
+from .jobs import ChoiceState, Courier, EventKind, Job, Outbox  # noqa: F401  (old home)
 from .metrics import Metrics
 from .protocol import GenRequest
 from .structured import bound, open_structure
@@ -54,25 +52,6 @@ logger = logging.getLogger("tokentrail.server")
 
 #: How many finished requests /health remembers.
 RECENT_JOBS = 32
-
-
-@dataclass(eq=False)
-class ChoiceState:
-    """One sequence of the batch: a choice of a job, and its per-token state (the same
-    `tokentrail.sequence.SequenceState` that `stream_generate` and `batch_generate` use)."""
-
-    job: Job
-    choice: int
-    state: SequenceState
-    index: int = 0
-    last_step: float = 0.0
-    cached: int | None = None
-    #: When it joined the engine's batch (time.perf_counter), for the prefill metric.
-    added: float = 0.0
-    #: index -> why, for tokens the engine could not identify (an upstream's lossy data)
-    refused: dict[int, str] = field(default_factory=dict)
-    #: Reasoning channels and JSON fields (`tokentrail.server.structured`), or None.
-    structure: Any = None
 
 
 def served_name(model_path: str | os.PathLike[str] | None) -> str:
@@ -134,6 +113,8 @@ class Scheduler:
         self._pending: deque[Job] = deque()
         self._running: dict[str, Job] = {}
         self._seqs: dict[int, ChoiceState] = {}
+        #: Admitted jobs the event loop runs (`Job.outside`): each holds a place in the batch.
+        self._outside = 0
         self._stopping = False
         self._ready = threading.Event()
         #: The batch's `wake` (None until it is open, or where it has none): a request that
@@ -329,7 +310,7 @@ class Scheduler:
             with self._cond:
                 if self._stopping:
                     return False
-                while not self._stopping and not self._seqs and not self._pending:
+                while not self._stopping and not self._seqs and not self._admissible():
                     self._cond.wait()
                 if self._stopping:
                     return False
@@ -374,7 +355,7 @@ class Scheduler:
         self._purge()
         capacity = self.max_batch or 1
         admit = []
-        free = capacity - len(self._seqs)
+        free = capacity - len(self._seqs) - self._outside
         now = time.monotonic()
         while self._pending and self._pending[0].request.n <= free:
             job = self._pending.popleft()
@@ -388,10 +369,25 @@ class Scheduler:
         self.metrics.queue_depth.set(len(self._pending))
         return admit
 
+    def _admissible(self) -> bool:
+        """Whether the first queued request can be taken now (caller holds the lock)."""
+        if not self._pending:
+            return False
+        capacity = self.max_batch or 1
+        n = self._pending[0].request.n
+        return n > capacity or n <= capacity - len(self._seqs) - self._outside
+
     def _join(self, batch: Any, job: Job) -> None:
-        """Turn a request into `n` sequences of the batch, or answer it with an error."""
+        """Turn a request into `n` sequences of the batch, or answer it with an error; a
+        job the event loop runs (`Job.outside`) takes its place and is told to start."""
         if job.cancelled.is_set():
             self._finish(job, "cancelled")
+            return
+        if job.outside:
+            with self._cond:
+                self._running[job.id] = job
+                self._outside += 1
+            job.post("admitted")
             return
         req = job.request
         try:
@@ -573,6 +569,24 @@ class Scheduler:
             if final == "cancelled":
                 job.post("cancelled", 0, job.reason or "cancelled")
             self._finish(job, final)
+
+    def release(self, job: Job, outcome: str, ttft: float | None = None) -> None:
+        """Free the place of a job the event loop ran (`Job.outside`) and count it as the
+        batch's jobs are: `outcome`, its `generated` tokens, `ttft` (seconds to its first
+        token). Called from the event loop; a second call does nothing."""
+        with self._cond:
+            if self._running.get(job.id) is not job:
+                return
+            self._outside -= 1
+            if job.generated:
+                self._job_tokens.append(job.generated)
+                self.metrics.generated_tokens.inc(job.generated)
+            if ttft is not None:
+                self.metrics.ttft.observe(ttft)
+            self._finish(job, outcome)
+            self._cond.notify_all()
+        if self._wake is not None:
+            self._wake()
 
     def _finish(self, job: Job, outcome: str) -> None:
         """Record a finished request."""

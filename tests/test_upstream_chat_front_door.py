@@ -1,0 +1,251 @@
+"""`tokentrail serve --upstream URL --upstream-chat` goes through the server's one front
+door (issue 28): the body cap (413), the same pydantic validation (a 400 naming
+`param`), the same admission queue (429 when full, counted in /metrics), one shared
+upstream client, and the server's one -inf rule for logprobs (-9999.0).
+
+The upstream is `tokentrail serve` itself on the demo model (MLX on CPU), started here;
+the client is the official `openai` package. The -inf case replays a recorded stream
+from a small HTTP server of the test's own, since no real server here sends a -inf
+logprob on a chat stream (Python's `json.dumps` writes one as ``-Infinity``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.helpers.env import require
+from tests.helpers.servers import Server, start_server
+
+require("uvicorn")
+openai = require("openai")
+
+DEMO = Path(__file__).resolve().parents[1] / "src" / "tokentrail" / "demo_model"
+MESSAGES = [{"role": "user", "content": "Tell me a story."}]
+#: The proxy's limits here: one request at a time, none waiting, small bodies.
+MAX_BODY = 4096
+
+
+@pytest.fixture(scope="module")
+def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    require("mlx_lm", "the demo upstream runs on MLX")
+    log = tmp_path_factory.mktemp("logs") / "upstream.log"
+    server = start_server(None, log, log_level="info")  # info: its access log
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def proxy(upstream: Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    log = tmp_path_factory.mktemp("logs") / "proxy.log"
+    args = ("--upstream", upstream.url, "--tokenizer", str(DEMO), "--upstream-chat",
+            "--max-batch", "1", "--max-queue", "0", "--max-body-bytes", str(MAX_BODY))  # fmt: skip
+    server = start_server(None, log, *args)
+    yield server
+    server.stop()
+
+
+def client(server: Server) -> Any:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+
+
+def post(server: Server, path: str, body: dict[str, Any]) -> httpx.Response:
+    return httpx.post(server.url + path, json=body, timeout=120)
+
+
+def metric(server: Server, name: str, **labels: str) -> float:
+    """One sample of the server's /metrics (0 when it has none yet)."""
+    text = httpx.get(server.url + "/metrics", timeout=30).text
+    want = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    pattern = re.escape(name) + (r"\{" + re.escape(want) + r"\}" if want else "") + r" (\S+)"
+    found = re.search(r"^" + pattern + r"$", text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def wait_idle(server: Server, within: float = 60.0) -> None:
+    """Until the server runs no request (a generous bound: not a hang)."""
+    import time
+
+    deadline = time.monotonic() + within
+    while server.health()["active"]:
+        assert time.monotonic() < deadline, server.health()
+        time.sleep(0.1)
+
+
+def test_chat_is_the_upstreams_own_with_its_tokens(proxy: Server, upstream: Server) -> None:
+    """The answer is the upstream's own chat answer (greedy), its tokens the upstream's ids."""
+    body = {"messages": MESSAGES, "max_tokens": 12, "temperature": 0}
+    theirs = post(upstream, "/v1/chat/completions", {**body, "model": upstream.model}).json()
+    chunks = list(
+        client(proxy).chat.completions.create(
+            model=proxy.model, stream=True, logprobs=True, **body
+        )
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == theirs["choices"][0]["message"]["content"]
+    want = [t["id"] for s in theirs["tokentrail"]["segments"] for t in s["tokens"]]
+    got: dict[int, int] = {}
+    for c in chunks:
+        for s in (c.model_extra.get("tokentrail") or {}).get("segments") or []:
+            got.update({t["index"]: t["id"] for t in s["tokens"] or []})
+    assert [got[k] for k in sorted(got)] == want
+
+
+def test_oversized_body_is_413_as_on_the_main_path(proxy: Server) -> None:
+    big = [{"role": "user", "content": "x" * (MAX_BODY + 1)}]
+    r = post(proxy, "/v1/chat/completions", {"model": proxy.model, "messages": big})
+    assert r.status_code == 413, r.text
+    assert r.json()["error"]["code"] == "request_too_large"
+    # The completions route (the main path) answers the same.
+    main = post(proxy, "/v1/completions", {"model": proxy.model, "prompt": "x" * (MAX_BODY + 1)})
+    assert main.status_code == 413 and main.json()["error"] == r.json()["error"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"temperature": "hot"}, "temperature"),
+        ({"messages": []}, "messages"),
+        ({"messages": [{"role": "robot", "content": "hi"}]}, "messages"),
+        ({"top_logprobs": 2}, "top_logprobs"),
+        ({"n": 2}, "n"),
+        ({"model": "another-model"}, "model"),
+    ],
+)
+def test_bad_field_is_a_400_naming_param(proxy: Server, extra: dict[str, Any], param: str) -> None:
+    r = post(proxy, "/v1/chat/completions", {"model": proxy.model, "messages": MESSAGES, **extra})
+    assert r.status_code in (400, 404), r.text
+    err = r.json()["error"]
+    assert err["param"] == param and err["message"]
+
+
+def test_full_queue_is_429_and_the_place_is_freed(proxy: Server) -> None:
+    """With one place and no queue, a chat stream that is open holds the place: another
+    chat request, or a completion, is a 429; once the stream is closed the next gets in."""
+    rejected = metric(proxy, "tokentrail_generations_total", outcome="rejected")
+    body = {"model": proxy.model, "messages": MESSAGES, "max_tokens": 200, "stream": True}
+    with httpx.stream("POST", proxy.url + "/v1/chat/completions", json=body, timeout=120) as held:
+        assert held.status_code == 200
+        first = next(held.iter_lines())
+        assert first.startswith("data:")
+        with pytest.raises(openai.RateLimitError) as e:
+            client(proxy).chat.completions.create(model=proxy.model, messages=MESSAGES,
+                                                  max_tokens=2)  # fmt: skip
+        assert e.value.body["code"] == "queue_full"
+        r = post(proxy, "/v1/completions", {"model": proxy.model, "prompt": "hi", "max_tokens": 2})
+        assert r.status_code == 429 and "Retry-After" in r.headers
+    assert metric(proxy, "tokentrail_generations_total", outcome="rejected") == rejected + 2
+    wait_idle(proxy)  # the server hears the hang-up on its next write
+    r = client(proxy).chat.completions.create(model=proxy.model, messages=MESSAGES, max_tokens=3)
+    assert r.choices[0].message.content
+    assert r.usage is not None and r.usage.completion_tokens > 0
+
+
+def test_one_upstream_client_is_kept_and_reused(proxy: Server, upstream: Server) -> None:
+    """Requests one after another reach the upstream on one connection (its access log
+    shows the same client port), and the proxy opened one client."""
+    before = upstream.log.read_text()
+    completed = metric(proxy, "tokentrail_generations_total", outcome="completed")
+    tokens = metric(proxy, "tokentrail_generated_tokens_total")
+    for stream in (False, True, False):
+        body = {"model": proxy.model, "messages": MESSAGES, "max_tokens": 3, "stream": stream}
+        with httpx.stream("POST", proxy.url + "/v1/chat/completions", json=body, timeout=120) as r:
+            assert r.status_code == 200
+            r.read()
+    logged = upstream.log.read_text()[len(before) :]
+    ports = re.findall(r'127\.0\.0\.1:(\d+) "POST /v1/chat/completions', logged)
+    assert len(ports) == 3 and len(set(ports)) == 1, logged[-2000:]
+    # Counted as the batch's requests are.
+    wait_idle(proxy)
+    assert metric(proxy, "tokentrail_generations_total", outcome="completed") == completed + 3
+    assert metric(proxy, "tokentrail_generated_tokens_total") == tokens + 9
+    report = httpx.get(proxy.url + "/tokentrail/upstream", timeout=30).json()
+    assert report["streams"]["chat_clients_opened"] == 1
+
+
+# -- the -inf rule, on a recorded stream -------------------------------------------------------
+
+
+def recorded_stream(ids: list[int], pieces: list[bytes]) -> bytes:
+    """vLLM's chat stream shape for `ids` (one token a chunk), the first token's logprob
+    and every alternative -inf, written as Python's json.dumps writes it (-Infinity)."""
+    out = []
+    for k, (tid, data) in enumerate(zip(ids, pieces, strict=True)):
+        text = data.decode("utf-8")
+        alt = {"token": text, "logprob": float("-inf"), "bytes": list(data)}
+        entry = {"token": text, "logprob": float("-inf") if k == 0 else -0.5,
+                 "bytes": list(data), "top_logprobs": [alt]}  # fmt: skip
+        last = k == len(ids) - 1
+        chunk = {"id": "x", "object": "chat.completion.chunk", "model": "m",
+                 "choices": [{"index": 0, "delta": {"content": text}, "token_ids": [tid],
+                              "logprobs": {"content": [entry]},
+                              "finish_reason": "stop" if last else None}]}  # fmt: skip
+        out.append(f"data: {json.dumps(chunk)}\n\n")
+    out.append("data: [DONE]\n\n")
+    return "".join(out).encode()
+
+
+@pytest.fixture(scope="module")
+def replayed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, list[int]]]:
+    from tokentrail.vocab import load_vocab
+
+    vocab = load_vocab(DEMO)
+    ids = vocab.encode("Hello there")
+    stream = recorded_stream(ids, [vocab.pieces[i] or b"" for i in ids])
+    assert b"-Infinity" in stream
+
+    class Replay(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def _send(self, data: bytes, ctype: str) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:
+            self._send(json.dumps({"data": [{"id": "m", "owned_by": "vllm"}]}).encode(),
+                       "application/json")  # fmt: skip
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self._send(stream, "text/event-stream")
+
+    http = ThreadingHTTPServer(("127.0.0.1", 0), Replay)
+    threading.Thread(target=http.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{http.server_address[1]}"
+    log = tmp_path_factory.mktemp("logs") / "proxy-replay.log"
+    server = start_server(None, log, "--upstream", url, "--tokenizer", str(DEMO), "--upstream-chat")
+    yield server, ids
+    server.stop()
+    http.shutdown()
+
+
+def test_minus_infinity_logprob_is_minus_9999_on_the_wire(
+    replayed: tuple[Server, list[int]],
+) -> None:
+    proxy, ids = replayed
+    body = {"model": proxy.model, "messages": MESSAGES, "logprobs": True, "top_logprobs": 1}
+    chunks = list(client(proxy).chat.completions.create(stream=True, **body))
+    entries = [e for c in chunks if c.choices and c.choices[0].logprobs
+               for e in c.choices[0].logprobs.content or []]  # fmt: skip
+    assert [e.logprob for e in entries] == [-9999.0] + [-0.5] * (len(ids) - 1)
+    assert all(a.logprob == -9999.0 for e in entries for a in e.top_logprobs)
+    tokens = [t for c in chunks for s in (c.model_extra.get("tokentrail") or {}).get("segments")
+              or [] for t in s["tokens"]]  # fmt: skip
+    assert [t["id"] for t in tokens] == ids
+    assert tokens[0]["logprob"] == -9999.0 and tokens[0]["top_logprobs"][0]["logprob"] == -9999.0
+    whole = client(proxy).chat.completions.create(**body)
+    assert whole.choices[0].logprobs.content[0].logprob == -9999.0
+    ext = whole.model_extra["tokentrail"]["segments"][0]["tokens"][0]
+    assert ext["logprob"] == -9999.0

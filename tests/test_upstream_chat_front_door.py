@@ -15,6 +15,7 @@ import json
 import re
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -127,28 +128,6 @@ def test_bad_field_is_a_400_naming_param(proxy: Server, extra: dict[str, Any], p
     assert err["param"] == param and err["message"]
 
 
-def test_full_queue_is_429_and_the_place_is_freed(proxy: Server) -> None:
-    """With one place and no queue, a chat stream that is open holds the place: another
-    chat request, or a completion, is a 429; once the stream is closed the next gets in."""
-    rejected = metric(proxy, "tokentrail_generations_total", outcome="rejected")
-    body = {"model": proxy.model, "messages": MESSAGES, "max_tokens": 200, "stream": True}
-    with httpx.stream("POST", proxy.url + "/v1/chat/completions", json=body, timeout=120) as held:
-        assert held.status_code == 200
-        first = next(held.iter_lines())
-        assert first.startswith("data:")
-        with pytest.raises(openai.RateLimitError) as e:
-            client(proxy).chat.completions.create(model=proxy.model, messages=MESSAGES,
-                                                  max_tokens=2)  # fmt: skip
-        assert e.value.body["code"] == "queue_full"
-        r = post(proxy, "/v1/completions", {"model": proxy.model, "prompt": "hi", "max_tokens": 2})
-        assert r.status_code == 429 and "Retry-After" in r.headers
-    assert metric(proxy, "tokentrail_generations_total", outcome="rejected") == rejected + 2
-    wait_idle(proxy)  # the server hears the hang-up on its next write
-    r = client(proxy).chat.completions.create(model=proxy.model, messages=MESSAGES, max_tokens=3)
-    assert r.choices[0].message.content
-    assert r.usage is not None and r.usage.completion_tokens > 0
-
-
 def test_one_upstream_client_is_kept_and_reused(proxy: Server, upstream: Server) -> None:
     """Requests one after another reach the upstream on one connection (its access log
     shows the same client port), and the proxy opened one client."""
@@ -193,48 +172,65 @@ def recorded_stream(ids: list[int], pieces: list[bytes]) -> bytes:
     return "".join(out).encode()
 
 
+@dataclass
+class Replayed:
+    """A proxy in front of the recorded stream; the stream stops after its first event
+    until `gate` is set (it is, but while a test holds it)."""
+
+    proxy: Server
+    ids: list[int]
+    gate: threading.Event
+
+
 @pytest.fixture(scope="module")
-def replayed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, list[int]]]:
+def replayed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replayed]:
     from tokentrail.vocab import load_vocab
 
     vocab = load_vocab(DEMO)
     ids = vocab.encode("Hello there")
     stream = recorded_stream(ids, [vocab.pieces[i] or b"" for i in ids])
     assert b"-Infinity" in stream
+    head, _, rest = stream.partition(b"\n\n")
+    gate = threading.Event()
+    gate.set()
 
     class Replay(BaseHTTPRequestHandler):
         def log_message(self, *args: Any) -> None:
             pass
 
-        def _send(self, data: bytes, ctype: str) -> None:
+        def do_GET(self) -> None:
+            data = json.dumps({"data": [{"id": "m", "owned_by": "vllm"}]}).encode()
             self.send_response(200)
-            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
 
-        def do_GET(self) -> None:
-            self._send(json.dumps({"data": [{"id": "m", "owned_by": "vllm"}]}).encode(),
-                       "application/json")  # fmt: skip
-
-        def do_POST(self) -> None:
+        def do_POST(self) -> None:  # the body ends with the connection (HTTP/1.0)
             self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            self._send(stream, "text/event-stream")
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            self.wfile.write(head + b"\n\n")
+            self.wfile.flush()
+            gate.wait(120)
+            self.wfile.write(rest)
 
     http = ThreadingHTTPServer(("127.0.0.1", 0), Replay)
     threading.Thread(target=http.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{http.server_address[1]}"
     log = tmp_path_factory.mktemp("logs") / "proxy-replay.log"
-    server = start_server(None, log, "--upstream", url, "--tokenizer", str(DEMO), "--upstream-chat")
-    yield server, ids
+    args = ("--upstream", url, "--tokenizer", str(DEMO), "--upstream-chat",
+            "--max-batch", "1", "--max-queue", "0")  # fmt: skip
+    server = start_server(None, log, *args)
+    yield Replayed(server, ids, gate)
+    gate.set()
     server.stop()
     http.shutdown()
 
 
-def test_minus_infinity_logprob_is_minus_9999_on_the_wire(
-    replayed: tuple[Server, list[int]],
-) -> None:
-    proxy, ids = replayed
+def test_minus_infinity_logprob_is_minus_9999_on_the_wire(replayed: Replayed) -> None:
+    proxy, ids = replayed.proxy, replayed.ids
     body = {"model": proxy.model, "messages": MESSAGES, "logprobs": True, "top_logprobs": 1}
     chunks = list(client(proxy).chat.completions.create(stream=True, **body))
     entries = [e for c in chunks if c.choices and c.choices[0].logprobs
@@ -249,3 +245,33 @@ def test_minus_infinity_logprob_is_minus_9999_on_the_wire(
     assert whole.choices[0].logprobs.content[0].logprob == -9999.0
     ext = whole.model_extra["tokentrail"]["segments"][0]["tokens"][0]
     assert ext["logprob"] == -9999.0
+
+
+def test_full_queue_is_429_and_the_place_is_freed(replayed: Replayed) -> None:
+    """With one place and no queue, a chat whose upstream answer is under way holds the
+    place: another chat request, or a completion, is a 429 (counted as rejected, as on
+    the main path); once it has ended the next one gets in."""
+    proxy, gate = replayed.proxy, replayed.gate
+    rejected = metric(proxy, "tokentrail_generations_total", outcome="rejected")
+    body = {"model": proxy.model, "messages": MESSAGES, "stream": True}
+    gate.clear()
+    try:
+        with httpx.stream("POST", proxy.url + "/v1/chat/completions", json=body,
+                          timeout=120) as held:  # fmt: skip
+            assert held.status_code == 200
+            lines = held.iter_lines()
+            assert next(lines).startswith("data:")  # the upstream's first token came
+            with pytest.raises(openai.RateLimitError) as e:
+                client(proxy).chat.completions.create(model=proxy.model, messages=MESSAGES)
+            assert e.value.body["code"] == "queue_full"
+            r = post(proxy, "/v1/completions", {"model": proxy.model, "prompt": "hi"})
+            assert r.status_code == 429 and "Retry-After" in r.headers
+            assert r.json()["error"]["code"] == "queue_full"
+            gate.set()
+            assert [line for line in lines if line][-1] == "data: [DONE]"
+    finally:
+        gate.set()
+    assert metric(proxy, "tokentrail_generations_total", outcome="rejected") == rejected + 2
+    wait_idle(proxy)  # freed once the answer is written out
+    r = client(proxy).chat.completions.create(model=proxy.model, messages=MESSAGES)
+    assert r.choices[0].message.content == "Hello there"

@@ -221,7 +221,7 @@ def replayed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replayed]:
     url = f"http://127.0.0.1:{http.server_address[1]}"
     log = tmp_path_factory.mktemp("logs") / "proxy-replay.log"
     args = ("--upstream", url, "--tokenizer", str(DEMO), "--upstream-chat",
-            "--max-batch", "1", "--max-queue", "0")  # fmt: skip
+            "--max-batch", "1", "--max-queue", "0", "--upstream-timeout", "600")  # fmt: skip
     server = start_server(None, log, *args)
     yield Replayed(server, ids, gate)
     gate.set()
@@ -275,3 +275,28 @@ def test_full_queue_is_429_and_the_place_is_freed(replayed: Replayed) -> None:
     wait_idle(proxy)  # freed once the answer is written out
     r = client(proxy).chat.completions.create(model=proxy.model, messages=MESSAGES)
     assert r.choices[0].message.content == "Hello there"
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_hang_up_frees_the_place_while_the_upstream_is_silent(
+    replayed: Replayed, stream: bool
+) -> None:
+    """A client that hangs up while the upstream sends nothing more: its place is freed
+    at once (not when the upstream times out, 600 s here), counted as cancelled."""
+    proxy, gate = replayed.proxy, replayed.gate
+    cancelled = metric(proxy, "tokentrail_generations_total", outcome="cancelled")
+    body = {"model": proxy.model, "messages": MESSAGES, "stream": stream}
+    gate.clear()
+    try:
+        patience = httpx.Timeout(3.0, connect=30.0)  # then the client gives up and hangs up
+        with (
+            pytest.raises(httpx.ReadTimeout),
+            httpx.stream("POST", proxy.url + "/v1/chat/completions", json=body,
+                         timeout=patience) as r,
+        ):  # fmt: skip
+            for _ in r.iter_lines():
+                pass
+        wait_idle(proxy, within=30.0)
+    finally:
+        gate.set()
+    assert metric(proxy, "tokentrail_generations_total", outcome="cancelled") == cancelled + 1

@@ -374,6 +374,8 @@ class _Server:
             if event[0] == "error":
                 raise _generation_error(event[2])
             if event[0] == "cancelled":
+                if runner is not None:  # it may have been admitted meanwhile
+                    self.scheduler.release(job, "cancelled")
                 return _empty_response(499)
             if runner is not None:  # admitted; the runner frees its place when it ends
                 answer = await runner.run(job, body, self.scheduler.release)

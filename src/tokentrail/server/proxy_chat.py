@@ -380,6 +380,7 @@ class _Answer:
         self._ttft: float | None = None
         self._outcome = "cancelled"
         self._body = self._stream()
+        self._gone: asyncio.Future[Any] | None = None  # the client's hang-up, once asked
 
     def _end(self, outcome: str) -> None:
         if self._release is not None:
@@ -477,10 +478,23 @@ class _Answer:
         return self
 
     async def __anext__(self) -> bytes:
-        return await anext(self._body)
+        """The next SSE event; the end as soon as the client hangs up (the job's
+        "cancelled"), even while the upstream sends nothing."""
+        if self._gone is None:
+            self._gone = asyncio.ensure_future(self.job.next_event())  # only "cancelled"
+        step = asyncio.ensure_future(anext(self._body))
+        await asyncio.wait({step, self._gone}, return_when=asyncio.FIRST_COMPLETED)
+        if not step.done():
+            step.cancel()
+            with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                await step
+            raise StopAsyncIteration
+        return step.result()
 
     async def aclose(self) -> None:
         try:
+            if self._gone is not None:
+                self._gone.cancel()
             await self._body.aclose()
             await self.resp.aclose()
         finally:

@@ -380,14 +380,15 @@ class Scheduler:
     def _join(self, batch: Any, job: Job) -> None:
         """Turn a request into `n` sequences of the batch, or answer it with an error; a
         job the event loop runs (`Job.outside`) takes its place and is told to start."""
+        if job.outside:
+            with self._cond:  # with the lock, as `release` (a hang-up) checks it
+                if not job.cancelled.is_set():
+                    self._running[job.id] = job
+                    self._outside += 1
+                    job.post("admitted")
+                    return
         if job.cancelled.is_set():
             self._finish(job, "cancelled")
-            return
-        if job.outside:
-            with self._cond:
-                self._running[job.id] = job
-                self._outside += 1
-            job.post("admitted")
             return
         req = job.request
         try:
@@ -571,9 +572,8 @@ class Scheduler:
             self._finish(job, final)
 
     def release(self, job: Job, outcome: str, ttft: float | None = None) -> None:
-        """Free the place of a job the event loop ran (`Job.outside`) and count it as the
-        batch's jobs are: `outcome`, its `generated` tokens, `ttft` (seconds to its first
-        token). Called from the event loop; a second call does nothing."""
+        """Free the place of an outside job and count it as the batch's: `outcome`, its
+        `generated` tokens, `ttft` (s). From the event loop; only the first call counts."""
         with self._cond:
             if self._running.get(job.id) is not job:
                 return

@@ -312,8 +312,11 @@ class UpstreamChat:
     def open(self) -> None:
         import httpx
 
-        if self.client is None:
-            self.client = httpx.AsyncClient(**self.engine.client_options())
+        if self.client is None:  # the scheduler caps the requests; idle ones are kept
+            limits = httpx.Limits(
+                max_connections=None, max_keepalive_connections=self.engine.capacity
+            )
+            self.client = httpx.AsyncClient(limits=limits, **self.engine.client_options())
             self.clients_opened += 1
 
     async def aclose(self) -> None:

@@ -492,7 +492,13 @@ class _Answer:
             with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
                 await step
             raise StopAsyncIteration
-        return step.result()
+        try:
+            return step.result()
+        except StopAsyncIteration:
+            raise
+        except Exception:
+            self._outcome = "failed"
+            raise
 
     async def aclose(self) -> None:
         try:
@@ -500,5 +506,6 @@ class _Answer:
                 self._gone.cancel()
             await self._body.aclose()
             await self.resp.aclose()
-        finally:
-            self._end(self._outcome)
+        finally:  # a client dropped for not reading (`Job.drop`) counts as on the main path
+            dropped = self.job.dropped and self._outcome == "cancelled"
+            self._end("dropped" if dropped else self._outcome)

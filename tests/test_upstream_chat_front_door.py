@@ -172,6 +172,15 @@ def recorded_stream(ids: list[int], pieces: list[bytes]) -> bytes:
     return "".join(out).encode()
 
 
+def send_json(handler: BaseHTTPRequestHandler, obj: Any) -> None:
+    data = json.dumps(obj).encode()
+    handler.send_response(200)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)
+
+
 @dataclass
 class Replayed:
     """A proxy in front of the recorded stream; the stream stops after its first event
@@ -199,12 +208,7 @@ def replayed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replayed]:
             pass
 
         def do_GET(self) -> None:
-            data = json.dumps({"data": [{"id": "m", "owned_by": "vllm"}]}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            send_json(self, {"data": [{"id": "m", "owned_by": "vllm"}]})
 
         def do_POST(self) -> None:  # the body ends with the connection (HTTP/1.0)
             self.rfile.read(int(self.headers.get("Content-Length") or 0))
@@ -300,3 +304,85 @@ def test_hang_up_frees_the_place_while_the_upstream_is_silent(
     finally:
         gate.set()
     assert metric(proxy, "tokentrail_generations_total", outcome="cancelled") == cancelled + 1
+
+
+# -- a whole upstream answer with a tool call (llama-server's shape), streamed on ----------------
+
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Get the weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}]  # fmt: skip
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+
+
+@pytest.fixture(scope="module")
+def llama_whole(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, list[int]]]:
+    """A proxy in front of a server that speaks llama-server's dialect and answers a
+    request with tools whole (as llama-server must: no logprobs with tools + stream):
+    a tool call whose text the tokens spell, in no text field."""
+    from tokentrail.vocab import load_vocab
+
+    vocab = load_vocab(DEMO)
+    ids = vocab.encode(CALL)
+    pieces = [vocab.pieces[i] or b"" for i in ids]
+    entries = [{"id": i, "token": p.decode("utf-8"), "logprob": -0.25, "bytes": list(p),
+                "top_logprobs": []} for i, p in zip(ids, pieces, strict=True)]  # fmt: skip
+    call = {"id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}  # fmt: skip
+    answer = {"id": "x", "object": "chat.completion", "model": "m",
+              "choices": [{"index": 0, "finish_reason": "tool_calls",
+                           "message": {"role": "assistant", "content": None,
+                                       "tool_calls": [call]},
+                           "logprobs": {"content": entries}}],
+              "usage": {"prompt_tokens": 7, "completion_tokens": len(ids)}}  # fmt: skip
+    sent: list[dict[str, Any]] = []
+
+    class Whole(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            send_json(self, {"data": [{"id": "m", "owned_by": "llamacpp"}]})
+
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+            if self.path == "/v1/chat/completions":
+                sent.append(body)
+            send_json(self, answer)
+
+    http = ThreadingHTTPServer(("127.0.0.1", 0), Whole)
+    threading.Thread(target=http.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{http.server_address[1]}"
+    log = tmp_path_factory.mktemp("logs") / "proxy-llama-whole.log"
+    server = start_server(None, log, "--upstream", url, "--tokenizer", str(DEMO), "--upstream-chat")
+    yield server, ids
+    server.stop()
+    http.shutdown()
+    # A request with tools went whole (the startup check sends others), with logprobs.
+    with_tools = [b for b in sent if "tools" in b]
+    assert with_tools and all(b["stream"] is False and b["logprobs"] for b in with_tools)
+
+
+def test_a_whole_upstream_answer_with_a_tool_call_is_streamed_on(
+    llama_whole: tuple[Server, list[int]],
+) -> None:
+    proxy, ids = llama_whole
+    body = {"model": proxy.model, "messages": MESSAGES, "tools": TOOLS, "logprobs": True}
+    chunks = list(client(proxy).chat.completions.create(stream=True, **body))
+    pieces = [p for c in chunks if c.choices for p in c.choices[0].delta.tool_calls or []]
+    assert [p.function.name for p in pieces] == ["get_weather"]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+    ext = next(c for c in reversed(chunks) if c.choices).model_extra["tokentrail"]
+    segs = [s for c in chunks for s in (c.model_extra.get("tokentrail") or {}).get("segments")
+            or []]  # fmt: skip
+    listed = {t["index"]: t["id"] for s in segs for t in s["tokens"] or []}
+    assert [listed[k] for k in sorted(listed)] == ids
+    raw = b"".join(bytes(t["bytes"])[t["start"] : t["end"]]
+                   for s in segs if s["channel"] == "tool_call" for t in s["tokens"])  # fmt: skip
+    assert ext["tool_calls"][0]["raw"] == raw.decode() and "get_weather" in raw.decode()
+    (field,) = [f for f in ext["fields"] if f["path"] == "/tool_calls/0/arguments/city"]
+    assert field["value"] == "Paris" and field["tokens"]
+    whole = client(proxy).chat.completions.create(**body)
+    assert whole.choices[0].message.tool_calls[0].function.arguments == '{"city": "Paris"}'
+    assert whole.choices[0].finish_reason == "tool_calls"
+    assert whole.usage is not None and whole.usage.completion_tokens == len(ids)

@@ -321,7 +321,7 @@ def test_tokens_are_labelled_with_the_field_their_text_came_in(
     """vLLM's stream shape (one token per chunk, its text in the field of its channel,
     markup tokens with an empty delta): per channel the listed bytes join to exactly the
     text sent in that field, and every markup token is listed as markup."""
-    from tokentrail.engines.upstream_chat import ChannelTracker
+    from tokentrail.realign.chat import ChannelTracker
 
     v = smol_vocab
     tracker = ChannelTracker(v)
@@ -354,7 +354,7 @@ def test_text_without_token_data_is_listed_with_no_tokens_and_a_reason(smol_voca
     """Deltas the upstream sent without logprobs (llama-server does so for tool calls
     while streaming) are never guessed: their part has tokens None and a reason, and the
     tokens that did come are still placed."""
-    from tokentrail.engines.upstream_chat import ChannelTracker
+    from tokentrail.realign.chat import ChannelTracker
 
     v = smol_vocab
     (tid,) = v.encode("Hi")

@@ -81,7 +81,7 @@ def streamed(proxy: Server, **kw: Any) -> list[Any]:
     c = openai.OpenAI(base_url=proxy.url + "/v1", api_key="x", max_retries=0)
     return list(
         c.chat.completions.create(
-            model="smollm2", messages=MESSAGES, tools=TOOLS, temperature=0, stream=True,
+            model=proxy.model, messages=MESSAGES, tools=TOOLS, temperature=0, stream=True,
             logprobs=True, **kw,
         )
     )  # fmt: skip
@@ -154,7 +154,7 @@ def test_llama_reasoning_format_deepseek_channels(proxy: Server, llama: Server) 
     c = openai.OpenAI(base_url=proxy.url + "/v1", api_key="x", max_retries=0)
     chunks = list(
         c.chat.completions.create(
-            model="smollm2", messages=MESSAGES, temperature=0, stream=True, logprobs=True,
+            model=proxy.model, messages=MESSAGES, temperature=0, stream=True, logprobs=True,
             max_tokens=40, extra_body={"grammar": THINK},
         )
     )  # fmt: skip

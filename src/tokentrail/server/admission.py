@@ -41,6 +41,8 @@ class Admission:
         #: Recent batch-step durations and request lengths, for `Retry-After`.
         self.step_seconds: deque[float] = deque(maxlen=64)
         self.job_tokens: deque[int] = deque(maxlen=64)
+        #: Places held by admitted jobs the event loop runs (`Job.outside`).
+        self.outside = 0
 
     def submit(self, job: Job) -> None:
         """Queue `job` (FIFO); raise QueueFull when the batch and the queue are full."""
@@ -87,7 +89,7 @@ class Admission:
         self.purge()
         capacity = self.capacity or 1
         admit = []
-        free = capacity - live
+        free = capacity - live - self.outside
         now = time.monotonic()
         while self.pending and self.pending[0].request.n <= free:
             job = self.pending.popleft()
@@ -100,6 +102,43 @@ class Admission:
             self.finish(job, "failed")
         self.metrics.queue_depth.set(len(self.pending))
         return admit
+
+    def admissible(self, live: int) -> bool:
+        """Whether the first queued request can be taken now, with `live` sequences in
+        the batch (caller holds the lock): a request that never fits is taken (to be
+        refused)."""
+        if not self.pending:
+            return False
+        capacity = self.capacity or 1
+        n = self.pending[0].request.n
+        return n > capacity or n <= capacity - live - self.outside
+
+    def hold(self, job: Job) -> bool:
+        """Give an outside job (`Job.outside`, run by the event loop) its place and tell
+        it to start; False when it was cancelled first (checked under the lock, as
+        `release` is)."""
+        with self.cond:
+            if job.cancelled.is_set():
+                return False
+            self.running[job.id] = job
+            self.outside += 1
+            job.post("admitted")
+            return True
+
+    def release(self, job: Job, outcome: str, ttft: float | None = None) -> bool:
+        """Free an outside job's place and record it: `outcome`, its `generated` tokens,
+        `ttft` (s). From the event loop; only the first call counts (True)."""
+        with self.cond:
+            if self.running.get(job.id) is not job:
+                return False
+            self.outside -= 1
+            if job.generated:
+                self.metrics.generated_tokens.inc(job.generated)
+            if ttft is not None:
+                self.metrics.ttft.observe(ttft)
+            self.finish(job, outcome)
+            self.cond.notify_all()
+        return True
 
     def start(self, job: Job) -> None:
         """`job` has sequences in the batch now."""

@@ -27,7 +27,7 @@ from ..errors import APIError, ClientGone, EngineError
 from ..vocab import Vocab
 from .config import Loader, ServerConfig
 from .formatting import Formatter, merge_responses, sse, usage
-from .jobs import Job
+from .jobs import ChatRunner, Job
 from .metrics import Metrics
 from .protocol import Kind, bad_request, json_type_name, parse_chat, parse_completion, read_json
 from .scheduler import Scheduler
@@ -246,11 +246,15 @@ class _SSEResponse:
 class _Server:
     """The routes, bound to one Scheduler (`self.scheduler`) and its settings."""
 
-    def __init__(self, scheduler: Scheduler, config: ServerConfig, metrics: Metrics) -> None:
+    def __init__(
+        self, scheduler: Scheduler, config: ServerConfig, metrics: Metrics,
+        runner: ChatRunner | None = None,
+    ) -> None:
         self.scheduler = scheduler
         self.max_body_bytes = config.max_body_bytes
         self.temperature = config.temperature
         self.metrics = metrics
+        self.chat_runner = runner  # runs admitted chat requests itself (--upstream-chat)
 
     def _check_model(self, body: Mapping[str, Any]) -> str:
         model = body.get("model")
@@ -354,8 +358,12 @@ class _Server:
         vocab = self._vocab()
         parse = parse_chat if kind == "chat" else parse_completion
         req = parse(body, model, vocab.size, self.temperature)
+        runner = self.chat_runner if kind == "chat" else None
+        if runner is not None:
+            runner.check(req)
         prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
-        job = Job(id=prefix + uuid.uuid4().hex[:24], request=req, loop=asyncio.get_running_loop())
+        job = Job(id=prefix + uuid.uuid4().hex[:24], request=req, loop=asyncio.get_running_loop(),
+                  outside=runner is not None)  # fmt: skip
         self.scheduler.submit(job)
         watcher = asyncio.create_task(_watch_disconnect(request.receive, job))
         handed_over = False
@@ -366,7 +374,15 @@ class _Server:
             if event[0] == "error":
                 raise _generation_error(event[2])
             if event[0] == "cancelled":
+                if runner is not None:  # it may have been admitted meanwhile
+                    self.scheduler.release(job, "cancelled")
                 return _empty_response(499)
+            if runner is not None:  # admitted; the runner frees its place when it ends
+                answer = await runner.run(job, body, self.scheduler.release)
+                if answer is None or isinstance(answer, dict):
+                    return _empty_response(499) if answer is None else _json_response(answer)
+                handed_over = True
+                return _SSEResponse(answer, job, watcher, self.scheduler.client_timeout)  # type: ignore[return-value]
             fmts = [Formatter(job.id, req, vocab, choice) for choice in range(req.n)]
             if req.stream:
                 handed_over = True
@@ -479,6 +495,7 @@ def create_app(
     *,
     config: ServerConfig | None = None,
     loader: Loader | None = None,
+    chat_runner: ChatRunner | None = None,
     **settings: Any,
 ) -> Starlette:
     """Build the ASGI app serving one model.
@@ -491,7 +508,8 @@ def create_app(
     `max_body_bytes`, `model_name`, `engine`, `load_options`, `prompt_cache_bytes`,
     `client_timeout`, `max_buffered`, `temperature`, `api_key`, `allowed_hosts` (see
     `ServerConfig`). The app's `Scheduler` is ``app.state.engine``, its `Metrics`
-    ``app.state.metrics``.
+    ``app.state.metrics``. A `chat_runner` answers the chat requests the scheduler admits
+    (``serve --upstream-chat``); it is opened and closed with the app.
     """
     from starlette.applications import Starlette
 
@@ -500,14 +518,18 @@ def create_app(
     config = (config or ServerConfig()).updated(**settings)
     metrics = Metrics()
     scheduler = Scheduler(model, tokenizer, config=config, loader=loader, metrics=metrics)
-    server = _Server(scheduler, config, metrics)
+    server = _Server(scheduler, config, metrics, chat_runner)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await asyncio.to_thread(scheduler.start)
+        if chat_runner is not None:
+            chat_runner.open()
         try:
             yield
         finally:
+            if chat_runner is not None:
+                await chat_runner.aclose()
             await asyncio.to_thread(scheduler.stop)
 
     app = Starlette(

@@ -13,16 +13,18 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from .protocol import GenRequest
 
 logger = logging.getLogger("tokentrail.server")
 
-__all__ = ["Courier", "EventKind", "Job", "Outbox"]
+__all__ = ["ChatRunner", "Courier", "EventKind", "Job", "Outbox"]
 
-EventKind = Literal["step", "done", "error", "cancelled"]
+#: "admitted": a job the event loop runs (`Job.outside`) may start: it has its place.
+EventKind = Literal["step", "done", "error", "cancelled", "admitted"]
 
 
 def _deliver(events: list[tuple[asyncio.Queue[Any], Any]]) -> None:
@@ -122,6 +124,9 @@ class Job:
     waited_for_room: bool = False
     #: The scheduler's `Outbox` once the job is in the batch (None: events go out at once).
     outbox: Outbox | None = None
+    #: Run on the event loop, not in the engine's batch (``--upstream-chat``): admitted
+    #: like any job, it holds one place in the batch until `Scheduler.release`.
+    outside: bool = False
 
     def post(self, kind: EventKind, choice: int = 0, value: Any = None) -> None:
         """Hand an event to the reader (called from the loop thread): at once, or with
@@ -154,3 +159,24 @@ class Job:
         self.read += 1
         self.last_read = time.monotonic()
         return event
+
+
+class ChatRunner(Protocol):
+    """Answers the chat requests the scheduler admits (`Job.outside`) on the event loop,
+    not in the engine's batch (`tokentrail.server.proxy_chat.UpstreamChat`). The app read,
+    checked and validated the body as every request's; `check` refuses what the runner
+    cannot serve (APIError); `open` and `aclose` run as the app starts and stops."""
+
+    def check(self, req: GenRequest) -> None: ...
+
+    def open(self) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+    async def run(
+        self, job: Job, body: dict[str, Any], release: Callable[[Job, str, float | None], None]
+    ) -> dict[str, Any] | AsyncIterator[bytes] | None:
+        """The whole response, the SSE body, or None (the client left first). `release`
+        (`Scheduler.release`) is called once with the outcome when the answer ends,
+        however it ends, a stream's when it is closed."""
+        ...

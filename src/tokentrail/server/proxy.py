@@ -73,7 +73,8 @@ def create_upstream_app(
     `server_options` go to `tokentrail.server.create_app` (max_queue, max_body_bytes).
     `check_upstream` runs the quick startup check (`check_upstream_now`) on a thread.
     `upstream_chat`: chat requests go to the upstream's own chat endpoint, its parsers
-    and channels passed through per token (`tokentrail.server.proxy_chat`).
+    and channels passed through per token (`tokentrail.server.proxy_chat.UpstreamChat`,
+    the app's chat runner: same body cap, checks, validation and queue as every request).
     """
     tok = load_tokenizer(tokenizer) if isinstance(tokenizer, str | Path) else tokenizer
     engine = UpstreamEngine(
@@ -87,13 +88,16 @@ def create_upstream_app(
         decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
     )
     name = model_name or engine.model or "upstream"
-    app = create_app(engine, tok, model_name=name, **server_options)
-    app.state.upstream = engine
+    runner = None
     if upstream_chat:
-        from .proxy_chat import chat_route
+        from .proxy_chat import UpstreamChat
 
-        app.router.routes.insert(0, chat_route(engine, name))
+        runner = UpstreamChat(engine, name)
+    app = create_app(engine, tok, model_name=name, chat_runner=runner, **server_options)
+    app.state.upstream = engine
     app.state.upstream_streams = engine.stream_stats
+    if runner is not None:
+        app.state.upstream_streams = lambda: {**(engine.stream_stats() or {}), **runner.stats()}
     app.state.upstream_check = {"status": "not run"}
     if check_upstream:
         app.state.upstream_check = {"status": "running"}

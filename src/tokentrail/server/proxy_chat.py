@@ -2,9 +2,12 @@
 endpoint, so its reasoning parser, tool-call parser and constrained decoding run there,
 and come back attributed per token with their channel.
 
-`chat_route` is the ``/v1/chat/completions`` route the proxy puts in front of its own
-(which renders the template here and sends token ids upstream). The upstream's answer
-is read by `tokentrail.engines.upstream_chat.ChannelTracker`; what the client gets is
+`UpstreamChat` is the app's `ChatRunner` in this mode: a chat request is read, checked
+(body cap, Guard, pydantic) and queued as every request is, and once the scheduler
+admits it (it holds a place in the batch, so a full queue is a 429) it goes to the
+upstream instead of the engine's batch, on one `httpx.AsyncClient` kept for the app's
+life; the upstream's SSE is read with `httpx-sse`. The upstream's answer is read by
+`tokentrail.realign.chat.ChannelTracker`; what the client gets is
 the upstream's own deltas (``content``, ``reasoning`` and ``reasoning_content`` both,
 ``tool_calls`` as the upstream sent them, its finish reason and usage), with
 ``logprobs.content`` holding the content channel's tokens only and
@@ -13,42 +16,52 @@ the upstream's own deltas (``content``, ``reasoning`` and ``reasoning_content`` 
 (reasoning/content/tool_call/markup) and its tokens' byte ranges, or ``tokens: null``
 and a ``reason`` where the upstream sent no token data for that text. On the last
 chunk (or the response), ``tool_calls`` lists each call's ``raw`` text (the tool_call
-channel's bytes) and the upstream's parsed ``name`` and ``arguments``.
+channel's bytes) and the upstream's parsed ``name`` and ``arguments``. Logprobs follow
+the server's one rule: -inf is written -9999.0 (`tokentrail.segment.WIRE_NEG_INF`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
-from ..engines.upstream_chat import ChannelPart, ChannelTracker, ChatToken, chat_body
+from ..engines.upstream_chat import chat_body
 from ..engines.upstream_wire import status_error
 from ..errors import APIError, StructureError, UpstreamError
-from ..segment import Segment, TokenSpan
+from ..realign.chat import ChannelPart, ChannelTracker, ChatToken
+from ..segment import WIRE_NEG_INF, Segment, TokenSpan, json_number
 from ..structure.fields import json_fields
 from .formatting import sse
+from .jobs import Job
+from .protocol import GenRequest, bad_request
 
-__all__ = ["ChatWriter", "chat_route"]
+__all__ = ["ChatWriter", "UpstreamChat"]
+
+#: `Scheduler.release`: frees a job's place in the batch and counts its outcome.
+Release = Callable[[Job, str, "float | None"], None]
 
 
 def _lp(value: float | None) -> float | None:
-    return (
-        None if value is None or value != value or value in (float("inf"), float("-inf")) else value
-    )
+    """A logprob on the wire: the server's one rule (-inf is -9999.0, as OpenAI writes)."""
+    return json_number(value, WIRE_NEG_INF)
 
 
 class ChatWriter:
     """Our chat chunks and response for one upstream answer (see the module)."""
 
-    def __init__(self, vocab: Any, payload: Mapping[str, Any], model: str) -> None:
+    def __init__(
+        self, vocab: Any, payload: Mapping[str, Any], model: str, request_id: str | None = None
+    ) -> None:
         self.vocab = vocab
         self.logprobs = bool(payload.get("logprobs"))
         top = payload.get("top_logprobs")
         self.top = top if isinstance(top, int) and not isinstance(top, bool) else 0
-        self.id = f"chatcmpl-{uuid.uuid4().hex}"
+        self.id = request_id or f"chatcmpl-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.model = model
         self.listed: dict[str, int] = {"content": 0, "reasoning": 0}
@@ -118,7 +131,8 @@ class ChatWriter:
         }
 
     def _envelope(self, obj: str) -> dict[str, Any]:
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                "system_fingerprint": None}  # fmt: skip
 
     def chunk(
         self, upstream: Mapping[str, Any] | None, parts: list[ChannelPart], first: bool
@@ -238,21 +252,6 @@ def arguments_span(tracker: ChannelTracker, arguments: str) -> tuple[int, int] |
     return None
 
 
-def _payload(raw: bytes) -> dict[str, Any]:
-    try:
-        payload = json.loads(raw)
-    except ValueError as e:
-        raise APIError(400, f"the body is not JSON: {e}") from None
-    if not isinstance(payload, dict):
-        raise APIError(400, "the body must be a JSON object")
-    if not isinstance(payload.get("messages"), list) or not payload["messages"]:
-        raise APIError(400, "'messages' must be a non-empty list", param="messages")
-    n = payload.get("n", 1)
-    if n not in (None, 1):
-        raise APIError(400, "'n' must be 1 with --upstream-chat", param="n")
-    return payload
-
-
 def _api(e: UpstreamError) -> APIError:
     """The client's answer: the upstream's own 4xx as a request error, else 502/504."""
     kind = "invalid_request_error" if 400 <= e.status < 500 else "upstream_error"
@@ -260,23 +259,31 @@ def _api(e: UpstreamError) -> APIError:
 
 
 async def _chunks(resp: Any, streamed: bool) -> AsyncIterator[dict[str, Any]]:
-    """The upstream's chunks (a whole response is one)."""
+    """The upstream's chunks (a whole response is one). A stream is read with
+    `httpx-sse` to its very end (past ``[DONE]``), so its connection can be reused."""
+    from httpx_sse import EventSource
+
     if not streamed:
-        yield json.loads(await resp.aread())
+        yield _json(await resp.aread())
         return
-    async for line in resp.aiter_lines():
-        line = line.strip()
-        if not line.startswith("data:"):
+    done = False
+    async for event in EventSource(resp).aiter_sse():
+        if done or not event.data:
             continue
-        data = line[5:].strip()
-        if data == "[DONE]":
-            return
-        try:
-            yield json.loads(data)
-        except ValueError:
-            raise UpstreamError(
-                f"the upstream sent a line that is not JSON: {data[:80]!r}"
-            ) from None
+        if event.data.strip() == "[DONE]":
+            done = True
+            continue
+        yield _json(event.data)
+
+
+def _json(data: str | bytes) -> dict[str, Any]:
+    try:
+        out = json.loads(data)
+    except ValueError:
+        raise UpstreamError(f"the upstream sent what is not JSON: {data[:80]!r}") from None
+    if not isinstance(out, dict):
+        raise UpstreamError(f"the upstream sent what is not a JSON object: {data[:80]!r}")
+    return out
 
 
 def _choice(chunk: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -286,82 +293,219 @@ def _choice(chunk: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return None
 
 
-def chat_route(engine: Any, model_name: str) -> Any:
-    """The ``/v1/chat/completions`` route of ``--upstream-chat`` for `engine` (an
-    `UpstreamEngine`: its url, dialect, vocabulary and client options)."""
-    import httpx
-    from starlette.responses import JSONResponse, StreamingResponse
-    from starlette.routing import Route
+class UpstreamChat:
+    """The `ChatRunner` of ``--upstream-chat`` (see the module): `engine` is the
+    proxy's `UpstreamEngine` (its url, dialect, vocabulary and client options), its
+    one `httpx.AsyncClient` opened with the app (`open`) and closed with it (`aclose`)."""
 
-    async def chat(request: Any) -> Any:
-        payload = _payload(await request.body())
+    def __init__(self, engine: Any, model_name: str) -> None:
+        self.engine = engine
+        self.model_name = model_name
+        self.client: Any = None
+        #: Clients opened so far: one per run of the app (``/tokentrail/upstream``).
+        self.clients_opened = 0
+
+    def check(self, req: GenRequest) -> None:
+        if req.n != 1:
+            raise bad_request("n", "'n' must be 1 with --upstream-chat", "unsupported_value")
+
+    def open(self) -> None:
+        import httpx
+
+        if self.client is None:  # the scheduler caps the requests; idle ones are kept
+            limits = httpx.Limits(
+                max_connections=None, max_keepalive_connections=self.engine.capacity
+            )
+            self.client = httpx.AsyncClient(limits=limits, **self.engine.client_options())
+            self.clients_opened += 1
+
+    async def aclose(self) -> None:
+        if self.client is not None:
+            await self.client.aclose()
+            self.client = None
+
+    def stats(self) -> dict[str, Any]:
+        return {"chat_clients_opened": self.clients_opened}
+
+    async def run(
+        self, job: Job, body: dict[str, Any], release: Release
+    ) -> dict[str, Any] | AsyncIterator[bytes] | None:
+        """Send `job`'s chat request (`body`, validated) upstream: the whole response,
+        or (``stream``) an SSE body, or None when the client left first; `release` is
+        called once when the answer ends (a stream's when it is closed). The upstream's
+        refusal is an APIError, before anything is sent to the client."""
+        try:
+            resp, sent = await self._send(body)
+        except BaseException:
+            release(job, "failed", None)
+            raise
+        writer = ChatWriter(self.engine.vocab, body, self.model_name, job.id)
+        answer = _Answer(self, job, resp, bool(sent["stream"]), writer, release)
+        if body.get("stream"):
+            return answer
+        return await answer.whole()
+
+    async def _send(self, payload: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        import httpx
+
+        if self.client is None:
+            self.open()
+        engine, client = self.engine, self.client
         body = chat_body(payload, engine.dialect, engine.model)
-        writer = ChatWriter(engine.vocab, payload, str(payload.get("model") or model_name))
-        client = httpx.AsyncClient(**engine.client_options())
         path = "/v1/chat/completions"
         try:
             resp = await client.send(client.build_request("POST", path, json=body), stream=True)
         except httpx.HTTPError as e:
-            await client.aclose()
             raise _api(engine.transport_error(e)) from None
         if resp.status_code >= 400:
             text = (await resp.aread()).decode("utf-8", "replace")
             await resp.aclose()
-            await client.aclose()
             raise _api(status_error(resp.status_code, text, engine.url + path))
+        return resp, body
 
-        async def events() -> AsyncIterator[
-            tuple[Mapping[str, Any] | None, list[ChannelPart], Any]
-        ]:
-            tracker = ChannelTracker(engine.vocab)
-            try:
-                async for chunk in _chunks(resp, bool(body["stream"])):
-                    choice = _choice(chunk)
-                    parts = tracker.feed(chunk)
-                    if choice is not None and choice.get("finish_reason"):
-                        parts += tracker.finish()
-                    yield choice, parts, tracker
-                if tracker.finish_reason is None:
-                    yield None, tracker.finish(), tracker
-            finally:
-                await resp.aclose()
-                await client.aclose()
 
-        if not payload.get("stream"):
-            parts: list[ChannelPart] = []
-            seen: list[ChannelTracker] = []
-            try:
-                async for _, p, t in events():
-                    parts += p
-                    seen.append(t)
-            except (UpstreamError, ValueError) as e:
-                raise _api(e if isinstance(e, UpstreamError) else UpstreamError(str(e))) from None
-            if not seen:
-                raise _api(UpstreamError("the upstream sent no answer"))
-            return JSONResponse(writer.response(seen[-1], parts))
+class _Answer:
+    """One upstream answer being read (`UpstreamChat.run`): as one response (`whole`),
+    or as our SSE chunks (it is their async iterator, and frees the job's place when
+    closed, started or not)."""
 
-        async def stream() -> AsyncIterator[bytes]:
-            first = True
-            try:
-                async for choice, p, tracker in events():
-                    if choice is None and not p:
-                        if tracker.usage is not None and not first:
-                            out = writer._envelope("chat.completion.chunk")
-                            out["choices"], out["usage"] = [], dict(tracker.usage)
-                            yield sse(out)
-                        continue
-                    up = None if choice is None else choice.get("delta", choice.get("message"))
-                    out = writer.chunk(up, p, first)
-                    first = False
-                    if choice is not None and choice.get("finish_reason"):
-                        out["choices"][0]["finish_reason"] = choice["finish_reason"]
-                        out["tokentrail"]["tool_calls"] = writer.calls(tracker)
-                        out["tokentrail"]["fields"] = writer.fields(tracker)
-                    yield sse(out)
-            except (UpstreamError, ValueError) as e:
-                yield sse({"error": {"message": str(e), "type": "upstream_error"}})
-            yield b"data: [DONE]\n\n"
+    def __init__(
+        self, runner: UpstreamChat, job: Job, resp: Any, streamed: bool, writer: ChatWriter,
+        release: Release,
+    ) -> None:  # fmt: skip
+        self.runner = runner
+        self.job = job
+        self.resp = resp
+        self.streamed = streamed
+        self.writer = writer
+        self.tracker = ChannelTracker(runner.engine.vocab)
+        self._release: Release | None = release
+        self._ttft: float | None = None
+        self._outcome = "cancelled"
+        self._body = self._stream()
+        self._gone: asyncio.Future[Any] | None = None  # the client's hang-up, once asked
 
-        return StreamingResponse(stream(), media_type="text/event-stream")
+    def _end(self, outcome: str) -> None:
+        if self._release is not None:
+            self._release(self.job, outcome, self._ttft)
+            self._release = None
 
-    return Route("/v1/chat/completions", chat, methods=["POST"])
+    async def _events(self) -> AsyncIterator[tuple[Mapping[str, Any] | None, list[ChannelPart]]]:
+        """(the upstream's choice 0, the parts it made final) per chunk; (None, the rest)
+        at the end when the upstream sent no finish reason."""
+        import httpx
+
+        tracker, job = self.tracker, self.job
+        try:
+            async for chunk in _chunks(self.resp, self.streamed):
+                choice = _choice(chunk)
+                parts = tracker.feed(chunk)
+                if choice is not None and choice.get("finish_reason"):
+                    parts += tracker.finish()
+                job.generated = len(tracker.tokens)
+                if self._ttft is None and tracker.tokens:
+                    self._ttft = time.monotonic() - job.submitted
+                yield choice, parts
+            if tracker.finish_reason is None:
+                yield None, tracker.finish()
+        except httpx.HTTPError as e:
+            raise self.runner.engine.transport_error(e) from None
+        except ValueError as e:  # what the tracker cannot read
+            raise UpstreamError(str(e)) from None
+        finally:
+            await self.resp.aclose()
+
+    async def _collect(self) -> dict[str, Any]:
+        parts: list[ChannelPart] = []
+        seen = False
+        try:
+            async for _, p in self._events():
+                parts += p
+                seen = True
+        except UpstreamError as e:
+            raise _api(e) from None
+        if not seen:
+            raise _api(UpstreamError("the upstream sent no answer"))
+        return self.writer.response(self.tracker, parts)
+
+    async def whole(self) -> dict[str, Any] | None:
+        """The whole response; None when the client hung up first (the upstream's
+        answer is then closed, which stops it)."""
+        collect = asyncio.ensure_future(self._collect())
+        gone = asyncio.ensure_future(self.job.next_event())  # only "cancelled" comes now
+        try:
+            await asyncio.wait({collect, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+        if not collect.done():
+            collect.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await collect
+            await self.resp.aclose()
+            self._end("cancelled")
+            return None
+        try:
+            out = collect.result()
+        except BaseException:
+            self._end("failed")
+            raise
+        self._end("completed")
+        return out
+
+    async def _stream(self) -> AsyncIterator[bytes]:
+        writer, tracker = self.writer, self.tracker
+        first = True
+        try:
+            async for choice, p in self._events():
+                if choice is None and not p:
+                    if tracker.usage is not None and not first:
+                        out = writer._envelope("chat.completion.chunk")
+                        out["choices"], out["usage"] = [], dict(tracker.usage)
+                        yield sse(out)
+                    continue
+                up = None if choice is None else choice.get("delta", choice.get("message"))
+                out = writer.chunk(up, p, first)
+                first = False
+                if choice is not None and choice.get("finish_reason"):
+                    out["choices"][0]["finish_reason"] = choice["finish_reason"]
+                    out["tokentrail"]["tool_calls"] = writer.calls(tracker)
+                    out["tokentrail"]["fields"] = writer.fields(tracker)
+                yield sse(out)
+            self._outcome = "completed"
+        except UpstreamError as e:
+            self._outcome = "failed"
+            yield sse({"error": {"message": str(e), "type": "upstream_error"}})
+        yield b"data: [DONE]\n\n"
+
+    def __aiter__(self) -> _Answer:
+        return self
+
+    async def __anext__(self) -> bytes:
+        """The next SSE event; the end as soon as the client hangs up (the job's
+        "cancelled"), even while the upstream sends nothing."""
+        if self._gone is None:
+            self._gone = asyncio.ensure_future(self.job.next_event())  # only "cancelled"
+        step = asyncio.ensure_future(anext(self._body))
+        await asyncio.wait({step, self._gone}, return_when=asyncio.FIRST_COMPLETED)
+        if not step.done():
+            step.cancel()
+            with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                await step
+            raise StopAsyncIteration
+        try:
+            return step.result()
+        except StopAsyncIteration:
+            raise
+        except Exception:
+            self._outcome = "failed"
+            raise
+
+    async def aclose(self) -> None:
+        try:
+            if self._gone is not None:
+                self._gone.cancel()
+            await self._body.aclose()
+            await self.resp.aclose()
+        finally:  # a client dropped for not reading (`Job.drop`) counts as on the main path
+            dropped = self.job.dropped and self._outcome == "cancelled"
+            self._end("dropped" if dropped else self._outcome)

@@ -216,6 +216,13 @@ class Scheduler:
             "batch_kind": self.batch_kind,
         }
 
+    def release(self, job: Job, outcome: str, ttft: float | None = None) -> None:
+        """Free the place of an outside job (`--upstream-chat`) and count it as the
+        batch's: `outcome`, its `generated` tokens, `ttft` (s). From the event loop;
+        only the first call counts."""
+        if self.admission.release(job, outcome, ttft) and self._wake is not None:
+            self._wake()
+
     # -- loop thread --
 
     def _run(self) -> None:
@@ -293,7 +300,7 @@ class Scheduler:
             with adm.cond:
                 if self._stopping:
                     return False
-                while not self._stopping and not self._seqs and not adm.pending:
+                while not self._stopping and not self._seqs and not adm.admissible(0):
                     adm.cond.wait()
                 if self._stopping:
                     return False
@@ -332,7 +339,10 @@ class Scheduler:
                 self._advance(batch, uid, seq, engine_step)
 
     def _join(self, batch: Any, job: Job) -> None:
-        """Turn a request into `n` sequences of the batch, or answer it with an error."""
+        """Turn a request into `n` sequences of the batch, or answer it with an error; a
+        job the event loop runs (`Job.outside`) takes its place and is told to start."""
+        if job.outside and self.admission.hold(job):
+            return
         if job.cancelled.is_set():
             self.admission.finish(job, "cancelled")
             return

@@ -33,7 +33,7 @@ class GuidedRecorder(Recorder):
     distribution the token is drawn from). Recorded per call: [token, logprob, (top-k
     ids, top-k logprobs when k), (allowed mass when guided)]."""
 
-    __slots__ = ("cache", "distribution", "filters", "guide", "last")
+    __slots__ = ("cache", "distribution", "failure", "filters", "guide", "last")
 
     def __init__(
         self,
@@ -50,20 +50,28 @@ class GuidedRecorder(Recorder):
         self.guide = guide
         self.distribution = params.logprobs_mode
         self.last: mx.array | None = None
+        #: The exception the guide raised (None: none). The row is then sampled unmasked
+        #: so that mlx-lm's batch stays in step; its batch takes it out and reports this.
+        self.failure: Exception | None = None
         self.cache: dict[tuple[int, bool], Any] = {}  # (top-k, masked) -> compiled step
 
     def __call__(self, logprobs: mx.array) -> mx.array:
         args = [logprobs]
         guided = False
-        if self.guide is not None:
+        if self.guide is not None and self.failure is None:
             mx.async_eval(logprobs)  # the forward pass runs while llguidance works
-            if self.last is not None:
-                self.guide.advance(self.last.item())
-            # While the model reasons (a constraint that starts after it) nothing is
-            # masked, and the step records no allowed mass.
-            guided = self.guide.active
-            if guided:
-                args.append(mx.array(self.guide.allowed(logprobs.shape[-1])))
+            try:
+                if self.last is not None:
+                    self.guide.advance(self.last.item())
+                # While the model reasons (a constraint that starts after it) nothing is
+                # masked, and the step records no allowed mass.
+                guided = self.guide.active
+                if guided:
+                    args.append(mx.array(self.guide.allowed(logprobs.shape[-1])))
+            except Exception as e:  # this row's grammar failed: never the whole batch
+                self.failure = e
+                guided = False
+                del args[1:]
         if self.key is not None:  # a seeded sequence draws from its own key
             self.key, sub = mx.random.split(self.key)
             args.append(sub)

@@ -30,6 +30,7 @@ from .formatting import Formatter, merge_responses, sse, usage
 from .metrics import Metrics
 from .protocol import Kind, bad_request, json_type_name, parse_chat, parse_completion, read_json
 from .scheduler import Job, Scheduler
+from .structured import Admission
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
@@ -250,6 +251,8 @@ class _Server:
         self.max_body_bytes = config.max_body_bytes
         self.temperature = config.temperature
         self.metrics = metrics
+        #: Constraints compile on its pool, within its time budget (issue #29).
+        self.admission = Admission(metrics)
 
     def _check_model(self, body: Mapping[str, Any]) -> str:
         model = body.get("model")
@@ -352,7 +355,9 @@ class _Server:
         model = self._check_model(body)
         vocab = self._vocab()
         parse = parse_chat if kind == "chat" else parse_completion
-        req = parse(body, model, vocab.size, self.temperature)
+        req = await self.admission(
+            lambda: parse(body, model, vocab.size, self.temperature), body, self.scheduler.tokenizer
+        )
         prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
         job = Job(id=prefix + uuid.uuid4().hex[:24], request=req, loop=asyncio.get_running_loop())
         self.scheduler.submit(job)
@@ -508,6 +513,7 @@ def create_app(
             yield
         finally:
             await asyncio.to_thread(scheduler.stop)
+            server.admission.close()
 
     app = Starlette(
         routes=_routes(server),

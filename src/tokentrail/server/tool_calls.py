@@ -29,6 +29,7 @@ __all__ = [
     "FunctionSpec",
     "ToolReply",
     "ToolSpec",
+    "check_tools",
     "template_messages",
     "tool_constraint",
     "tool_parser_for",
@@ -37,6 +38,10 @@ __all__ = [
 
 #: The format a constrained call (tool_choice "required" or named) is written in.
 CONSTRAINED_PARSER = "llama3_json"
+#: The most tools one request may list (OpenAI's own limit).
+MAX_TOOLS = 128
+#: The most bytes of JSON all of a request's tools may take together.
+MAX_TOOLS_BYTES = 256 * 1024
 
 _CONFIG = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False, frozen=True)
 
@@ -93,6 +98,45 @@ def _choice_name(tool_choice: Any, tools: Sequence[ToolSpec]) -> str | None:
     return name
 
 
+def check_tools(tools: Sequence[ToolSpec]) -> None:
+    """A tool list checked like a schema before anything compiles or renders it: at most
+    `MAX_TOOLS` tools of `MAX_TOOLS_BYTES` in all, names unique, each `parameters` a
+    JSON schema with a finite instance and sane bounds (`constrain.schema_check`).
+    APIError 400 naming `tools`, in one line."""
+    if len(tools) > MAX_TOOLS:
+        raise _bad("tools", f"'tools' lists {len(tools)} tools; at most {MAX_TOOLS} are taken")
+    seen: set[str] = set()
+    size = 0
+    for i, tool in enumerate(tools):
+        name = tool.function.name
+        if name in seen:
+            raise _bad("tools", f"'tools[{i}]' repeats the name {name!r}; names must be unique")
+        seen.add(name)
+        params = tool.function.parameters
+        try:
+            size += len(json.dumps(params)) if params is not None else 0
+        except (RecursionError, ValueError):
+            raise _bad("tools", f"'tools[{i}].function.parameters' nests too deeply") from None
+        if size > MAX_TOOLS_BYTES:
+            raise _bad("tools", f"'tools' take more than {MAX_TOOLS_BYTES} bytes of JSON")
+        if params is None:
+            continue
+        if params.get("type", "object") != "object":
+            raise _bad("tools", f"'tools[{i}].function.parameters' must be a JSON schema of "
+                       f"type object, got type {params.get('type')!r}")  # fmt: skip
+        try:
+            from ..constrain.schema_check import check_schema
+        except ImportError:  # pragma: no cover - llguidance missing: nothing compiles them
+            continue
+        try:
+            check_schema(params, "tools")
+        except ConstraintError as e:
+            what = str(e).removeprefix("tools: ")
+            code = "too_complex" if "too complex" in what else "invalid_value"
+            raise APIError(400, f"'tools[{i}].function.parameters': {what}", param="tools",
+                           code=code) from None  # fmt: skip
+
+
 def _call_schema(tool: ToolSpec) -> dict[str, Any]:
     params = tool.function.parameters or {"type": "object"}
     return {
@@ -106,6 +150,8 @@ def _call_schema(tool: ToolSpec) -> dict[str, Any]:
 def tool_constraint(tools: Sequence[ToolSpec] | None, tool_choice: Any) -> tuple[Any, str]:
     """(the constraint `tool_choice` puts on the reply or None, the choice as "auto",
     "none", "required" or "named"). APIError 400 naming `tool_choice` or `tools`."""
+    if tools:
+        check_tools(tools)
     if tool_choice is None:
         return None, "auto" if tools else "none"
     if not tools:
@@ -126,7 +172,10 @@ def tool_constraint(tools: Sequence[ToolSpec] | None, tool_choice: Any) -> tuple
         call = constraint_from(json_schema=schema, param="tools", leading_whitespace=False)
         return call, "required" if name is None else "named"
     except ConstraintError as e:
-        raise _bad("tools", f"a tool's parameters do not compile: {e}") from None
+        what = str(e).removeprefix("tools: ")
+        code = "too_complex" if "too complex" in what else "invalid_value"
+        raise APIError(400, f"a tool's parameters do not compile: {what}", param="tools",
+                       code=code) from None  # fmt: skip
 
 
 def with_tools(structure: Any, tools: Sequence[ToolSpec] | None, tool_choice: Any) -> Any:

@@ -14,145 +14,20 @@ benchmarks/results/hostile.md (or `--out`); `--label` names the run (e.g. "befor
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-CHAT = "/v1/chat/completions"
-#: A case's key for constraint fields given as raw JSON text (too deep for json.dumps).
-RAW = "__raw__"
-NORMAL = {
-    "messages": [{"role": "user", "content": "Tell me a long story about a lighthouse."}],
-    "max_tokens": 48, "temperature": 0, "stream": True, "logprobs": True,
-}
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: tests.helpers
 
-
-def _nested(depth: int) -> dict[str, Any]:
-    """A schema `depth` arrays deep, as raw JSON text (json.dumps would recurse)."""
-    schema = '{"type": "array", "items": ' * depth + '{"type": "integer"}' + "}" * depth
-    return {RAW: '"response_format": {"type": "json_schema", "json_schema": {"name": "x", '
-                 f'"schema": {schema}}}}}'}
-
-
-def _left_recursive(rules: int) -> str:
-    lines = ["start: r0"]
-    lines += [f'r{i}: r{i} "+" r{i + 1} | r{i + 1}' for i in range(rules)]
-    lines.append(f'r{rules}: "x"')
-    return "\n".join(lines)
-
-
-def _schema(schema: Any) -> dict[str, Any]:
-    return {"response_format": {"type": "json_schema",
-                                "json_schema": {"name": "x", "schema": schema}}}
-
-
-def _tools(n: int) -> dict[str, Any]:
-    tools = [{"type": "function", "function": {
-        "name": f"tool_{i}", "parameters": {"type": "object",
-                                            "properties": {"a": {"type": "string"}}}}}
-             for i in range(n)]
-    return {"tools": tools, "tool_choice": "required"}
-
-
-#: name -> the hostile request's constraint fields (merged into a small chat request).
-CASES: dict[str, dict[str, Any]] = {
-    "self-referencing $ref": _schema(
-        {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}),
-    "dangling $ref": _schema({"$ref": "#/$defs/missing"}),
-    "50,000-value enum": _schema({"enum": [f"value{i}" for i in range(50_000)]}),
-    "pattern ^(a+)+$": _schema({"type": "string", "pattern": "^(a+)+$"}),
-    "regex a{1000000}": {"structured_outputs": {"regex": "a{1000000}"}},
-    r"regex [\s\S]{0,200000}x": {"structured_outputs": {"regex": r"[\s\S]{0,200000}x"}},
-    "bad regex (ab": {"structured_outputs": {"regex": "(ab"}},
-    "20,000-way choice": {"structured_outputs": {"choice": [f"c{i}" for i in range(20_000)]}},
-    "left-recursive grammar": {"structured_outputs": {"grammar": _left_recursive(2_000)}},
-    "minLength 1e9": _schema({"type": "string", "minLength": 1_000_000_000}),
-    "maxItems 1e9, minItems 5e8": _schema(
-        {"type": "array", "items": {"type": "integer"}, "minItems": 500_000_000,
-         "maxItems": 1_000_000_000}),
-    "nesting 900 deep": _nested(900),
-    "nesting 5,000 deep": _nested(5_000),
-    "1,000 tools": _tools(1_000),
-    "tool_choice not in tools": {**_tools(2), "tool_choice": {
-        "type": "function", "function": {"name": "nope"}}},
-}
-
-
-def _stream_tokens(url: str, out: dict[str, Any]) -> None:
-    """The normal stream: its token ids (from the extension's segments) and errors."""
-    ids: list[int] = []
-    t0 = time.monotonic()
-    gaps: list[float] = []
-    last = t0
-    try:
-        with httpx.stream("POST", url + CHAT, json=NORMAL, timeout=300) as r:
-            out["status"] = r.status_code
-            for line in r.iter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                now = time.monotonic()
-                gaps.append(now - last)
-                last = now
-                chunk = json.loads(line[6:])
-                if "error" in chunk:
-                    out["error"] = chunk["error"].get("message", "")
-                    break
-                for choice in chunk.get("choices", []):
-                    for seg in (choice.get("tokentrail") or {}).get("segments", []):
-                        ids += [t["id"] for t in seg.get("tokens", [])]
-    except httpx.HTTPError as e:
-        out["error"] = f"{type(e).__name__}: {e}"
-    out["ids"] = ids
-    out["max_gap"] = max(gaps, default=0.0)
-    out["seconds"] = time.monotonic() - t0
-
-
-def _hostile(url: str, fields: dict[str, Any], timeout: float) -> dict[str, Any]:
-    base = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 16,
-            "temperature": 0}
-    if RAW in fields:
-        text = json.dumps(base)[:-1] + ", " + fields[RAW] + "}"
-    else:
-        text = json.dumps({**base, **fields})
-    t0 = time.monotonic()
-    try:
-        r = httpx.post(url + CHAT, content=text, timeout=timeout,
-                       headers={"Content-Type": "application/json"})
-    except httpx.TimeoutException:
-        return {"status": "no answer", "seconds": timeout, "message": ""}
-    except httpx.HTTPError as e:
-        return {"status": type(e).__name__, "seconds": time.monotonic() - t0, "message": ""}
-    message = ""
-    if r.status_code != 200:
-        try:
-            message = r.json()["error"]["message"]
-        except (ValueError, KeyError, TypeError):
-            message = r.text
-    return {"status": r.status_code, "seconds": time.monotonic() - t0, "message": message}
-
-
-def run_case(url: str, fields: dict[str, Any], alone: list[int], timeout: float) -> dict[str, Any]:
-    """One class beside a normal stream."""
-    normal: dict[str, Any] = {}
-    thread = threading.Thread(target=_stream_tokens, args=(url, normal))
-    thread.start()
-    time.sleep(0.3)  # the stream is under way
-    result = _hostile(url, fields, timeout)
-    thread.join(timeout + 30)
-    result["one_line"] = "\n" not in result["message"]
-    result["beside_same"] = normal.get("ids") == alone and "error" not in normal
-    result["beside_error"] = normal.get("error", "")
-    result["beside_max_gap"] = normal.get("max_gap", float("nan"))
-    return result
+from tests.helpers.hostile import CASES, CHAT, run_case, stream_tokens
 
 
 def _healthy(url: str) -> bool:
@@ -200,7 +75,7 @@ def main() -> None:
     rows = []
     try:
         alone: dict[str, Any] = {}
-        _stream_tokens(url, alone)
+        stream_tokens(url, alone)
         for name, fields in CASES.items():
             if args.only and not any(o in name for o in args.only):
                 continue

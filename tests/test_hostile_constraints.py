@@ -31,7 +31,7 @@ from tokentrail.constrain.schema_check import MAX_DEPTH, check_schema  # noqa: E
 
 
 @pytest.fixture(scope="module")
-def demo() -> tuple[Any, Any]:
+def mlx_demo() -> tuple[Any, Any]:
     require("mlx_lm")
     import tokentrail
 
@@ -177,10 +177,10 @@ def test_compile_reports_time_and_errors() -> None:
     assert refused == ["invalid"]
 
 
-def test_bound_constraints_share_one_matcher(demo: tuple[Any, Any]) -> None:
+def test_bound_constraints_share_one_matcher(mlx_demo: tuple[Any, Any]) -> None:
     """Bound twice, one compiled matcher (cached by grammar and tokenizer); each guide
     walks a copy of it."""
-    _, tok = demo
+    _, tok = mlx_demo
     c = constraint_from(regex="(yes|no)")
     a, b = c.bind(tok), c.bind(tok)
     assert a.prototype is b.prototype is prototype_for(c.grammar, a.tokenizer, c.param)
@@ -190,6 +190,11 @@ def test_bound_constraints_share_one_matcher(demo: tuple[Any, Any]) -> None:
         assert g1.allowed(a.tokenizer.vocab_size)[t]
         g1.advance(t)
     assert g1.done and not g2.done  # the copies do not share state
+
+
+#: A grammar that compiles and starts, then outgrows llguidance's 2,000 items per row.
+LEFT_RECURSIVE = "\n".join(["start: r0", *(f'r{i}: r{i} "+" r{i + 1} | r{i + 1}'
+                                              for i in range(2_000)), 'r2000: "x"'])
 
 
 _leaf = st.sampled_from([
@@ -230,7 +235,7 @@ def test_any_schema_compiles_or_is_refused_in_one_line(schema: Any) -> None:
         assert c is not None and json.loads(c.source) == schema
 
 
-def test_failing_row_leaves_the_mlx_batch_alone(demo: tuple[Any, Any]) -> None:
+def test_failing_row_leaves_the_mlx_batch_alone(mlx_demo: tuple[Any, Any]) -> None:
     """A sequence whose grammar fails mid-way (a left-recursive grammar that outgrows
     llguidance's row limit after a few tokens) ends with its error; the plain greedy
     sequence beside it gets the tokens it gets alone, and the batch stays in step."""
@@ -239,11 +244,9 @@ def test_failing_row_leaves_the_mlx_batch_alone(demo: tuple[Any, Any]) -> None:
     from tokentrail.engines.mlx_batch import MLXBatch
     from tokentrail.sampling import make_params
 
-    model, tok = demo
+    model, tok = mlx_demo
     engine = engine_for(model)
-    rules = ["start: r0", *(f'r{i}: r{i} "+" r{i + 1} | r{i + 1}' for i in range(2_000)),
-             'r2000: "x"']
-    bad = constraint_from(grammar="\n".join(rules)).bind(tok)
+    bad = constraint_from(grammar=LEFT_RECURSIVE).bind(tok)
     prompt = tok.encode("Once upon a time", add_special_tokens=False)
     greedy = make_params(temp=0.0)
 
@@ -273,3 +276,37 @@ def test_failing_row_leaves_the_mlx_batch_alone(demo: tuple[Any, Any]) -> None:
     assert beside == alone and len(alone) == 24
     assert len(errors) == 1
     assert "\n" not in str(errors[0]) and "too complex" in str(errors[0])
+
+
+def test_failing_row_leaves_the_llamacpp_batch_alone(demo: tuple[Any, Any]) -> None:
+    """The same on the llama.cpp batch (the demo model's GGUF): the failed sequence is
+    `(uid, error)` and gone; the greedy one beside it decodes what it decodes alone."""
+    from tokentrail.sampling import make_params
+
+    engine, tok = demo
+    bad = constraint_from(grammar=LEFT_RECURSIVE).bind(tok)
+    prompt = tok.encode("Once upon a time")
+
+    def run(with_bad: bool) -> tuple[list[int], list[Exception]]:
+        batch = engine.open_batch(2, n_ctx=512, prompt_cache_bytes=0)
+        try:
+            plain = batch.add(prompt, make_params(temp=0.0), 24)
+            other = (batch.add(prompt, make_params(temp=0.0, constraint=bad), 24)
+                     if with_bad else None)  # fmt: skip
+            got: list[int] = []
+            errors: list[Exception] = []
+            while len(batch):
+                for uid, step in batch.step():
+                    if isinstance(step, Exception):
+                        assert uid == other
+                        errors.append(step)
+                    elif uid == plain:
+                        got.append(step.token)
+            return got, errors
+        finally:
+            batch.close()
+
+    alone, _ = run(False)
+    beside, errors = run(True)
+    assert beside == alone and len(alone) == 24
+    assert len(errors) == 1 and "\n" not in str(errors[0])

@@ -86,7 +86,7 @@ def parser_limits(limits: Limits = LIMITS) -> Any:
     return llg.LLParserLimits(**dataclasses.asdict(limits), verbose_errors=False)
 
 
-_STATE = re.compile(r"<state>|\nTokens:|\nRow |\nStack:|\ngrammar ", re.IGNORECASE)
+_STATE = re.compile(r"<state>|<non-verbose/>|\nTokens:|\nRow |\nStack:|\ngrammar ", re.IGNORECASE)
 
 
 def one_line(message: str, limit: int = MESSAGE_CHARS) -> str:

@@ -310,3 +310,44 @@ def test_failing_row_leaves_the_llamacpp_batch_alone(demo: tuple[Any, Any]) -> N
     beside, errors = run(True)
     assert beside == alone and len(alone) == 24
     assert len(errors) == 1 and "\n" not in str(errors[0])
+
+
+def _tools(*specs: dict[str, Any]) -> list[Any]:
+    from tokentrail.server.tool_calls import ToolSpec
+
+    return [ToolSpec.model_validate({"type": "function", "function": f}) for f in specs]
+
+
+@pytest.mark.parametrize(
+    ("tools", "words"),
+    [
+        ([{"name": f"t{i}"} for i in range(129)], "at most 128"),
+        ([{"name": "a"}, {"name": "a"}], "repeats the name 'a'"),
+        ([{"name": "a", "parameters": {"type": "string"}}], "type object"),
+        ([{"name": "a", "parameters": {"type": "object", "properties": {"x": {"$ref": "#"}},
+                                       "required": ["x"]}}], "no finite instance"),
+        ([{"name": "a", "parameters": {"type": "object", "properties": {
+            "x": {"type": "string", "minLength": 10**9}}}}], "too complex"),
+        ([{"name": "a", "parameters": {"type": "object", "description": "x" * 300_000}}],
+         "bytes of JSON"),
+    ],
+    ids=["count", "duplicate", "not an object", "cycle", "bound", "size"],
+)
+def test_tool_lists_are_checked_like_schemas(tools: list[dict[str, Any]], words: str) -> None:
+    from tokentrail.errors import APIError
+    from tokentrail.server.tool_calls import tool_constraint
+
+    with pytest.raises(APIError) as e:
+        tool_constraint(_tools(*tools), "auto")
+    assert e.value.status == 400 and e.value.param == "tools"
+    assert "\n" not in e.value.message and words in e.value.message
+
+
+def test_a_sound_tool_list_passes() -> None:
+    from tokentrail.server.tool_calls import tool_constraint
+
+    tools = _tools({"name": "get", "parameters": {"type": "object", "properties": {
+        "city": {"type": "string"}}, "required": ["city"]}}, {"name": "ping"})
+    assert tool_constraint(tools, "auto") == (None, "auto")
+    call, choice = tool_constraint(tools, {"type": "function", "function": {"name": "get"}})
+    assert choice == "named" and call is not None and call.param == "tools"

@@ -111,6 +111,21 @@ def test_stream_that_fails_mid_way_ends_with_a_one_line_error(served: Server) ->
     assert send(served.url, {}, ANSWER_WITHIN)["status"] == 200
 
 
+def test_the_event_loop_answers_while_a_large_spec_compiles(served: Server) -> None:
+    """A 50,000-value enum compiles for a second or more on the compile pool: /health and
+    a plain request are answered meanwhile (not a hang: generous bounds)."""
+    import threading
+
+    fields = CASES["50,000-value enum"]
+    big = threading.Thread(target=send, args=(served.url, fields, ANSWER_WITHIN))
+    big.start()
+    try:
+        assert httpx.get(served.url + "/health", timeout=10).status_code == 200
+        assert send(served.url, {}, 30)["status"] == 200
+    finally:
+        big.join(ANSWER_WITHIN)
+
+
 def test_metrics_count_refusals_and_compile_time(served: Server) -> None:
     send(served.url, {"structured_outputs": {"regex": "(ab"}}, ANSWER_WITHIN)
     send(served.url, {"structured_outputs": {"choice": [str(i) for i in range(3000)]}},

@@ -143,7 +143,7 @@ def test_compile_budget_refuses_before_the_work_ends() -> None:
     caller hears "too complex" at once, and the refusal is counted."""
     refused: list[str] = []
     compiler = Compiler(0.01, on_refuse=refused.append)
-    schema = {"enum": [f"value{i}" for i in range(50_000)]}
+    schema = {"enum": [f"budget{i}" for i in range(50_000)]}  # never compiled before: no cache
 
     async def go() -> float:
         tic = time.perf_counter()
@@ -175,6 +175,13 @@ def test_compile_reports_time_and_errors() -> None:
         compiler.close()
     assert len(times) == 1 and times[0] >= 0
     assert refused == ["invalid"]
+
+
+def test_the_same_spec_compiles_once() -> None:
+    schema = {"type": "object", "properties": {"once": {"type": "integer"}}}
+    first = constraint_from(json_schema=schema)
+    assert constraint_from(json_schema=dict(schema)) is first
+    assert constraint_from(json_schema=schema, param="json_schema") is not first  # its own field
 
 
 def test_bound_constraints_share_one_matcher(mlx_demo: tuple[Any, Any]) -> None:

@@ -12,8 +12,9 @@ the model or end anyone else's generation (issue #29). Three bounds apply:
 * **A time budget** (`Compiler.run`): the work runs on a small thread pool (llguidance
   drops the GIL while it builds a grammar), awaited from the event loop; past the
   budget the request is refused as "too complex" before it ever joins the batch.
-* **A cache** of built matchers keyed by (grammar, tokenizer), as vLLM's: the same spec
-  sent again costs a `deep_copy` of the matcher, not a compile. Each sequence starts
+* **A cache** of compiled specs (`cached_spec`) and of built matchers keyed by (grammar,
+  tokenizer) (`prototype_for`), as vLLM's: the same spec sent again costs a lookup and
+  a `deep_copy` of the matcher, not a compile. Each sequence starts
   from a copy of the cached matcher (`prototype_for`), never compiling on the model's
   thread.
 
@@ -26,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
+import json
 import logging
 import re
 import threading
@@ -46,10 +48,12 @@ __all__ = [
     "Compiler",
     "Limits",
     "TooComplex",
+    "cached_spec",
     "one_line",
     "parser_limits",
     "prototype_for",
     "reason_of",
+    "spec_key",
 ]
 
 logger = logging.getLogger(__name__)
@@ -156,6 +160,39 @@ def prototype_for(grammar: str, lltok: Any, param: str) -> Any:
         while len(_cache) > CACHE_ENTRIES:
             _cache.popitem(last=False)
     return matcher
+
+
+# -- the spec cache ------------------------------------------------------------------------
+
+#: Compiled specs kept (least recently used goes first).
+SPEC_ENTRIES = 64
+_specs: OrderedDict[str, Any] = OrderedDict()
+
+
+def spec_key(*parts: Any) -> str | None:
+    """A cache key for a spec given as JSON-like `parts` (None: not JSON, never cached)."""
+    try:
+        return json.dumps(parts)
+    except (TypeError, ValueError, RecursionError):
+        return None
+
+
+def cached_spec(key: str | None, build: Callable[[], T]) -> T:
+    """`build()`'s result for `key`, built once while it stays among the last
+    `SPEC_ENTRIES` (errors are not kept: they raise again). The spec half of vLLM's
+    compile cache; `prototype_for` is the tokenizer-bound half."""
+    if key is None:
+        return build()
+    with _cache_lock:
+        if key in _specs:
+            _specs.move_to_end(key)
+            return _specs[key]
+    value = build()
+    with _cache_lock:
+        _specs[key] = value
+        while len(_specs) > SPEC_ENTRIES:
+            _specs.popitem(last=False)
+    return value
 
 
 # -- the worker pool -----------------------------------------------------------------------

@@ -22,7 +22,16 @@ from typing import Any, Literal
 import llguidance as llg
 
 from ..errors import ConstraintError
-from .compiler import LIMITS, TooComplex, one_line, parser_limits, prototype_for, reason_of
+from .compiler import (
+    LIMITS,
+    TooComplex,
+    cached_spec,
+    one_line,
+    parser_limits,
+    prototype_for,
+    reason_of,
+    spec_key,
+)
 from .guide import Guide
 from .lltokenizer import lltokenizer_for
 from .schema_check import check_schema
@@ -213,8 +222,19 @@ def constraint_from(
     `any_whitespace` (llguidance's `whitespace_flexible`), which small models can loop in;
     either way up to two blanks may come before the value (`LEADING_WHITESPACE`) unless
     `leading_whitespace=False` (a reply that is only a tool call: blanks there would be
-    blank content).
+    blank content). Compiled specs are cached (`compiler.cached_spec`): the same spec
+    again is the same `Constraint`.
     """
+    args = (json_schema, regex, choice, grammar, json_object, strict, any_whitespace,
+            leading_whitespace, param)  # fmt: skip
+    return cached_spec(spec_key(*args), lambda: _build(*args))
+
+
+def _build(
+    json_schema: Any, regex: Any, choice: Any, grammar: Any, json_object: bool,
+    strict: bool | None, any_whitespace: bool, leading_whitespace: bool, param: str,
+) -> Constraint | None:
+    """`constraint_from`'s work, uncached."""
     given = [name for name, value in (("json_schema", json_schema), ("regex", regex),
              ("choice", choice), ("grammar", grammar)) if value is not None]
     if json_object:

@@ -358,3 +358,17 @@ def test_a_sound_tool_list_passes() -> None:
     assert tool_constraint(tools, "auto") == (None, "auto")
     call, choice = tool_constraint(tools, {"type": "function", "function": {"name": "get"}})
     assert choice == "named" and call is not None and call.param == "tools"
+
+
+def test_one_sequence_whose_grammar_fails_ends_with_the_error(mlx_demo: tuple[Any, Any]) -> None:
+    """Outside a batch (`stream_generate`) the failure is raised: the sequence ends, it
+    never goes on unconstrained."""
+    import tokentrail
+
+    model, tok = mlx_demo
+    texts: list[str] = []
+    with pytest.raises(TooComplex, match="too complex"):
+        for r in tokentrail.stream_generate(model, tok, "Once upon a time", max_tokens=24,
+                                            grammar=LEFT_RECURSIVE):
+            texts.append(r.text)
+    assert all(set(t) <= set("x+") for t in texts)  # what came was the grammar's

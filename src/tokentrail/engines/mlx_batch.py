@@ -284,7 +284,7 @@ class MLXBatch(BaseBatch):
     # -- internals ---------------------------------------------------------------------
 
     def _recorder(self, params: SamplingParams, sampler: Any) -> _Announcing:
-        guided = guided_recorder(params, self.vocab_size, sink=self.sink)
+        guided = guided_recorder(params, self.vocab_size, sink=self.sink, isolate=True)
         if guided is not None:  # its own grammar state: one recorder per row
             return _Announcing(self, guided)
         if params.seed is not None and params.temp > 0:

@@ -14,13 +14,15 @@ whitespace (see `gate`).
 
 from __future__ import annotations
 
+import time
 from typing import Any, Protocol
 
 import llguidance as llg
 import llguidance.numpy as llg_np
 import numpy as np
 
-from ..errors import EngineError
+from ..errors import ConstraintError, EngineError
+from .compiler import TooComplex, one_line, parser_limits, reason_of
 from .gate import WHITESPACE, ReasoningGate, blank_words, whitespace_ids
 
 
@@ -32,8 +34,13 @@ class BoundGrammar(Protocol):
     grammar: str
     param: str
     after: tuple[str, ...]
+    prototype: Any
 
-__all__ = ["Guide"]
+__all__ = ["STEP_SECONDS", "Guide"]
+
+#: Seconds one mask computation may take before its sequence is ended (llguidance's step
+#: fuel, `compiler.LIMITS`, bounds the work; this bounds what a slow machine makes of it).
+STEP_SECONDS = 2.0
 
 
 class Guide:
@@ -48,10 +55,17 @@ class Guide:
                 "constraint.bind(tokenizer) (stream_generate does this)"
             )
         self.constraint = constraint
-        self.matcher = llg.LLMatcher(constraint.tokenizer, constraint.grammar, log_level=0)
+        prototype = getattr(constraint, "prototype", None)
+        if prototype is not None:  # compiled when bound: a copy costs no compile
+            self.matcher = prototype.deep_copy()
+        else:
+            self.matcher = llg.LLMatcher(
+                constraint.tokenizer, constraint.grammar, log_level=0, limits=parser_limits()
+            )
         if self.matcher.is_error():
-            raise EngineError(f"{constraint.param}: {self.matcher.get_error()}", 400,
-                              "invalid_constraint")
+            raise ConstraintError(
+                f"{constraint.param}: {one_line(self.matcher.get_error())}", constraint.param
+            )
         self.size = int(constraint.tokenizer.vocab_size)
         self._bits = llg_np.allocate_token_bitmask(1, self.size)
         after = getattr(constraint, "after", ())
@@ -85,14 +99,21 @@ class Guide:
         bit `i % 32` of word `i // 32` for id `i` (an engine unpacks it on its device).
         The array is reused by the next call."""
         words = self._bits[0]
+        tic = time.perf_counter()
         self.matcher.unsafe_compute_mask_ptr(words.ctypes.data, words.nbytes)
+        spent = time.perf_counter() - tic
         self._raise_if_error()
+        if spent > STEP_SECONDS:
+            raise EngineError(
+                f"{self.constraint.param}: too complex: one step's mask took {spent:.1f} s "
+                f"(at most {STEP_SECONDS:g} s)", 500, "constraint_too_slow",
+            )
         if self._lead:
             words |= blank_words(self.constraint.tokenizer)
         if not words.any():
             raise EngineError(
                 f"{self.constraint.param}: the grammar allows no token here "
-                f"({self.matcher.stop_reason()})", 500, "constraint_dead_end",
+                f"({one_line(self.matcher.stop_reason())})", 500, "constraint_dead_end",
             )
         return words
 
@@ -137,8 +158,14 @@ class Guide:
         return bool(self.matcher.is_stopped())
 
     def _raise_if_error(self) -> None:
+        if self.matcher.is_error() and reason_of(self.matcher.get_error()) == "too_complex":
+            # a limit of the client's spec, hit mid-way: a 400 naming its field
+            raise TooComplex(
+                f"{self.constraint.param}: too complex: {one_line(self.matcher.get_error())}",
+                self.constraint.param,
+            )
         if self.matcher.is_error():
             raise EngineError(
                 f"{self.constraint.param}: the grammar matcher failed: "
-                f"{self.matcher.get_error()}", 500, "constraint_error",
+                f"{one_line(self.matcher.get_error())}", 500, "constraint_error",
             )

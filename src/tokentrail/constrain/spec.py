@@ -22,8 +22,19 @@ from typing import Any, Literal
 import llguidance as llg
 
 from ..errors import ConstraintError
+from .compiler import (
+    LIMITS,
+    TooComplex,
+    cached_spec,
+    one_line,
+    parser_limits,
+    prototype_for,
+    reason_of,
+    spec_key,
+)
 from .guide import Guide
 from .lltokenizer import lltokenizer_for
+from .schema_check import check_schema
 
 __all__ = [
     "Constraint",
@@ -58,6 +69,9 @@ class Constraint:
     warnings: tuple[str, ...] = ()
     tokenizer: Any = field(default=None, repr=False)
     after: tuple[str, ...] = ()
+    #: llguidance's matcher at the start of the grammar once bound (`compiler.
+    #: prototype_for`): each sequence's guide starts from a copy, never a compile.
+    prototype: Any = field(default=None, repr=False, compare=False)
 
     @property
     def bound(self) -> bool:
@@ -67,14 +81,15 @@ class Constraint:
     def bind(self, tokenizer: Any) -> Constraint:
         """This constraint for `tokenizer` (a transformers, mlx-lm or tokentrail
         tokenizer; llguidance's tokenizer is built once per tokenizer object and cached).
-        Validates the grammar against the vocabulary, raising `ConstraintError`."""
+        Builds llguidance's matcher under `compiler.LIMITS` and its first mask (cached
+        per grammar and tokenizer), raising `ConstraintError` (`compiler.TooComplex` for
+        a limit) with llguidance's reason in one line. Slow for a large grammar: a
+        server binds on its compile pool (`compiler.Compiler`), not the model's thread."""
         lltok = lltokenizer_for(tokenizer)
         if lltok is self.tokenizer:
             return self
-        message = llg.LLMatcher.validate_grammar(self.grammar, lltok)
-        if message:
-            raise ConstraintError(f"{self.param}: {message}", self.param)
-        return replace(self, tokenizer=lltok)
+        matcher = prototype_for(self.grammar, lltok, self.param)
+        return replace(self, tokenizer=lltok, prototype=matcher)
 
     def after_reasoning(self, ends: Sequence[str] = ()) -> Constraint:
         """This constraint applied to the content after the reasoning, which ends at any
@@ -92,13 +107,21 @@ class Constraint:
 
 
 def _check(kind: Kind, source: str, grammar: str, param: str) -> Constraint:
-    is_error, messages = llg.LLMatcher.validate_grammar_with_warnings(grammar)
+    is_error, messages = llg.LLMatcher.validate_grammar_with_warnings(
+        grammar, limits=parser_limits()
+    )
     if is_error:
         what = {"json_schema": "the JSON schema", "json_object": "the JSON object grammar",
                 "regex": "the regex", "choice": "the choices", "grammar": "the grammar"}[kind]
-        reason = messages[0] if messages else "unknown error"
-        raise ConstraintError(f"{param}: cannot compile {what}: {reason}", param)
-    return Constraint(kind, source, grammar, param, tuple(messages))
+        raise _refusal(param, f"cannot compile {what}", messages[0] if messages else "")
+    return Constraint(kind, source, grammar, param, tuple(one_line(m) for m in messages))
+
+
+def _refusal(param: str, what: str, raw: str) -> ConstraintError:
+    """The error for llguidance's message `raw`: one line, "too complex" for a limit."""
+    if reason_of(raw) == "too_complex":
+        return TooComplex(f"{param}: too complex: {one_line(raw)}", param)
+    return ConstraintError(f"{param}: {what}: {one_line(raw)}", param)
 
 
 def _schema_text(schema: Any, param: str) -> str:
@@ -107,6 +130,9 @@ def _schema_text(schema: Any, param: str) -> str:
             value = json.loads(schema)
         except json.JSONDecodeError as e:
             raise ConstraintError(f"{param}: the JSON schema is not valid JSON: {e}", param) from e
+        except RecursionError:
+            raise TooComplex(f"{param}: too complex: the JSON schema nests too deeply",
+                             param) from None  # fmt: skip
     else:
         value = schema
     if not isinstance(value, Mapping | bool):
@@ -114,6 +140,7 @@ def _schema_text(schema: Any, param: str) -> str:
             f"{param}: a JSON schema must be an object (or true/false), got "
             f"{type(value).__name__}", param,
         )
+    check_schema(value, param)  # no finite instance, absurd bounds, nesting: refused here
     return json.dumps(value)  # key order kept: llguidance emits properties in order
 
 
@@ -129,8 +156,10 @@ def _json_schema(
         # The schema's own errors are named from the schema alone, never the wrapper.
         _check("json_schema", text, _json_grammar(text, options, False), param)
         grammar = _json_grammar(text, options, lead)
+    except ConstraintError:
+        raise
     except ValueError as e:
-        raise ConstraintError(f"{param}: cannot compile the JSON schema: {e}", param) from e
+        raise _refusal(param, "cannot compile the JSON schema", str(e)) from e
     return _check("json_schema", text, grammar, param)
 
 
@@ -163,6 +192,9 @@ def _choice(choice: Any, param: str) -> Constraint:
         raise ConstraintError(f"{param}: choice must be a non-empty list of strings", param)
     if not all(isinstance(c, str) for c in choice):
         raise ConstraintError(f"{param}: every choice must be a string, got {choice!r}", param)
+    if len(choice) > LIMITS.max_items_in_row:  # one Earley row per choice: over the limit
+        raise TooComplex(f"{param}: too complex: {len(choice)} choices; at most "
+                         f"{LIMITS.max_items_in_row}", param)  # fmt: skip
     text = json.dumps(list(choice))
     return _check("choice", text, llg.grammar_from("choice", text), param)
 
@@ -190,8 +222,19 @@ def constraint_from(
     `any_whitespace` (llguidance's `whitespace_flexible`), which small models can loop in;
     either way up to two blanks may come before the value (`LEADING_WHITESPACE`) unless
     `leading_whitespace=False` (a reply that is only a tool call: blanks there would be
-    blank content).
+    blank content). Compiled specs are cached (`compiler.cached_spec`): the same spec
+    again is the same `Constraint`.
     """
+    args = (json_schema, regex, choice, grammar, json_object, strict, any_whitespace,
+            leading_whitespace, param)  # fmt: skip
+    return cached_spec(spec_key(*args), lambda: _build(*args))
+
+
+def _build(
+    json_schema: Any, regex: Any, choice: Any, grammar: Any, json_object: bool,
+    strict: bool | None, any_whitespace: bool, leading_whitespace: bool, param: str,
+) -> Constraint | None:
+    """`constraint_from`'s work, uncached."""
     given = [name for name, value in (("json_schema", json_schema), ("regex", regex),
              ("choice", choice), ("grammar", grammar)) if value is not None]
     if json_object:
@@ -218,7 +261,7 @@ def constraint_from(
     try:
         compiled = llg.grammar_from("grammar", grammar)
     except ValueError as e:
-        raise ConstraintError(f"{param}: cannot compile the grammar: {e}", param) from e
+        raise _refusal(param, "cannot compile the grammar", str(e)) from e
     return _check("grammar", grammar, compiled, param)
 
 

@@ -316,7 +316,10 @@ class LlamaCppBatch(BaseBatch):
         b.n_tokens = n
         return used
 
-    def step(self) -> list[tuple[int, Step]]:
+    def step(self) -> list[tuple[int, Step | Exception]]:
+        """One llama_decode for every live sequence, then each one's sample; a sequence
+        whose grammar or sampler fails is `(uid, the exception)` and has left the batch
+        (the others go on)."""
         if not self._live:
             return []
         for uid, seq in list(self._live.items()):
@@ -338,31 +341,41 @@ class LlamaCppBatch(BaseBatch):
                 "full; open the batch with a larger n_ctx or fewer sequences)"
             )
         self.decodes += 1
-        out: list[tuple[int, Step]] = []
+        out: list[tuple[int, Step | Exception]] = []
         vocab = self.engine.vocab_size or 0
         for uid, seq in used:
             if seq.row < 0:
                 continue
-            if seq.guided is not None:
-                seq.guided.prepare()
-            token = int(llama_cpp.llama_sampler_sample(seq.chain.sampler, self._ctx.ctx, seq.row))
-            ptr = llama_cpp.llama_get_logits_ith(self._ctx.ctx, seq.row)
-            x = np.ctypeslib.as_array(ptr, shape=(vocab,))
-            p = seq.params
-            lp, top, lse, affected = step_logprobs(
-                x,
-                token,
-                p.top_logprobs,
-                p.logit_bias,
-                seq.window,
-                p.repetition_penalty,
-                self._scratch,
-            )
-            seq.window.append(token)
-            seq.produced += 1
-            seq.pending = [token]
-            full = LazyLogprobs(self, x, lse, affected)
-            out.append((uid, guided_step(seq.guided, token, lp, top, full, p)))
+            try:
+                out.append((uid, self._sample(seq, vocab)))
+            except Exception as e:  # this sequence's grammar or sampler failed: it alone
+                log.info("sequence %s left the batch: %s", uid, e)
+                self.remove(uid)
+                out.append((uid, e))
+                continue
             if seq.max_tokens is not None and seq.produced >= seq.max_tokens:
                 self.remove(uid)
         return out
+
+    def _sample(self, seq: LlamaSlot, vocab: int) -> Step:
+        """Sample one sequence's row of the decode just run; its Step."""
+        if seq.guided is not None:
+            seq.guided.prepare()
+        token = int(llama_cpp.llama_sampler_sample(seq.chain.sampler, self._ctx.ctx, seq.row))
+        ptr = llama_cpp.llama_get_logits_ith(self._ctx.ctx, seq.row)
+        x = np.ctypeslib.as_array(ptr, shape=(vocab,))
+        p = seq.params
+        lp, top, lse, affected = step_logprobs(
+            x,
+            token,
+            p.top_logprobs,
+            p.logit_bias,
+            seq.window,
+            p.repetition_penalty,
+            self._scratch,
+        )
+        seq.window.append(token)
+        seq.produced += 1
+        seq.pending = [token]
+        full = LazyLogprobs(self, x, lse, affected)
+        return guided_step(seq.guided, token, lp, top, full, p)

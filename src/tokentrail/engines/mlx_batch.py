@@ -40,7 +40,7 @@ from ..sampling import SamplingParams
 from .base import Step
 from .batch import BaseBatch, check_prompt_cache_bytes
 from .config import PREFILL_STEP_SIZE
-from .mlx_guided import guided_recorder, read_masses, shown_top
+from .mlx_guided import GuidedRecorder, guided_recorder, read_masses, shown_top
 from .mlx_sampling import Recorder, Sink, filters, read_rows, sampling_for
 
 log = logging.getLogger(__name__)
@@ -177,6 +177,9 @@ class MLXBatch(BaseBatch):
         #: Called in each decoding step once its graph is built, before the wait for it
         #: (the server hands the previous step's events to its event loop there).
         self.before_compute: Callable[[], None] | None = None
+        #: uid -> its guided sampler (a constraint or processed logprobs): its failure
+        #: takes that sequence out alone.
+        self._guided: dict[int, GuidedRecorder] = {}
         self._started: set[int] = set()  # uids whose first token was handed out
         self._early: set[int] = set()  # ... by the step that sampled it (mlx-lm: not yet)
 
@@ -190,14 +193,17 @@ class MLXBatch(BaseBatch):
             raise ValueError("prompt_ids is empty; the model needs at least one token")
         cache, rest = self._fetch(ids)
         sampler, processors = sampling_for(params, self.vocab_size)
+        recorder = self._recorder(params, sampler)
         (uid,) = self.gen.insert(
             [rest],
             max_tokens=[_NO_LIMIT if max_tokens is None else int(max_tokens)],
             caches=[cache],
             all_tokens=[ids[: len(ids) - len(rest)]],
-            samplers=[self._recorder(params, sampler)],
+            samplers=[recorder],
             logits_processors=[processors],
         )
+        if isinstance(recorder.sampler, GuidedRecorder):
+            self._guided[uid] = recorder.sampler
         self._live[uid] = params.top_logprobs
         self._modes[uid] = params.logprobs_mode
         self._cached[uid] = len(ids) - len(rest)
@@ -213,13 +219,20 @@ class MLXBatch(BaseBatch):
             self._store(tokens, cache)
         self._forget(uid)
 
-    def step(self) -> list[tuple[int, Step]]:
+    def step(self) -> list[tuple[int, Step | Exception]]:
         """One decoding step (and one prompt chunk for joining sequences); the first
-        token of each sequence that started generating in it."""
+        token of each sequence that started generating in it. A sequence whose grammar
+        failed in it is `(uid, the exception)` and has left the batch; the others go on
+        (its row was sampled unmasked, so mlx-lm's rows stay in step)."""
         _, responses = self.gen.next()
         reported = self._traced.reported
-        out: list[tuple[int, Step]] = []
+        failed = {uid: g.failure for uid, g in self._guided.items() if g.failure is not None}
+        out: list[tuple[int, Step | Exception]] = []
         for r in responses:
+            if r.uid in failed:
+                if r.finish_reason is not None:  # mlx-lm has let it go already
+                    self._forget(r.uid)
+                continue
             step = self._row_step(r.uid, reported[r.uid], r.logprobs)
             if step.token != r.token:
                 raise RuntimeError(
@@ -235,10 +248,15 @@ class MLXBatch(BaseBatch):
                 if r.prompt_cache is not None:
                     self._store(r.all_tokens, r.prompt_cache)
                 self._forget(r.uid)
-        for uid, where, logprobs in self._traced.sampled(self._started):
+        for uid, where, logprobs in self._traced.sampled(self._started | failed.keys()):
             out.append((uid, self._row_step(uid, where, logprobs)))
             self._started.add(uid)
             self._early.add(uid)
+        for uid, failure in failed.items():
+            log.info("sequence %s left the batch: its constraint failed: %s", uid, failure)
+            self.remove(uid)
+            self._guided.pop(uid, None)
+            out.append((uid, failure))
         return out
 
     def _row_step(self, uid: int, where: tuple[list[Any], int], logprobs: Any) -> Step:
@@ -266,7 +284,7 @@ class MLXBatch(BaseBatch):
     # -- internals ---------------------------------------------------------------------
 
     def _recorder(self, params: SamplingParams, sampler: Any) -> _Announcing:
-        guided = guided_recorder(params, self.vocab_size, sink=self.sink)
+        guided = guided_recorder(params, self.vocab_size, sink=self.sink, isolate=True)
         if guided is not None:  # its own grammar state: one recorder per row
             return _Announcing(self, guided)
         if params.seed is not None and params.temp > 0:
@@ -285,6 +303,7 @@ class MLXBatch(BaseBatch):
 
     def _forget(self, uid: int) -> None:
         self._live.pop(uid, None)
+        self._guided.pop(uid, None)
         self._modes.pop(uid, None)
         self._started.discard(uid)
         self._early.discard(uid)

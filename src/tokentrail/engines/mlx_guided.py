@@ -33,7 +33,7 @@ class GuidedRecorder(Recorder):
     distribution the token is drawn from). Recorded per call: [token, logprob, (top-k
     ids, top-k logprobs when k), (allowed mass when guided)]."""
 
-    __slots__ = ("cache", "distribution", "filters", "guide", "last")
+    __slots__ = ("cache", "distribution", "failure", "filters", "guide", "isolate", "last")
 
     def __init__(
         self,
@@ -43,6 +43,7 @@ class GuidedRecorder(Recorder):
         k: int = 0,
         schedule: bool = True,
         sink: Sink | None = None,
+        isolate: bool = False,
     ) -> None:
         self.filters = filters(params, vocab_size)
         super().__init__(self.filters, k, schedule, sink)
@@ -50,20 +51,33 @@ class GuidedRecorder(Recorder):
         self.guide = guide
         self.distribution = params.logprobs_mode
         self.last: mx.array | None = None
+        #: The exception the guide raised (None: none). The row is then sampled unmasked
+        #: so that mlx-lm's batch stays in step; its batch takes it out and reports this.
+        self.failure: Exception | None = None
+        #: Whether a guide's failure is kept in `failure` (a batch row: the batch takes the
+        #: row out) rather than raised (one sequence: its generation ends with it).
+        self.isolate = isolate
         self.cache: dict[tuple[int, bool], Any] = {}  # (top-k, masked) -> compiled step
 
     def __call__(self, logprobs: mx.array) -> mx.array:
         args = [logprobs]
         guided = False
-        if self.guide is not None:
+        if self.guide is not None and self.failure is None:
             mx.async_eval(logprobs)  # the forward pass runs while llguidance works
-            if self.last is not None:
-                self.guide.advance(self.last.item())
-            # While the model reasons (a constraint that starts after it) nothing is
-            # masked, and the step records no allowed mass.
-            guided = self.guide.active
-            if guided:
-                args.append(mx.array(self.guide.allowed(logprobs.shape[-1])))
+            try:
+                if self.last is not None:
+                    self.guide.advance(self.last.item())
+                # While the model reasons (a constraint that starts after it) nothing is
+                # masked, and the step records no allowed mass.
+                guided = self.guide.active
+                if guided:
+                    args.append(mx.array(self.guide.allowed(logprobs.shape[-1])))
+            except Exception as e:  # this row's grammar failed: never the whole batch
+                if not self.isolate:
+                    raise
+                self.failure = e
+                guided = False
+                del args[1:]
         if self.key is not None:  # a seeded sequence draws from its own key
             self.key, sub = mx.random.split(self.key)
             args.append(sub)
@@ -137,13 +151,15 @@ def guided_recorder(
     k: int = 0,
     schedule: bool = True,
     sink: Sink | None = None,
+    isolate: bool = False,
 ) -> GuidedRecorder | None:
     """A `GuidedRecorder` for one sequence when `params` needs one (a constraint, or
-    processed logprobs), else None; its guide is a fresh matcher of the constraint."""
+    processed logprobs), else None; its guide is a fresh matcher of the constraint.
+    `isolate`: a batch row (see `GuidedRecorder.isolate`)."""
     if params.constraint is None and params.logprobs_mode == "raw":
         return None
     guide = None if params.constraint is None else params.constraint.guide()
-    rec = GuidedRecorder(params, vocab_size, guide, k, schedule, sink)
+    rec = GuidedRecorder(params, vocab_size, guide, k, schedule, sink, isolate)
     if params.seed is not None and params.temp > 0:
         rec.seed(params.seed, params.temp)
     return rec

@@ -31,6 +31,7 @@ from .jobs import ChatRunner, Job
 from .metrics import Metrics
 from .protocol import Kind, bad_request, json_type_name, parse_chat, parse_completion, read_json
 from .scheduler import Scheduler
+from .structured import CompileGate
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
@@ -255,6 +256,8 @@ class _Server:
         self.temperature = config.temperature
         self.metrics = metrics
         self.chat_runner = runner  # runs admitted chat requests itself (--upstream-chat)
+        #: Constraints compile on its pool, within its time budget (issue #29).
+        self.compiling = CompileGate(metrics)
 
     def _check_model(self, body: Mapping[str, Any]) -> str:
         model = body.get("model")
@@ -357,7 +360,9 @@ class _Server:
         model = self._check_model(body)
         vocab = self._vocab()
         parse = parse_chat if kind == "chat" else parse_completion
-        req = parse(body, model, vocab.size, self.temperature)
+        req = await self.compiling(
+            lambda: parse(body, model, vocab.size, self.temperature), body, self.scheduler.tokenizer
+        )
         runner = self.chat_runner if kind == "chat" else None
         if runner is not None:
             runner.check(req)
@@ -531,6 +536,7 @@ def create_app(
             if chat_runner is not None:
                 await chat_runner.aclose()
             await asyncio.to_thread(scheduler.stop)
+            server.compiling.close()
 
     app = Starlette(
         routes=_routes(server),

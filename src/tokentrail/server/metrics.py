@@ -18,6 +18,9 @@ _WAIT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5
                  10, 30, 60)
 #: Seconds between two tokens of one sequence.
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+#: Seconds compiling one request's constraint (llguidance, on the compile pool).
+_COMPILE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
 #: Every outcome a generation request can have.
 OUTCOMES = ("completed", "cancelled", "failed", "rejected", "dropped")
 
@@ -29,6 +32,7 @@ class Metrics:
     queue_wait: Histogram
     prefill: Histogram
     itl: Histogram
+    compile_time: Histogram
 
     def __init__(self) -> None:
         # Imported here: `tokentrail serve`'s parser must load without the server extra.
@@ -72,6 +76,13 @@ class Metrics:
             "Requests that arrived with the batch full and waited in the queue for room",
             registry=r,
         )
+        self.refused_constraints = Counter(
+            "tokentrail_constraints_refused",
+            "Constraints refused with a 4xx, by reason (invalid: the spec is wrong; "
+            "too_complex: over a limit or the compile budget)",
+            ["reason"],
+            registry=r,
+        )
         # Seconds, as histograms: (attribute, name, help, buckets).
         histograms = (
             ("ttft", "tokentrail_time_to_first_token_seconds",
@@ -85,6 +96,9 @@ class Metrics:
              "(prompt processing, done between the running sequences' steps)", _WAIT_BUCKETS),
             ("itl", "tokentrail_inter_token_latency_seconds",
              "Seconds between consecutive tokens of one sequence", _ITL_BUCKETS),
+            ("compile_time", "tokentrail_constraint_compile_seconds",
+             "Seconds compiling a request's constraint (JSON schema, regex, choice, grammar "
+             "or tool call), off the model's thread", _COMPILE_BUCKETS),
         )
         for attr, name, text, buckets in histograms:
             setattr(self, attr, Histogram(name, text, buckets=buckets, registry=r))
@@ -111,6 +125,10 @@ class Metrics:
         if cached_tokens > 0:
             self.prompt_cache_hits.inc()
             self.prompt_tokens_cached.inc(cached_tokens)
+
+    def constraint_refused(self, reason: str) -> None:
+        """Count a refused constraint ("invalid" or "too_complex")."""
+        self.refused_constraints.labels(reason=reason).inc()
 
     def http(self, path: str, status: int) -> None:
         self.http_requests.labels(path=path, status=str(status)).inc()

@@ -22,9 +22,9 @@ in place of the server's ``--reasoning-parser`` / ``--reasoning-markers``).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -33,13 +33,19 @@ from ..structure.reasoning import ReasoningFormat, reasoning_format
 
 if TYPE_CHECKING:
     from ..constrain import Constraint
+    from ..constrain.compiler import Compiler
+    from .metrics import Metrics
+
+R = TypeVar("R")
 
 __all__ = [
     "CONSTRAINT_FIELDS",
+    "CompileGate",
     "Structure",
     "StructuredFields",
     "TokentrailOptions",
     "bound",
+    "constraint_param",
     "reply_format",
     "structure_of",
     "structure_options",
@@ -135,13 +141,99 @@ def bound(
     try:
         constraint = structure.constraint.bind(tokenizer)
     except ConstraintError as e:
-        raise _bad(e.param, str(e)) from None
+        raise refusal(e) from None
     fmt = reply_format(structure, server_reasoning, chat)
     return constraint if fmt is None else constraint.after_reasoning(fmt.constraint_after)
 
 
 def _bad(param: str, message: str) -> APIError:
     return APIError(400, message, param=param, code="invalid_value")
+
+
+def refusal(error: ConstraintError) -> APIError:
+    """The 400 for a constraint that does not compile: its field, its one-line reason,
+    and code "too_complex" for one over a limit (else "invalid_value")."""
+    from ..constrain.compiler import TooComplex
+
+    code = "too_complex" if isinstance(error, TooComplex) else "invalid_value"
+    return APIError(400, str(error), param=error.param, code=code)
+
+
+#: The request fields whose errors count as refused constraints in /metrics.
+_REFUSED_PARAMS = frozenset((*CONSTRAINT_FIELDS, "tools", "tool_choice"))
+
+
+def constraint_param(body: Mapping[str, Any]) -> str | None:
+    """The field of a raw request body that asks for compiling (a constraint field, or
+    `tools`), None when none does: named in the "too complex" refusal of a compile
+    that runs out of time before the body is even parsed."""
+    for name in CONSTRAINT_FIELDS:
+        value = body.get(name)
+        if value is not None and not (name == "response_format" and value == {"type": "text"}):
+            return name
+    return "tools" if body.get("tools") else None
+
+
+class CompileGate:
+    """Where a request's constraint compiles: `await gate(parse, body, tokenizer)`
+    runs `parse()` (a request's parse, which compiles its constraint) and binds that
+    constraint to `tokenizer`, on a `constrain.compiler.Compiler`'s pool within its
+    time budget (`seconds`), so the event loop and the model's thread never wait on
+    llguidance (issue #29); the scheduler then finds the constraint bound (`bound`
+    returns it as it is). A request with nothing to compile is parsed at once. APIError
+    400 naming the field for a spec that does not compile or is too complex, counted
+    in `metrics` (refusals by reason, compile times)."""
+
+    def __init__(self, metrics: Metrics | None = None, seconds: float | None = None) -> None:
+        self.metrics = metrics
+        self.seconds = seconds
+        self._compiler: Compiler | None = None
+
+    def compiler(self) -> Compiler | None:
+        """The compile pool, made on first use (None without llguidance)."""
+        if self._compiler is None:
+            try:
+                from ..constrain.compiler import COMPILE_SECONDS, Compiler
+            except ImportError:
+                return None
+            m = self.metrics
+            self._compiler = Compiler(
+                COMPILE_SECONDS if self.seconds is None else self.seconds,
+                on_compile=None if m is None else m.compile_time.observe,
+                on_refuse=None if m is None else m.constraint_refused,
+            )
+        return self._compiler
+
+    async def __call__(self, parse: Callable[[], R], body: Mapping[str, Any], tokenizer: Any) -> R:
+        param = constraint_param(body)
+        compiler = self.compiler() if param is not None else None
+        if param is None or compiler is None:
+            return parse()
+
+        def work() -> R:
+            req = parse()
+            structure = getattr(req, "structure", None)
+            c = getattr(structure, "constraint", None)
+            if c is not None and tokenizer is not None:
+                try:
+                    req.structure = replace(structure, constraint=c.bind(tokenizer))  # type: ignore[attr-defined]
+                except ConstraintError as e:
+                    raise refusal(e) from None
+            return req
+
+        try:
+            return await compiler.run(work, param=param)
+        except ConstraintError as e:  # over the time budget (counted by the compiler)
+            raise refusal(e) from None
+        except APIError as e:
+            if self.metrics is not None and e.status == 400 and e.param in _REFUSED_PARAMS:
+                reason = "too_complex" if e.code == "too_complex" else "invalid"
+                self.metrics.constraint_refused(reason)
+            raise
+
+    def close(self) -> None:
+        if self._compiler is not None:
+            self._compiler.close()
 
 
 def _constraint(wire: StructuredFields) -> Constraint | None:
@@ -170,7 +262,7 @@ def _constraint(wire: StructuredFields) -> Constraint | None:
             return constraint_from(json_schema=value, param=name)
         return constraint_from(grammar=value, param=name)
     except ConstraintError as e:
-        raise _bad(e.param, str(e)) from None
+        raise refusal(e) from None
 
 
 def _reasoning(value: Any) -> ReasoningFormat | Literal[False] | None:

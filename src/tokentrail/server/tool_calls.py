@@ -21,7 +21,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import APIError, ConstraintError
-from ..structure.tool_choice import CONSTRAINED_PARSER, tool_choice_of
+from ..structure.tool_choice import CONSTRAINED_PARSER, check_tools, tool_choice_of
 
 __all__ = [
     "CONSTRAINED_PARSER",
@@ -73,9 +73,11 @@ def tool_constraint(tools: Sequence[ToolSpec] | None, tool_choice: Any) -> tuple
     ConstraintError as a 400 naming `tool_choice` or `tools`."""
     specs = [t.as_template() for t in tools] if tools else None
     try:
-        return tool_choice_of(specs, tool_choice)
+        return tool_choice_of(check_tools(specs), tool_choice)
     except ConstraintError as e:
-        raise _bad(e.param, str(e)) from None
+        what = str(e).removeprefix(f"{e.param}: ")
+        code = "too_complex" if "too complex" in what else "invalid_value"
+        raise APIError(400, what, param=e.param, code=code) from None
 
 
 def with_tools(structure: Any, tools: Sequence[ToolSpec] | None, tool_choice: Any) -> Any:

@@ -30,6 +30,7 @@ from .jsonscan import JsonLeaf, JsonScanner, json_pointer
 from .schema import schema_values
 
 __all__ = [
+    "MAX_SCORED_VALUES",
     "NO_SCORER",
     "AllowedValue",
     "ContinuationScorer",
@@ -46,6 +47,18 @@ NO_SCORER = (
     "no scorer: the probability of each allowed value needs the model's full distribution "
     "(an in-process engine supplies it); top-k logprobs are not used to guess"
 )
+
+
+#: The most allowed values a leaf's alternatives are scored over: each costs the model a
+#: forward pass, and a schema's enum can list thousands (issue #29: one request's
+#: alternatives must not hold the model for everyone else).
+MAX_SCORED_VALUES = 64
+
+
+def too_many_values(n: int) -> str:
+    """Why a leaf with `n` allowed values has no alternatives."""
+    return (f"{n} allowed values: alternatives are scored for at most {MAX_SCORED_VALUES} "
+            "(one forward pass each)")
 
 
 class ContinuationScorer(Protocol):
@@ -314,6 +327,8 @@ class FieldBuilder:
         if allowed is not None:
             if self.scorer is None:
                 field.reason = NO_SCORER
+            elif len(allowed) > MAX_SCORED_VALUES:
+                field.reason = too_many_values(len(allowed))
             else:
                 cands = [(v, raw, True) if v == value and type(v) is type(value)
                          else (v, _dump(v), False) for v in allowed]  # fmt: skip

@@ -13,6 +13,7 @@ well-formed. Tools are OpenAI's shape (``{"type": "function", "function": {"name
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -22,6 +23,8 @@ from .tools import TOOL_PARSERS, detect_tool_parser
 
 __all__ = [
     "CONSTRAINED_PARSER",
+    "MAX_TOOLS",
+    "MAX_TOOLS_BYTES",
     "ToolChoice",
     "check_tools",
     "tool_choice_of",
@@ -82,25 +85,82 @@ def _call_schema(tool: Mapping[str, Any], at: str = "") -> dict[str, Any]:
     }
 
 
+#: The most tools one request may list (OpenAI's own limit).
+MAX_TOOLS = 128
+#: The most bytes of JSON all of a request's tools may take together.
+MAX_TOOLS_BYTES = 256 * 1024
+
+
 def check_tools(tools: Any) -> list[Mapping[str, Any]] | None:
-    """`tools` checked as OpenAI's list of functions (None: no tools)."""
+    """`tools` checked as OpenAI's list of functions, like a schema, before anything
+    compiles or renders it (None: no tools): at most `MAX_TOOLS` tools of
+    `MAX_TOOLS_BYTES` in all, names unique, each `parameters` a JSON schema of type
+    object with a finite instance and sane bounds (`constrain.schema_check`, where
+    llguidance is installed). ConstraintError naming `tools`, in one line ("too
+    complex" for what is over a limit)."""
     if tools is None:
         return None
     if isinstance(tools, str | bytes) or not isinstance(tools, Sequence):
         raise ConstraintError(
             "'tools' must be a list of {type: function, function: {...}}", "tools"
         )
+    if len(tools) > MAX_TOOLS:
+        raise ConstraintError(
+            f"'tools' lists {len(tools)} tools; at most {MAX_TOOLS} are taken: too complex",
+            "tools",
+        )
+    seen: set[str] = set()
+    size = 0
     for i, tool in enumerate(tools):
-        if not isinstance(tool, Mapping) or tool.get("type") != "function" or _name(tool) is None:
+        name = _name(tool)
+        if not isinstance(tool, Mapping) or tool.get("type") != "function" or name is None:
             raise ConstraintError(
-                f'\'tools\' entry {i} must be {{"type": "function", "function": '
+                f'\'tools[{i}]\' must be {{"type": "function", "function": '
                 f'{{"name": ...}}}}, got {tool!r}'[:300],
                 "tools",
             )
+        if name in seen:
+            raise ConstraintError(
+                f"'tools[{i}]' repeats the name {name!r}; names must be unique", "tools"
+            )
+        seen.add(name)
         params = tool["function"].get("parameters")
-        if params is not None and not isinstance(params, Mapping):
-            raise ConstraintError(f"'tools' entry {i}: 'parameters' must be a JSON schema", "tools")
+        size += _json_size(params, i)
+        if size > MAX_TOOLS_BYTES:
+            raise ConstraintError(
+                f"'tools' take more than {MAX_TOOLS_BYTES} bytes of JSON: too complex", "tools"
+            )
+        if params is not None:
+            _check_parameters(params, i)
     return list(tools) or None
+
+
+def _json_size(params: Any, i: int) -> int:
+    try:
+        return len(json.dumps(params)) if params is not None else 0
+    except (RecursionError, ValueError, TypeError):
+        raise ConstraintError(
+            f"'tools[{i}].function.parameters' is not JSON or nests too deeply", "tools"
+        ) from None
+
+
+def _check_parameters(params: Any, i: int) -> None:
+    where = f"'tools[{i}].function.parameters'"
+    if not isinstance(params, Mapping):
+        raise ConstraintError(f"{where} must be a JSON schema", "tools")
+    if params.get("type", "object") != "object":
+        raise ConstraintError(
+            f"{where} must be a JSON schema of type object, got type {params.get('type')!r}",
+            "tools",
+        )
+    try:
+        from ..constrain.schema_check import check_schema
+    except ImportError:  # llguidance missing: nothing compiles them
+        return
+    try:
+        check_schema(params, "tools")
+    except ConstraintError as e:
+        raise ConstraintError(f"{where}: {str(e).removeprefix('tools: ')}", "tools") from None
 
 
 def tool_choice_of(tools: Sequence[Mapping[str, Any]] | None, tool_choice: Any) -> tuple[Any, str]:

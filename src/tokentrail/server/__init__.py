@@ -67,10 +67,11 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..errors import APIError, QueueFull
-    from .app import STATIC_DIR, Guard, create_app
+    from .app import STATIC_DIR, create_app
     from .cli import main, register, run
     from .config import ServerConfig
     from .formatting import Formatter
+    from .guard import Guard
     from .jobs import Job
     from .protocol import GenRequest, parse_chat, parse_completion
     from .scheduler import Scheduler
@@ -80,7 +81,7 @@ if TYPE_CHECKING:
 #: extra (starlette, pydantic, prometheus_client).
 _EXPORTS = {
     "STATIC_DIR": ".app",
-    "Guard": ".app",
+    "Guard": ".guard",
     "create_app": ".app",
     "main": ".cli",
     "register": ".cli",

@@ -175,6 +175,23 @@ def test_library_streamed_and_whole_agree(
             == "tool_calls"
         )
 
+    # the extension's segments: the same streamed and whole; with a tool parser each
+    # part is content or a call's text (channel tool_call), every token's bytes there
+    seg_stream = [g for c in chunks for g in c["tokentrail"]["segments"]]
+    seg_whole = whole["tokentrail"]["segments"]
+    assert seg_stream == seg_whole
+    assert "".join(g["text"] for g in seg_whole) == text
+    for g in seg_whole:
+        joined = b"".join(bytes(t["bytes"])[t["start"] : t["end"]] for t in g["tokens"])
+        assert joined == g["text"].encode(), g
+    if parser is not None:
+        by = {c: "".join(g["text"] for g in seg_whole if g.get("channel") == c) for c in
+              ("content", "tool_call", "reasoning")}  # fmt: skip
+        assert by["content"] == "".join(r.content_text for r in lib)
+        assert by["content"] + by["tool_call"] == body
+        assert all(name in by["tool_call"] for name, _ in calls)
+        assert {t["index"] for g in seg_whole for t in g["tokens"]} == set(range(len(ids)))
+
     # fields: the same paths, values and tokens everywhere
     ext_stream = [f for c in chunks for f in c["tokentrail"].get("fields", [])]
     ext_whole = whole["tokentrail"].get("fields", [])

@@ -132,6 +132,12 @@ class OutputProcessor:
                 if result is not None:
                     end["tool_calls"] = tuple(result.calls)
                     end["tool_content"] = result.content
+            # the content's parts as the parser decides them: content, or a call's text
+            decided = tools.take_parts()
+            kept = [p for p in changes.get("parts", ()) if p.channel != "content"]
+            changes["parts"] = (*kept, *decided)
+            if splitter is None:
+                changes["channel"] = tools.channel
             changes["tool"] = ToolStep(
                 piece,
                 tuple(merged_tool_deltas([d.to_dict() for d in deltas])),

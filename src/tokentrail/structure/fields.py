@@ -205,6 +205,16 @@ class TokenPlacement:
             i += 1
         return out
 
+    def empty_at(self, pos: int) -> list[TokenSpan]:
+        """The zero-byte tokens (a skipped special, an EOS) placed at byte `pos`."""
+        i = bisect_right(self._starts, pos) - 1
+        out: list[TokenSpan] = []
+        while i >= 0 and self._starts[i] == pos:
+            if self._ends[i] == pos:
+                out.append(self._spans[i])
+            i -= 1
+        return out[::-1]
+
     def narrow(self, a: int, b: int) -> tuple[TokenSpan, ...]:
         """The tokens of bytes [a, b), each cut to its bytes there; pieces of one token
         placed side by side (a token cut between segments) joined back."""

@@ -10,8 +10,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..segment import Segment, TokenSpan
-from ..stops import splittable
+from ..stops import merge_spans, splittable
 from .fields import ContinuationScorer, JsonField, TokenPlacement
+from .reasoning import ChannelSegment
 from .tools import (
     TOOL_PARSERS,
     ToolCallDelta,
@@ -60,6 +61,11 @@ class ToolCallStream:
         #: Fields built so far, by path, and those not handed out yet (`take_fields`).
         self._fields: dict[str, JsonField] = {}
         self._fresh: list[JsonField] = []
+        #: The text decided so far (chars, and the same point in bytes), and the channel
+        #: parts decided since the last `take_parts`.
+        self._decided = (0, 0)
+        self._parts: list[ChannelSegment] = []
+        self._channel = "content"
 
     def feed(self, segments: Segment | Iterable[Segment]) -> tuple[str, list[ToolCallDelta]]:
         new = [segments] if isinstance(segments, Segment) else list(segments)
@@ -81,6 +87,21 @@ class ToolCallStream:
                 if f.path not in self._fields:
                     self._fields[f.path] = f
                     self._fresh.append(f)
+        return out
+
+    @property
+    def channel(self) -> str:
+        """"tool_call" while the text decided last is a call's, else "content"."""
+        return self._channel
+
+    def take_parts(self) -> list[ChannelSegment]:
+        """The reply's text decided since the last call, as channel parts in order:
+        "content" where the parser let it through, "tool_call" for a call's text (its
+        markers included), each with its tokens narrowed to the bytes that went there.
+        Text is decided once nothing later can change which it is (a call's is once the
+        call is complete; content that may still open a call waits), so the parts lag the
+        text as the content does."""
+        out, self._parts = self._parts, []
         return out
 
     def take_fields(self) -> list[JsonField]:
@@ -110,6 +131,7 @@ class ToolCallStream:
             ranges.append((tail, len(text)))
         elif content and content[-1][1] == len(text):
             ranges = _trimmed(ranges, _held(text, self._open))
+        self._decide(text, ranges, found, tail, final)
         joined = "".join(text[a:b] for a, b in ranges)
         piece = joined[self._content_out :]
         if piece:
@@ -131,6 +153,59 @@ class ToolCallStream:
                     deltas.append(ToolCallDelta(n, arguments=args[done:]))
                     self._args_out[n] = len(args)
         return piece, deltas
+
+    def _decide(
+        self,
+        text: str,
+        ranges: list[tuple[int, int]],
+        found: list[Any],
+        tail: int,
+        final: bool,
+    ) -> None:
+        """Add the parts of the text decided now: content `ranges` and, between them, the
+        complete calls (see `take_parts`)."""
+        if final:
+            frontier = len(text)
+        else:
+            frontier = ranges[-1][1] if ranges else 0
+            for f in found:
+                if f.end is not None and f.name is not None and not f.error and f.start < tail:
+                    frontier = max(frontier, f.end)
+        start = self._decided[0]
+        if frontier <= start:
+            return
+        pos = start
+        for a, b in ranges:
+            a, b = max(a, start), min(b, frontier)
+            if a >= b:
+                continue
+            if a > pos:
+                self._part(text, pos, a, "tool_call")
+            self._part(text, a, b, "content")
+            pos = b
+        if pos < frontier:
+            self._part(text, pos, frontier, "tool_call")
+        if final:  # zero-byte tokens at the very end (an EOS) go with the last part
+            end = self._placement.empty_at(self._decided[1])
+            if end:
+                last = self._parts[-1] if self._parts else ChannelSegment("", (), "content")
+                merged = ChannelSegment(last.text, (*last.tokens, *end), last.channel)
+                self._parts[-1:] = [merged]
+
+    def _part(self, text: str, a: int, b: int, channel: str) -> None:
+        c0, b0 = self._decided
+        a8 = b0 + len(text[c0:a].encode("utf-8", "surrogatepass"))
+        b8 = a8 + len(text[a:b].encode("utf-8", "surrogatepass"))
+        self._decided = (b, b8)
+        self._channel = channel
+        # the zero-byte tokens at its start (none were in the part before), then its bytes'
+        tokens = (*self._placement.empty_at(a8), *self._placement.narrow(a8, b8))
+        if self._parts and self._parts[-1].channel == channel:  # one part per run
+            last = self._parts[-1]
+            self._parts[-1] = ChannelSegment(last.text + text[a:b], tuple(merge_spans(
+                [last, Segment(text[a:b], tokens)])), channel)  # fmt: skip
+            return
+        self._parts.append(ChannelSegment(text[a:b], tokens, channel))
 
     def _leaf_fields(self, text: str, found: Any) -> None:
         """Build the fields of `found`'s leaves that are complete and new."""

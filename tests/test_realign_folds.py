@@ -6,9 +6,10 @@ how many tokens they were; their chat streams also list no entry for a token tha
 no text (the end-of-turn token; a special token sampled mid-stream). A position is
 stated only when every reading of the entries' bytes and the counts the stream sent
 (``usage``, ``timings.predicted_n``, mid-stream or at the end) agrees on it; otherwise it
-is unknown (index None), never shifted, and a later count can fix positions again. Recordings: ``tests/data/realign/llamacpp``
-(record_llamacpp.py) and ``tests/data/realign/llamacpp_folds`` (`record_llamacpp.py --folds`), real
-llama-server streams on SmolLM2-135M-Instruct.
+is unknown (index None), never shifted, and a later count can fix positions again.
+Recordings: ``tests/data/realign/llamacpp`` (record_llamacpp.py) and
+``tests/data/realign/llamacpp_folds`` (`record_llamacpp.py --folds`), real llama-server
+streams on SmolLM2-135M-Instruct.
 """
 
 from __future__ import annotations

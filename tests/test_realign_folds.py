@@ -88,6 +88,51 @@ def test_sums_come_back_when_a_count_pins_them() -> None:
     assert solve([frozenset({1})], [None, None], 5, frozenset({0})) == ([None], [None], False)
 
 
+@given(
+    options=st.lists(
+        st.none() | st.frozensets(st.integers(0, 3), min_size=1, max_size=3), max_size=4
+    ),
+    data=st.data(),
+)
+@settings(max_examples=300, deadline=None)
+def test_solve_states_what_every_reading_agrees_on(options: Any, data: st.DataObject) -> None:
+    """Against brute force: every assignment of counts (a fold of any count: 0..12)
+    that fits the pins, the total and the tail; a sum or count is stated exactly when
+    all of them agree on it."""
+    import itertools
+
+    m = len(options)
+    pins = data.draw(st.lists(st.none() | st.integers(0, 8), min_size=m + 1, max_size=m + 1))
+    pins[0] = data.draw(st.sampled_from([None, 0]))
+    missing = data.draw(st.none() | st.integers(0, 12))
+    tail = data.draw(st.frozensets(st.integers(0, 2), min_size=1))
+    ranges = [range(13) if o is None else sorted(o) for o in options]
+    fits = []
+    for counts in itertools.product(*ranges):
+        sums = list(itertools.accumulate(counts, initial=0))
+        if any(p is not None and p != s for p, s in zip(pins, sums, strict=True)):
+            continue
+        if missing is not None and missing - sums[-1] not in tail:
+            continue
+        fits.append((sums[1:], counts))
+    sums, counts, ok = solve(options, pins, missing, tail)
+    assert ok == bool(fits)
+    if not fits:
+        return
+    for k in range(m):
+        seen_sums = {f[0][k] for f in fits}
+        seen_counts = {f[1][k] for f in fits}
+        if sums[k] is not None:
+            assert seen_sums == {sums[k]}
+        elif missing is not None or None not in options[: k + 1]:
+            # (with no total, a fold of any count is unbounded: brute force stops at 12)
+            assert len(seen_sums) > 1
+        if counts[k] is not None:
+            assert seen_counts == {counts[k]}
+        elif missing is not None and options[k] is not None:
+            assert len(seen_counts) > 1
+
+
 def test_spellings_count_tokens_of_the_vocabulary() -> None:
     rev = reverse(load_vocab(DEMO))
     assert 1 in spellings(b" the", rev) and 4 in spellings(b" the", rev)

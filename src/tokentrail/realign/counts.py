@@ -41,10 +41,17 @@ def spellings(data: bytes, rev: Reverse, open_end: bool = False) -> frozenset[in
 ANY = None
 
 
-def _shift(values: set[int], opt: frozenset[int] | None, cap: int) -> set[int]:
+def _shift(values: set[int], opt: frozenset[int] | None, cap: int, over: int | None) -> set[int]:
+    """Sums after one more fold; beyond `cap` they are dropped (a known total bounds
+    them) or, with `over`, kept as that one value ("more than cap", never stated)."""
+    if not values:
+        return set()
+    top = cap if over is None else over
     if opt is None:  # any count: everything from the least value on (linear, not square)
-        return set(range(min(values), cap + 1)) if values else set()
-    return {s + c for s in values for c in opt if s + c <= cap}
+        return set(range(min(values), top + 1))
+    if over is None:
+        return {s + c for s in values for c in opt if s + c <= cap}
+    return {min(s + c, over) for s in values for c in opt}
 
 
 def _unshift(values: set[int], opt: frozenset[int] | None) -> set[int]:
@@ -73,7 +80,12 @@ def solve(
     """
     m = len(options)
     bound = [p for p in pins if p is not None] + ([missing] if missing is not None else [])
-    cap = max(bound, default=0) + (0 if missing is not None else 4 * (m + 1) + 64)
+    over: int | None = None
+    if missing is not None:
+        cap = missing
+    else:  # room for every fold of bounded count after the last pin; the rest is "over"
+        cap = max(bound, default=0) + sum(max(o, default=0) for o in options if o) + 1
+        over = cap + 1
 
     def pinned(k: int, values: set[int]) -> set[int]:
         p = pins[k]
@@ -81,7 +93,7 @@ def solve(
 
     fwd = [pinned(0, {0})]
     for k, opt in enumerate(options):
-        fwd.append(pinned(k + 1, _shift(fwd[-1], opt, cap)))
+        fwd.append(pinned(k + 1, _shift(fwd[-1], opt, cap, over)))
 
     def pinned_back(k: int, values: set[int] | None) -> set[int] | None:
         p = pins[k]
@@ -101,11 +113,13 @@ def solve(
     feas = [f if b is None else f & b for f, b in zip(fwd, back, strict=True)]
     if any(not f for f in feas):
         return [None] * m, [None] * m, False  # the stream contradicts itself
-    sums: list[int | None] = [next(iter(f)) if len(f) == 1 else None for f in feas[1:]]
+    sums: list[int | None] = [
+        next(iter(f)) if len(f) == 1 and over not in f else None for f in feas[1:]
+    ]
     counts: list[int | None] = []
     for k, opt in enumerate(options):
         a_set, b_set = feas[k], feas[k + 1]
-        if len(a_set) * len(b_set) > 4096:
+        if len(a_set) * len(b_set) > 4096 or over in a_set or over in b_set:
             counts.append(None)  # (unknown is never wrong; this keeps it linear-ish)
             continue
         diffs = {b - a for a in a_set for b in b_set if opt is None or b - a in opt}

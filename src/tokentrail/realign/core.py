@@ -103,7 +103,7 @@ class Realigner:
         self._finish: str | None = None  # the choice's finish_reason
         self._chat = False  # a chat stream (llama.cpp lists no entry for a textless token)
         self._llama = False  # entries with llama.cpp's ids and bytes
-        self._stop_cut = False  # an entry's bytes did not end with its token's (stop string)
+        self._stop_cut_at = -1  # the last entry whose bytes did not end with its token's
         self._multi = False
         self._cut_gap = False  # the next gap's last token was cut short by a stop string
         self._trailing: list[TokenSpan] = []
@@ -359,7 +359,8 @@ class Realigner:
                         "entry for (a stop string cut this token off?)"
                     )
                     gap = raw
-                    self._cut_gap = self._stop_cut = True
+                    self._cut_gap = True
+                    self._stop_cut_at = self._n
             if gap:
                 self._gap(gap, dropped)
                 dropped = []
@@ -420,7 +421,7 @@ class Realigner:
             return self._count_tail(segments, total)
         folds = self._open_gaps
         self._open_gaps = []
-        tail = end_tokens(self._finish, self._chat, self._stop_cut)
+        tail = end_tokens(self._finish, self._chat, self._stop_cut_at == self._n - 1)
         numbering = number(folds, pins, self._n, total, self._rev, tail, unlisted=unlisted)
         first = numbering.first_unknown
         if numbering.unknown_from is not None:

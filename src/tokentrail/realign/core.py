@@ -431,7 +431,8 @@ class Realigner:
             )
         elif first is not None:
             self._warn(
-                f"the server folded frames without saying how many tokens they held, and "
+                f"the server sent fewer entries than tokens without saying where (frames "
+                f"folded into the next entry; on a chat stream, tokens with no text), and "
                 f"neither their bytes nor its counts tell it: the positions of tokens from "
                 f"stream index {first} on are unknown (index null) until a count fixes them"
             )

@@ -100,6 +100,7 @@ class Realigner:
         self._deferred: list[Segment] = []
         self._total: int | None = None
         self._total_at = 0  # entries seen when the last count came
+        self._total_pin = False  # it came with entries (it counts up to them, not the end)
         self._finish: str | None = None  # the choice's finish_reason
         self._chat = False  # a chat stream (llama.cpp lists no entry for a textless token)
         self._llama = False  # entries with llama.cpp's ids and bytes
@@ -154,7 +155,8 @@ class Realigner:
             # with entries also says how many tokens came up to its last entry.
             self._total = frame.total
             self._total_at = self._n
-            if frame.tokens and frame.first_index is None:
+            self._total_pin = bool(frame.tokens) and frame.first_index is None
+            if self._total_pin:
                 self._pins[self._n - 1] = frame.total
         released = self._feeder.advance()
         if (self._open_gaps or (self._chat and self._llama)) and self._ext is None:
@@ -422,7 +424,8 @@ class Realigner:
         folds = self._open_gaps
         self._open_gaps = []
         tail = end_tokens(self._finish, self._chat, self._stop_cut_at == self._n - 1)
-        numbering = number(folds, pins, self._n, total, self._rev, tail, unlisted=unlisted)
+        end = None if self._total_pin else total  # (a count with entries is a pin only)
+        numbering = number(folds, pins, self._n, end, self._rev, tail, unlisted=unlisted)
         first = numbering.first_unknown
         if numbering.unknown_from is not None:
             self._warn(

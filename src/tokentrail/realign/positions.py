@@ -67,6 +67,11 @@ class Numbering:
             base = self._sums[k]
             if f.ref is None:
                 continue
+            # Unlisted tokens beside the folded ones (room at the same entry) could come
+            # first: the folded ones' places are known only when that room is empty.
+            beside = k + 1 < len(folds) and folds[k + 1].ref is None and folds[k + 1].at == f.at
+            if beside and counts[k + 1] != 0:
+                c = None
             if c is None or base is None or (unknown_from is not None and f.at >= unknown_from):
                 why = f"{f.ref.reason}; how many tokens it held cannot be told"
                 self.refused[id(f.ref)] = (RefusedToken(None, why, f.ref.reported),)

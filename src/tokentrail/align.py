@@ -177,6 +177,7 @@ class Aligner:
                 fast[i] = None
         self._fast_text = fast
         self._lens = [0 if p is None else len(p) for p in v.pieces]
+        self._edits = bool(v.run_edits)
         self._alt_cache: dict[int, tuple[bytes, str, str, bool]] = {}
         self._generic = v.generic
         self._holes = frozenset(i for i, p in enumerate(v.pieces) if p is None)
@@ -245,6 +246,7 @@ class Aligner:
         self._dec = codecs.getincrementaldecoder("utf-8")(_ERRORS[self._mode])
         self._run = 0
         self._run_text: list[str] = []
+        self._run_first = False  # the open run is the decode's first string (run_edits)
         self._poisoned = False
         self._clean = _CleanupStream() if self.vocab.cleanup else None
         self._ids: list[int] = []  # generic path only
@@ -421,13 +423,22 @@ class Aligner:
         if self._run and not self._poisoned:
             try:
                 self._run_text.append(self._dec.decode(b"", True))
-                parts.append("".join(self._run_text))
+                text = "".join(self._run_text)
+                parts.append(self.vocab.edit_run(text, self._run_first) if self._edits else text)
             except UnicodeDecodeError:
-                parts.append("\ufffd" * self._run)
+                parts.append(self._replacements(self._run, self._run_first))
         self._dec.reset()
         self._run = 0
         self._run_text = []
         self._poisoned = False
+
+    def _replacements(self, n: int, first: bool) -> str:
+        """The text of `n` bytes of an invalid byte-fallback run: one U+FFFD each (as the
+        decoder's later steps leave it; `first`: the run starts the decode)."""
+        if not self._edits:
+            return "\ufffd" * n
+        edit = self.vocab.edit_run
+        return edit("\ufffd", first) + edit("\ufffd", False) * (n - 1) if n else ""
 
     def _strip_text(self, text: str) -> str:
         if self._strip and text:
@@ -452,6 +463,7 @@ class Aligner:
                 self._end_run(parts)
         else:
             piece = self._pieces[token_id]
+            was_first = self._first
             if self._first:
                 first = v.first_pieces.get(token_id)
                 if first is not None:
@@ -473,9 +485,11 @@ class Aligner:
             elif mode == "spm_runs":
                 parts.append(self._dec.decode(piece))
             else:  # hf_runs, a byte token
+                if not self._run:
+                    self._run_first = was_first
                 self._run += 1
                 if self._poisoned:
-                    parts.append("\ufffd")
+                    parts.append(self._replacements(1, False))
                 else:
                     try:
                         self._run_text.append(self._dec.decode(piece))
@@ -483,7 +497,7 @@ class Aligner:
                         self._poisoned = True
                         self._dec.reset()
                         self._run_text = []
-                        parts.append("\ufffd" * self._run)
+                        parts.append(self._replacements(self._run, self._run_first))
             self._pos += len(piece)
         self._pending.append([idx, token_id, start, self._pos, logprob, top])
 

@@ -51,6 +51,8 @@ SPECS = [
     ("wordpiece-trained", "tokenizers/MANIFEST.json", "wordpiece"),
     ("wordpiece-trained-cleanup", "tokenizers/MANIFEST.json", "wordpiece-cleanup"),
     # transformers' Python-side sentencepiece backend: its own decode rules, generic path
+    # byte-fallback BPE whose decoder is ByteFallback then Metaspace, with no Fuse step
+    ("chatglm3-json", "tokenizers/chatglm3/tokenizer.json", None),
     ("llama2-transformers-slow", "tokenizers/llama2/tokenizer.model", "slow"),
     # Needs no corpus: the demo model's own tokenizer runs on a fresh clone too.
     ("demo-model", "", "demo"),

@@ -17,11 +17,11 @@ from typing import Any
 
 from ..segment import Segment, TokenSpan
 from ..vocab import Vocab
-from .counts import settle, spellings
 from .dialects import parse_chunk, tokentrail
 from .dialects import token_ids as token_id_strings
 from .feeding import Feeder
 from .placement import Obs
+from .positions import Fold, Numbering, end_tokens, number
 from .result import (
     POSITION_UNKNOWN,
     RealignedSegment,
@@ -94,9 +94,17 @@ class Realigner:
         # Gaps whose token count the server did not say (llama.cpp's OpenAI endpoints):
         # the stream index at each, and its refused marker. Segments after the first
         # are held until the end, when usage.completion_tokens may settle the counts.
-        self._open_gaps: list[tuple[int, RefusedToken, bytes, bool]] = []
+        self._open_gaps: list[Fold] = []
+        #: Counts sent mid-stream: raw index of a chunk's last entry -> tokens up to it.
+        self._pins: dict[int, int] = {}
         self._deferred: list[Segment] = []
         self._total: int | None = None
+        self._total_at = 0  # entries seen when the last count came
+        self._total_pin = False  # it came with entries (it counts up to them, not the end)
+        self._finish: str | None = None  # the choice's finish_reason
+        self._chat = False  # a chat stream (llama.cpp lists no entry for a textless token)
+        self._llama = False  # entries with llama.cpp's ids and bytes
+        self._stop_cut_at = -1  # the last entry whose bytes did not end with its token's
         self._multi = False
         self._cut_gap = False  # the next gap's last token was cut short by a stop string
         self._trailing: list[TokenSpan] = []
@@ -138,11 +146,22 @@ class Realigner:
             self._warn(f"{where} carries tokens but no tokentrail extension")
         if frame.other_choices:
             self._multi = True
-        if frame.total is not None:
-            self._total = frame.total
         self._observe(frame, where)
+        self._chat = self._chat or frame.chat
+        if frame.finish is not None:
+            self._finish = frame.finish
+        if frame.total is not None:
+            # The last count sent is the total only if no entry came after it; one sent
+            # with entries also says how many tokens came up to its last entry.
+            self._total = frame.total
+            self._total_at = self._n
+            self._total_pin = bool(frame.tokens) and frame.first_index is None
+            if self._total_pin:
+                self._pins[self._n - 1] = frame.total
         released = self._feeder.advance()
-        if self._open_gaps and self._ext is None:
+        if (self._open_gaps or (self._chat and self._llama)) and self._ext is None:
+            # Positions may still move: after a fold of unknown count, and on llama.cpp's
+            # chat streams, where only the counts at the end can show unlisted tokens.
             self._deferred.extend(released)
             return []
         if self._ext is not None:
@@ -324,6 +343,7 @@ class Realigner:
                 content_gap = sent[: len(sent) - len(own)]
         for k, w in enumerate(frame.tokens):
             self._source(w.source)
+            self._llama = self._llama or w.folded
             tid, raw, why = self._identify(w)
             gap = content_gap if k == 0 else None
             if w.folded and tid is not None and raw is not None:
@@ -342,6 +362,7 @@ class Realigner:
                     )
                     gap = raw
                     self._cut_gap = True
+                    self._stop_cut_at = self._n
             if gap:
                 self._gap(gap, dropped)
                 dropped = []
@@ -377,7 +398,7 @@ class Realigner:
         shown = data.decode("utf-8", "backslashreplace")
         refused = tuple(RefusedToken(r.index, r.reason, shown) for r in refused)
         if not dropped:
-            self._open_gaps.append((self._n, refused[0], data, self._cut_gap))
+            self._open_gaps.append(Fold(self._n, refused[0], data, self._cut_gap))
         self._cut_gap = False
         self._feeder.add(Obs("gap", None, raw=data, refused=refused))
 
@@ -387,72 +408,56 @@ class Realigner:
         ``usage.completion_tokens`` says how many tokens there were. Without open gaps,
         the missing ones come after every entry (llama.cpp leaves the end-of-turn token
         out of chat logprobs): they are refused at their indices. With open gaps (folded
-        frames that did not say how many tokens they held), each gap's count is settled
-        when only one fits its bytes and the total (`tokentrail.realign.counts`); the
-        indices after each settled gap shift accordingly. From the first gap whose count
-        cannot be told on, positions are unknown: those tokens get index None, never a
-        shifted one.
+        frames that did not say how many tokens they held), `positions.number` works
+        out what the stream fixes: each entry's position is stated only when every
+        reading of its bytes and counts agrees on it, else None (never a shifted one);
+        a count sent mid-stream or the total at the end can fix positions again after a
+        fold whose own count stays unknown.
         """
-        total = None if self._multi else self._total
-        if not self._open_gaps:
+        total = None if self._multi or self._total_at != self._n else self._total
+        pins = {} if self._multi else self._pins
+        # llama.cpp's chat streams list no entry for a token that adds no text: only
+        # the counts can show one, so they are read even when nothing was folded.
+        unlisted = self._chat and self._llama
+        if not self._open_gaps and not (unlisted and (total is not None or pins)):
             return self._count_tail(segments, total)
-        gaps = self._open_gaps
+        folds = self._open_gaps
         self._open_gaps = []
-        options = [spellings(data, self._rev, cut) for _, _, data, cut in gaps]
-        missing = None if total is None else total - self._n
-        counts = settle(options, missing, frozenset({0, 1}))
-        renamed: dict[int, tuple[RefusedToken, ...]] = {}
-        shifts: list[tuple[int, int | None]] = []
-        offset = 0
-        for (at, ref, _, _), c in zip(gaps, counts, strict=True):
-            if c is None:
-                why = f"{ref.reason}; how many tokens it held cannot be told"
-                renamed[id(ref)] = (RefusedToken(None, why, ref.reported),)
-            else:
-                base = at + offset
-                renamed[id(ref)] = tuple(
-                    RefusedToken(base + j, ref.reason, ref.reported) for j in range(c)
-                )
-                offset += c
-            shifts.append((at, c))
-        unknown_from = next((at for at, c in shifts if c is None), None)
-        if unknown_from is not None:
+        tail = end_tokens(self._finish, self._chat, self._stop_cut_at == self._n - 1)
+        end = None if self._total_pin else total  # (a count with entries is a pin only)
+        numbering = number(folds, pins, self._n, end, self._rev, tail, unlisted=unlisted)
+        first = numbering.first_unknown
+        if numbering.unknown_from is not None:
             self._warn(
-                f"the server folded frames without saying how many tokens they held, and "
-                f"neither their bytes nor usage tell it: the positions of tokens from stream "
-                f"index {unknown_from} on are unknown (index null)"
+                "the server's token counts contradict its entries (tokens it neither listed "
+                "nor folded into an entry?): positions are unknown (index null)"
             )
-        out = [self._renumber(seg, shifts, renamed, unknown_from) for seg in segments]
-        cut = self._renumber(RealignedSegment("", tuple(self._trailing)), shifts, {}, unknown_from)
+        elif first is not None:
+            self._warn(
+                f"the server sent fewer entries than tokens without saying where (frames "
+                f"folded into the next entry; on a chat stream, tokens with no text), and "
+                f"neither their bytes nor its counts tell it: the positions of tokens from "
+                f"stream index {first} on are unknown (index null) until a count fixes them"
+            )
+        out = [self._renumber(seg, numbering) for seg in segments]
+        cut = self._renumber(RealignedSegment("", tuple(self._trailing)), numbering)
         self._trailing = list(cut.tokens)
+        renamed = numbering.refused
         self._refused = [r for x in self._refused for r in renamed.get(id(x), (x,))]
-        if unknown_from is None:
-            self._n += offset
+        if numbering.end_sum is not None:
+            self._n += numbering.end_sum
             if total is not None and total > self._n:
                 out = self._count_tail(out, total)
         self._n = max(self._n, total or 0)
         return out
 
-    def _renumber(
-        self,
-        seg: Segment,
-        shifts: list[tuple[int, int | None]],
-        renamed: dict[int, tuple[RefusedToken, ...]],
-        unknown_from: int | None,
-    ) -> Segment:
+    def _renumber(self, seg: Segment, numbering: Numbering) -> Segment:
         """`seg` with its tokens at their true positions (None where not known)."""
-
-        def index(i: int) -> int | None:
-            if i < 0:
-                return i  # a prompt token
-            if unknown_from is not None and i >= unknown_from:
-                return None
-            return i + sum(c or 0 for at, c in shifts if at <= i)
-
         spans = tuple(
-            TokenSpan(index(t.index), t.id, t.start, t.end, t.logprob, t.top_logprobs)  # type: ignore[arg-type]
+            TokenSpan(numbering.index(t.index), t.id, t.start, t.end, t.logprob, t.top_logprobs)  # type: ignore[arg-type]
             for t in seg.tokens
         )
+        renamed = numbering.refused
         refs = tuple(r for x in getattr(seg, "refused", ()) for r in renamed.get(id(x), (x,)))
         unknown = POSITION_UNKNOWN if any(t.index is None for t in spans) else None
         return RealignedSegment(seg.text, spans, refs, unknown)

@@ -65,8 +65,9 @@ TokenHook = Callable[[TokenEvent], None]
 
 #: Why a realigned token's `index` is None (`RealignedSegment.position_unknown`).
 POSITION_UNKNOWN = (
-    "the server folded frames without saying how many tokens they held, so this "
-    "token's position in the stream cannot be told (its id and bytes are exact)"
+    "the server sent fewer entries than tokens without saying where (folded frames; on "
+    "a chat stream, tokens with no text), so this token's position in the stream cannot "
+    "be told (its id and bytes are exact)"
 )
 
 

@@ -54,6 +54,10 @@ class Frame:
     total: int | None = None
     #: The chunk also carries other choices (then usage does not speak for this one).
     other_choices: bool = False
+    #: The choice's ``finish_reason`` ("stop", "length", ...), when this chunk ends it.
+    finish: str | None = None
+    #: A chat choice (``delta`` / ``message``), not a completions one.
+    chat: bool = False
 
 
 def type_name(value: Any) -> str:

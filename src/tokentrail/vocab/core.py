@@ -158,6 +158,12 @@ class Vocab:
     byte_mode: ByteMode = "stream"
     first_pieces: dict[int, bytes] = field(default_factory=dict)
     strip_leading: int = 0
+    #: What the decoder does to each byte-fallback run's text after decoding it, when
+    #: the run reaches later steps as a string of its own (tokenizers' ByteFallback with
+    #: no Fuse after it, as ChatGLM3's ByteFallback then Metaspace): string replacements
+    #: (old, new, new when the run is the decode's first string), in order, applied to
+    #: a valid run's text and to each U+FFFD of an invalid one.
+    run_edits: tuple[tuple[str, str, str], ...] = ()
     cleanup: bool = False
     #: Whether a skipped token ends a byte-fallback run (true for sentencepiece, whose
     #: control pieces stay in the decode loop; false for tokenizers, which drops them).
@@ -204,6 +210,13 @@ class Vocab:
                 f"token id {token_id} is outside the vocabulary of {self.name} "
                 f"(valid ids are 0..{self.size - 1})"
             )
+
+    def edit_run(self, text: str, first: bool) -> str:
+        """A byte-fallback run's decoded string as the decoder's later steps leave it
+        (`run_edits`); `first`: it is the first string of the decode."""
+        for old, new, new_first in self.run_edits:
+            text = text.replace(old, new_first if first else new)
+        return text
 
     def token_bytes(self, token_id: int) -> bytes:
         """The raw bytes of a token as it appears mid-text."""

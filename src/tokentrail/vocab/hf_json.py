@@ -35,6 +35,12 @@ class _Unsupported(Exception):
     pass
 
 
+#: (pieces, first_pieces, byte_ids, byte_mode, strip_leading, run_edits)
+_Compiled = tuple[
+    list[bytes | None], dict[int, bytes], frozenset[int], str, int, tuple[tuple[str, str, str], ...]
+]
+
+
 class _Pipeline:
     """A tokenizers decoder pipeline simulated per token, one method per decoder kind
     (in the spirit of tokenizers' one class per decoder).
@@ -53,6 +59,15 @@ class _Pipeline:
         self.mode = "stream"
         self.fused = False
         self.strip_leading = 0
+        #: Replacements the steps after an unfused ByteFallback make on each byte-run
+        #: string: (old, new, new in the first string); see `Vocab.run_edits`.
+        self.run_edits: list[tuple[str, str, str]] = []
+
+    @property
+    def runs_open(self) -> bool:
+        """Whether byte runs reach the next step as strings of their own (ByteFallback
+        done, no Fuse yet): tokenizers applies each later step to a run's whole text."""
+        return self.mode == "hf_runs" and not self.fused
 
     def each(self, fn: Any) -> None:
         """Apply `fn` to every text piece (not to byte tokens), first forms included."""
@@ -81,6 +96,8 @@ class _Pipeline:
             raise _Unsupported("Replace with a regex pattern")
         old, new = pattern["String"], step.get("content", "")
         self.each(lambda s: s.replace(old, new) if isinstance(s, str) else s)
+        if self.runs_open:
+            self.run_edits.append((old, new, new))
 
     def byte_fallback(self, step: dict[str, Any]) -> None:
         for i, s in enumerate(self.cur):
@@ -96,6 +113,8 @@ class _Pipeline:
         self.fused = True
 
     def strip(self, step: dict[str, Any]) -> None:
+        if self.runs_open:
+            raise _Unsupported("Strip on byte-fallback runs that are not fused")
         c = step.get("content", " ")
         a, b = int(step.get("start", 0)), int(step.get("stop", 0))
 
@@ -142,10 +161,16 @@ class _Pipeline:
                 if scheme != "never" and isinstance(f, str):
                     self.first[i] = f.replace(repl, "")
                 self.cur[i] = s.replace(repl, " ")
+        if self.runs_open:
+            # A run's text is one string to Metaspace: its "▁" become spaces, and when
+            # it is the decode's first string, every one of them is dropped.
+            self.run_edits.append((repl, " ", "" if scheme != "never" else " "))
 
     def join(self, step: dict[str, Any]) -> None:
         """WordPiece (and the no-decoder default): tokens joined with single spaces,
         except that a WordPiece continuation (`##x`) joins without one."""
+        if self.runs_open:
+            raise _Unsupported(f"{step.get('type')} on byte-fallback runs that are not fused")
         wordpiece = step.get("type") == "WordPiece"
         prefix = step.get("prefix", "##") if wordpiece else None
         do_clean = bool(step.get("cleanup", False)) if wordpiece else False
@@ -160,7 +185,7 @@ class _Pipeline:
                 self.first[i] = wordpiece_cleanup(f) if do_clean else f
         self.fused = not wordpiece
 
-    def result(self) -> tuple[list[bytes | None], dict[int, bytes], frozenset[int], str, int]:
+    def result(self) -> _Compiled:
         def as_bytes(s: str | bytes) -> bytes:
             return s if isinstance(s, bytes) else s.encode("utf-8")
 
@@ -168,7 +193,8 @@ class _Pipeline:
         first_b = {i: as_bytes(s) for i, s in self.first.items() if as_bytes(s) != pieces[i]}
         if self.strip_leading:
             first_b = self._stripped_first(pieces)
-        return pieces, first_b, frozenset(self.byte_ids), self.mode, self.strip_leading
+        edits = tuple(self.run_edits)
+        return pieces, first_b, frozenset(self.byte_ids), self.mode, self.strip_leading, edits
 
     def _stripped_first(self, pieces: list[bytes | None]) -> dict[int, bytes]:
         """First forms for a Strip of leading spaces after Fuse: a text token that starts
@@ -207,10 +233,10 @@ _STEPS: dict[str, Any] = {
 
 def _compile_decoder(
     steps: list[dict[str, Any]], tokens: list[str | None]
-) -> tuple[list[bytes | None], dict[int, bytes], frozenset[int], str, int]:
+) -> _Compiled:
     """Simulate a tokenizers decoder pipeline per token.
 
-    Returns (pieces, first_pieces, byte_ids, byte_mode, strip_leading). Raises
+    Returns (pieces, first_pieces, byte_ids, byte_mode, strip_leading, run_edits). Raises
     `_Unsupported` for a pipeline whose effect is not per-token plus the known
     whole-text rules, so that the caller can fall back to the generic path.
     """
@@ -282,7 +308,7 @@ def vocab_from_hf_tokenizer(
         return tok.decode(list(ids), skip_special_tokens=skip)
 
     try:
-        pieces, first, byte_ids, mode, strip = _compile_decoder(
+        pieces, first, byte_ids, mode, strip, run_edits = _compile_decoder(
             _flatten(spec.get("decoder")), tokens
         )
     except _Unsupported as why:
@@ -307,6 +333,7 @@ def vocab_from_hf_tokenizer(
         byte_mode=mode,  # type: ignore[arg-type]
         first_pieces=first,
         strip_leading=strip,
+        run_edits=run_edits,
         cleanup=bool(cleanup),
         names=special_names(tokens, special),
         oracle=oracle,

@@ -103,12 +103,20 @@ def _pick_choice(choices: Any, choice: int, where: str) -> Mapping[str, Any] | N
     return None
 
 
-def _completion_tokens(usage: Any) -> int | None:
-    if isinstance(usage, Mapping):
-        n = usage.get("completion_tokens")
+def _count(obj: Any, key: str) -> int | None:
+    if isinstance(obj, Mapping):
+        n = obj.get(key)
         if isinstance(n, int) and not isinstance(n, bool) and n >= 0:
             return n
     return None
+
+
+def _completion_tokens(chunk: Mapping[str, Any]) -> int | None:
+    """How many tokens the server says it generated so far: ``usage.completion_tokens``
+    (at the end; on every chunk with vLLM's continuous usage stats), else llama.cpp's
+    ``timings.predicted_n`` (on every chunk with its ``timings_per_token``)."""
+    n = _count(chunk.get("usage"), "completion_tokens")
+    return n if n is not None else _count(chunk.get("timings"), "predicted_n")
 
 
 def parse(chunk: Mapping[str, Any], choice: int, where: str) -> Frame | None:
@@ -118,7 +126,7 @@ def parse(chunk: Mapping[str, Any], choice: int, where: str) -> Frame | None:
         ext = None  # n > 1: another choice's extension
     ch = _pick_choice(chunk["choices"], choice, where)
     # usage counts all choices together: it speaks for choice 0 of a one-choice stream.
-    total = _completion_tokens(chunk.get("usage")) if choice == 0 else None
+    total = _completion_tokens(chunk) if choice == 0 else None
     others = any(
         isinstance(c, Mapping) and c.get("index", k) != choice
         for k, c in enumerate(chunk["choices"])
@@ -129,7 +137,10 @@ def parse(chunk: Mapping[str, Any], choice: int, where: str) -> Frame | None:
         return Frame(ext=ext, total=total, other_choices=others)
     frame = Frame(ext=ext, total=total, other_choices=others)
     here = f"{where}.choices[{choice}]"
+    reason = ch.get("finish_reason")
+    frame.finish = reason if isinstance(reason, str) else None
     if "delta" in ch or "message" in ch:
+        frame.chat = True
         entries = chat_choice(ch, here, frame)
     elif "text" in ch:
         entries = completion_choice(ch, here, frame)

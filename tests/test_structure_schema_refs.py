@@ -616,14 +616,16 @@ def test_tool_call_enum_argument_over_http(client: tuple[Any, str]) -> None:
     unit = by_path["/tool_calls/0/arguments/unit"]
     check_alternatives(unit, ["celsius", "fahrenheit"])
     assert unit["value"] == args.unit.value
-    # streamed: the calls' fields come with the last chunk, the same as whole
-    fields = None
+    # streamed: each of the calls' fields comes in the chunk that completes it, the same
+    # as whole
+    fields: list[Any] = []
     chunks = api.chat.completions.create(
         model=model, messages=MSG, max_tokens=60, tools=[tool], tool_choice=named, stream=True
     )
     for chunk in chunks:
         ext = (chunk.model_extra or {}).get("tokentrail") or {}
-        fields = ext.get("fields") or fields
-    assert fields is not None
+        fields += ext.get("fields") or []
+    assert fields
     streamed = {f["path"]: f for f in fields}
+    assert streamed == by_path
     assert streamed["/tool_calls/0/arguments/unit"] == unit

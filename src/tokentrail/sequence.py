@@ -19,7 +19,7 @@ from .output.record import TokenOutput
 from .segment import Alternative, Confidence, Segment, TokenSpan, confidence_of
 from .stops import StopMatcher, WholeTokens, drop_first_space, merge_spans
 
-__all__ = ["GenerationResponse", "Sequence", "SequenceState"]
+__all__ = ["GenerationResponse", "SequenceState"]
 
 
 @dataclass(slots=True)
@@ -405,7 +405,3 @@ class SequenceState:
         """`spans` with `from_draft` set on the tokens a draft model proposed."""
         drafted = self._drafted
         return [t._replace(from_draft=True) if t.index in drafted else t for t in spans]
-
-
-#: The old name, kept importable (it shadowed `collections.abc.Sequence`).
-Sequence = SequenceState

@@ -34,7 +34,6 @@ from pydantic_core import PydanticCustomError
 
 from ..errors import APIError
 from ..sampling import OPENAI_LIMITS, SamplingError, SamplingParams, is_int, make_params
-from .config import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_QUEUE  # noqa: F401  (old home)
 from .structured import Structure, StructuredFields, structure_of
 from .tool_calls import ToolSpec, template_messages, with_tools
 

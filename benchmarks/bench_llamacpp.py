@@ -36,7 +36,7 @@ from typing import Any, NamedTuple
 import llama_cpp
 
 import tokentrail
-from tokentrail.engines.llamacpp_engine import LlamaCppEngine
+from tokentrail.engines.llamacpp.engine import LlamaCppEngine
 from tokentrail.models import resolve
 
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."

@@ -63,7 +63,7 @@ def eog_bias(gguf: Path) -> dict[str, int]:
     """logit_bias -100 for every end-of-generation id, as llama.cpp's vocabulary says."""
     import llama_cpp
 
-    from tokentrail.engines.llamacpp_engine import LlamaCppTokenizer
+    from tokentrail.engines.llamacpp.engine import LlamaCppTokenizer
 
     llama = llama_cpp.Llama(model_path=str(gguf), vocab_only=True, verbose=False)
     return {str(i): -100 for i in sorted(LlamaCppTokenizer(llama).eos_token_ids)}

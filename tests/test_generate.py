@@ -203,7 +203,7 @@ def test_breaking_out_stops_the_engine(loaded: tuple[Any, Any]) -> None:
 @pytest.mark.parametrize("size", [7, 257, 1000, 32768, 50257])
 @pytest.mark.parametrize("k", [1, 5, 20])
 def test_two_stage_top_k_finds_the_true_top_k(size: int, k: int) -> None:
-    from tokentrail.engines.mlx_engine import top_k_ids
+    from tokentrail.engines.mlx.engine import top_k_ids
 
     k = min(k, size)
     mx.random.seed(size + k)

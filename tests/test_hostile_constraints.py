@@ -248,7 +248,7 @@ def test_failing_row_leaves_the_mlx_batch_alone(mlx_demo: tuple[Any, Any]) -> No
     sequence beside it gets the tokens it gets alone, and the batch stays in step."""
     require("mlx_lm")
     from tokentrail.engines import engine_for
-    from tokentrail.engines.mlx_batch import MLXBatch
+    from tokentrail.engines.mlx.batch import MLXBatch
     from tokentrail.sampling import make_params
 
     model, tok = mlx_demo

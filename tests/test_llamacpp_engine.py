@@ -295,7 +295,7 @@ def test_tokenizer_cases_from_llama_cpp_python_on_the_spm_vocab(
 ) -> None:
     """abetlen/llama-cpp-python tests/test_llama.py::test_llama_cpp_tokenization, through
     LlamaCppTokenizer on the same ggml-vocab-llama-spm.gguf (a vocabulary-only file)."""
-    from tokentrail.engines.llamacpp_engine import LlamaCppTokenizer
+    from tokentrail.engines.llamacpp.engine import LlamaCppTokenizer
 
     path = corpus / "tokenizers" / "llama2" / "ggml-vocab-llama-spm.gguf"
     if not path.is_file():
@@ -423,7 +423,7 @@ def test_a_follow_up_reuses_the_cached_prefix(demo: Any, monkeypatch: pytest.Mon
 
 def test_a_plain_llama_object_is_wrapped(demo: Any, demo_ref: Any) -> None:
     from tokentrail.engines import engine_for
-    from tokentrail.engines.llamacpp_engine import LlamaCppEngine, LlamaCppTokenizer
+    from tokentrail.engines.llamacpp.engine import LlamaCppEngine, LlamaCppTokenizer
 
     engine, tok = demo
     wrapped = engine_for(demo_ref)
@@ -438,7 +438,7 @@ def test_flash_attention_batch_equals_llama_cpp_python_with_flash_attention(
 ) -> None:
     """load(flash_attn=True): the batch's context inherits it, and its greedy ids and
     logprobs equal llama-cpp-python's own decode with flash attention on."""
-    from tokentrail.engines.llamacpp_engine import load
+    from tokentrail.engines.llamacpp.engine import load
 
     engine, tok = load(demo_gguf, n_ctx=512, flash_attn=True)
     on = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED

@@ -3,7 +3,7 @@
 The upstream is llama.cpp's own `llama-server` on SmolLM2-135M-Instruct (GGUF), started
 here; the proxy in front of it is `tokentrail serve --upstream`; the client is the
 official `openai` package. The upstream decodes under its own constraint fields
-(`json_schema`, GBNF `grammar`, which `tokentrail.engines.upstream_constraints` asks
+(`json_schema`, GBNF `grammar`, which `tokentrail.engines.upstream.constraints` asks
 for); the proxy attributes the tokens and computes the fields. Oracles: `jsonschema`
 validates the output, `json.loads` gives the values, and the same request straight to
 llama-server gives the same text. (The vLLM case is in tests/test_vllm_server.py, next to
@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from tests.helpers.env import require
 from tests.helpers.llamacpp import find_smollm2, llama_server_binary
 from tests.helpers.servers import DEMO_MODEL, Server, start_llama_server, start_server
-from tokentrail.engines.upstream_constraints import gbnf_literal
+from tokentrail.engines.upstream.constraints import gbnf_literal
 
 require("uvicorn")
 require("llguidance")
@@ -214,7 +214,7 @@ def test_what_llamacpp_cannot_do_is_refused_naming_the_field(
     request field), with the constraint compiled from the request as the server does."""
     from tokentrail.constrain import from_structured_outputs
     from tokentrail.constrain.spec import constraint_from
-    from tokentrail.engines.upstream import UpstreamEngine
+    from tokentrail.engines.upstream.engine import UpstreamEngine
     from tokentrail.errors import ConstraintError
     from tokentrail.sampling import SamplingParams
 
@@ -412,7 +412,7 @@ def test_a_tokentrail_upstream_decodes_the_same_spec(tt_pair: Any) -> None:
 
     # "processed" logprobs are refused (the proxy would label the upstream's "raw"),
     # naming the field, before anything goes upstream.
-    from tokentrail.engines.upstream import UpstreamEngine
+    from tokentrail.engines.upstream.engine import UpstreamEngine
     from tokentrail.errors import ConstraintError
     from tokentrail.sampling import SamplingParams
 

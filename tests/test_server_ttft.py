@@ -325,7 +325,7 @@ def test_llamacpp_capacity_is_its_sequence_slots() -> None:
     llama_cpp = pytest.importorskip("llama_cpp")
     from types import SimpleNamespace
 
-    from tokentrail.engines.llamacpp_batch import DEFAULT_SLOTS, slots
+    from tokentrail.engines.llamacpp.batch import DEFAULT_SLOTS, slots
 
     def engine(n_seq_max: int) -> Any:
         return SimpleNamespace(llama=SimpleNamespace(

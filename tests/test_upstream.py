@@ -415,7 +415,7 @@ def test_vllm_dialect_asks_for_ids_and_reads_them(corpus: Path) -> None:
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     from tokentrail import load_vocab
-    from tokentrail.engines.upstream import UpstreamEngine
+    from tokentrail.engines.upstream.engine import UpstreamEngine
     from tokentrail.sampling import SamplingParams
 
     data = Path(__file__).resolve().parent / "data" / "realign"

@@ -47,7 +47,7 @@ def sse(entry: dict[str, Any]) -> bytes:
 
 
 def read(engine: Any, data: bytes, cuts: list[int], n: int) -> list[int]:
-    from tokentrail.engines.upstream_wire import StepReader
+    from tokentrail.engines.upstream.wire import StepReader
 
     reader = StepReader(engine, {"stream": True}, [], n)
     steps = []
@@ -61,7 +61,7 @@ def read(engine: Any, data: bytes, cuts: list[int], n: int) -> list[int]:
 @pytest.fixture(scope="module")
 def engines(corpus: Path) -> dict[str, Any]:
     from tokentrail import load_vocab
-    from tokentrail.engines.upstream import UpstreamEngine
+    from tokentrail.engines.upstream.engine import UpstreamEngine
 
     out = {}
     for e in recordings():
@@ -84,7 +84,7 @@ def test_any_cut_of_the_bytes_reads_the_same_steps(engines: dict[str, Any], data
 
 
 def test_a_line_that_is_not_json_is_an_upstream_error(engines: dict[str, Any]) -> None:
-    from tokentrail.engines.upstream_wire import StepReader
+    from tokentrail.engines.upstream.wire import StepReader
     from tokentrail.errors import UpstreamError
 
     reader = StepReader(next(iter(engines.values())), {"stream": True}, [], 4)
@@ -133,7 +133,7 @@ def test_wake_ends_a_step_that_waits_for_the_upstream(engines: dict[str, Any], k
     import threading
 
     from tokentrail.engines.batch import ThreadedBatch
-    from tokentrail.engines.upstream_stream import AsyncUpstreamBatch
+    from tokentrail.engines.upstream.stream import AsyncUpstreamBatch
 
     engine = next(iter(engines.values()))
     # A wait no test would sit out: without `wake` this step would return after 10 min.
@@ -154,8 +154,8 @@ def test_wake_ends_a_step_that_waits_for_the_upstream(engines: dict[str, Any], k
 
 
 def test_batch_runs_the_upstreams_slots_and_its_tokens(llama: Server) -> None:
-    from tokentrail.engines.upstream import UpstreamEngine
-    from tokentrail.engines.upstream_stream import AsyncUpstreamBatch
+    from tokentrail.engines.upstream.engine import UpstreamEngine
+    from tokentrail.engines.upstream.stream import AsyncUpstreamBatch
     from tokentrail.sampling import SamplingParams
     from tokentrail.server.proxy import load_tokenizer
 

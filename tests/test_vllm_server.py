@@ -264,7 +264,7 @@ def test_structured_outputs_through_the_proxy_are_vllms_own_with_fields(
     proxy: Server, vllm: Server
 ) -> None:
     """A JSON schema through the proxy is decoded under vLLM's own structured outputs
-    (`tokentrail.engines.upstream_constraints`): vLLM's text and ids, with fields."""
+    (`tokentrail.engines.upstream.constraints`): vLLM's text and ids, with fields."""
     jsonschema = require("jsonschema")
     schema = {
         "type": "object",
@@ -310,7 +310,7 @@ def test_structured_outputs_through_the_proxy_are_vllms_own_with_fields(
     assert ours.choices[0].message.content in choices
     # vLLM's logprobs mode is one setting for its whole server: "processed" per request is
     # refused by the engine, naming the field, before anything goes upstream.
-    from tokentrail.engines.upstream import UpstreamEngine
+    from tokentrail.engines.upstream.engine import UpstreamEngine
     from tokentrail.errors import ConstraintError
     from tokentrail.sampling import SamplingParams
 

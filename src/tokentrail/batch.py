@@ -3,7 +3,7 @@
 
 Both run on the engine's `Batch` (`tokentrail.engines.batch.open_batch`): on MLX that is
 mlx-lm's `BatchGenerator` with per-sequence samplers, processors and on-device logprobs
-(`tokentrail.engines.mlx_batch`); other engines get a `SerialBatch`. Sequences join the
+(`tokentrail.engines.mlx.batch`); other engines get a `SerialBatch`. Sequences join the
 batch as others finish, so `n` completions per prompt and more prompts than `max_batch`
 stream through together. Each sequence has its own `tokentrail.sequence.SequenceState`
 (aligner in its prompt's context, stop strings, EOS, token limit).

@@ -2,7 +2,7 @@
 carrying the exact tokens behind it, their logprobs, alternatives and a confidence.
 
 On MLX, generation is mlx-lm's own `generate_step` / `speculative_generate_step` (see
-`tokentrail.engines.mlx_steps`), so every mlx-lm option keeps its meaning; other engines
+`tokentrail.engines.mlx.steps`), so every mlx-lm option keeps its meaning; other engines
 (torch, vLLM) yield `Step`s through the `Engine` protocol. Either way each step goes
 through the sequence's output stage (`tokentrail.output.processor.OutputProcessor`:
 aligner, stop strings, EOS, then any structure asked for) and becomes one
@@ -91,7 +91,7 @@ def _check_engine_options(
                 "not take (they work with MLX models)"
             )
     else:
-        from .engines.mlx_steps import STEP_OPTIONS
+        from .engines.mlx.steps import STEP_OPTIONS
 
         unknown = sorted(set(mlx_options) - STEP_OPTIONS)
         if unknown:
@@ -416,9 +416,9 @@ def _mlx_steps(
     processors: list[Callable[[Any, Any], Any]] | None,
     options: dict[str, Any],
 ) -> Iterator[Step]:
-    from .engines.mlx_guided import guided_recorder
-    from .engines.mlx_sampling import sampling_for
-    from .engines.mlx_steps import mlx_steps
+    from .engines.mlx.guided import guided_recorder
+    from .engines.mlx.sampling import sampling_for
+    from .engines.mlx.steps import mlx_steps
 
     own_sampler, own_processors = sampling_for(params, engine.vocab_size)
     guided = guided_recorder(params, engine.vocab_size, params.top_logprobs)

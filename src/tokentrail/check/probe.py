@@ -25,13 +25,13 @@ from .report import Report
 log = logging.getLogger("tokentrail.check")
 
 #: How /v1/models' ``owned_by`` names the server, and the dialect the proxy then uses
-#: (`tokentrail.engines.upstream.DIALECTS`; mlx_lm.server answers on Python's
+#: (`tokentrail.engines.upstream.engine.DIALECTS`; mlx_lm.server answers on Python's
 #: http.server, whose Server header starts with "BaseHTTP").
 OWNERS = {"llamacpp": "llamacpp", "vllm": "vllm", "tokentrail": "tokentrail"}
 #: Dialects no server of that kind has been run against here.
 UNTESTED: dict[str, str] = {}
 #: What each dialect's streams are asked for beyond OpenAI's fields, as the proxy asks
-#: (`tokentrail.engines.upstream`): vLLM lists each chunk's token ids only when asked.
+#: (`tokentrail.engines.upstream.engine`): vLLM lists each chunk's token ids only when asked.
 ASK_IDS: dict[str, dict[str, Any]] = {"vllm": {"return_token_ids": True}}
 
 

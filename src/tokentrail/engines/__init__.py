@@ -17,8 +17,8 @@ from .base import Engine, Step
 
 #: Engine name -> module implementing it (imported only when used).
 ENGINES: dict[str, str] = {
-    "llamacpp": "tokentrail.engines.llamacpp_engine",
-    "mlx": "tokentrail.engines.mlx_engine",
+    "llamacpp": "tokentrail.engines.llamacpp.engine",
+    "mlx": "tokentrail.engines.mlx.engine",
     "torch": "tokentrail.engines.torch_engine",
     "vllm": "tokentrail.engines.vllm_engine",
 }

@@ -1,5 +1,5 @@
 """Saved KV states found by the tokens they hold: the store behind the llama.cpp batch's
-host-memory prompt cache (`llamacpp_batch`).
+host-memory prompt cache (`llamacpp.batch`).
 
 Each entry holds an engine's state for a sequence of tokens. The store is kept prefix-free,
 as llama-server's `--cache-ram` keeps its states: a state whose tokens another one

@@ -462,7 +462,7 @@ def _structured_outputs(constraint: Any) -> dict[str, Any]:
     """vLLM's own structured outputs for a tokentrail `Constraint` (the same request
     fields, passed through): `structured_outputs` (vLLM >= 0.10.2) or the older
     `guided_decoding`."""
-    from .upstream_constraints import vllm_structured_outputs
+    from .upstream.constraints import vllm_structured_outputs
 
     fields = vllm_structured_outputs(constraint.kind, constraint.source)
     try:

@@ -23,7 +23,7 @@ released until the streamed content confirms it; a disagreement is reported, nev
 papered over.
 
 `Realigner(on_token=...)` follows every token as it reaches the aligner (a
-`TokenEvent`), which is how `tokentrail.engines.upstream` turns a realigned stream into
+`TokenEvent`), which is how `tokentrail.engines.upstream.engine` turns a realigned stream into
 steps.
 
 The package: `core` (the `Realigner`), `feeding` (its `Feeder`: aligner feeding,

@@ -5,7 +5,7 @@ identifies every token from what the wire carries (ids, ``token_id:N`` strings, 
 bytes, token strings), and hands them to its `Feeder` (`tokentrail.realign.feeding`),
 which feeds an `Aligner`; a token it cannot identify is refused, never guessed, and its
 text kept exact from the streamed content. `on_token` lets a caller follow every token
-the aligner is given (`tokentrail.engines.upstream` turns them into steps).
+the aligner is given (`tokentrail.engines.upstream.engine` turns them into steps).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The proxy is tokentrail's own server (`tokentrail.server.app`: completions and chat,
 streamed or not, the ``tokentrail`` extension, the page, its hardening) with an
-`UpstreamEngine` (`tokentrail.engines.upstream`) as the model: chat requests are
+`UpstreamEngine` (`tokentrail.engines.upstream.engine`) as the model: chat requests are
 templated here with the upstream model's tokenizer, the prompt ids go upstream, and the
 tokens that come back are aligned here. Tokens the upstream did not identify are listed
 under ``refused`` in the extension's segments (never guessed); upstream errors, timeouts
@@ -24,7 +24,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from ..engines.upstream import DIALECTS, UpstreamEngine
+from ..engines.upstream.engine import DIALECTS, UpstreamEngine
 from ..errors import UsageError
 from ..prompting import eos_ids
 from .app import create_app
@@ -72,7 +72,7 @@ def create_upstream_app(
     `tokenizer` is a path (`load_tokenizer`) or a loaded transformers tokenizer;
     `server_options` go to `tokentrail.server.create_app` (max_queue, max_body_bytes).
     `check_upstream` runs the quick startup check (`check_upstream_now`) on a thread.
-    `upstream_chat`: chat requests go to the upstream's own chat endpoint, its parsers
+    `upstream.chat`: chat requests go to the upstream's own chat endpoint, its parsers
     and channels passed through per token (`tokentrail.server.proxy_chat.UpstreamChat`,
     the app's chat runner: same body cap, checks, validation and queue as every request).
     """

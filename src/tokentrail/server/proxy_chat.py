@@ -30,8 +30,8 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
-from ..engines.upstream_chat import chat_body
-from ..engines.upstream_wire import status_error
+from ..engines.upstream.chat import chat_body
+from ..engines.upstream.wire import status_error
 from ..errors import APIError, StructureError, UpstreamError
 from ..realign.chat import ChannelPart, ChannelTracker, ChatToken
 from ..segment import WIRE_NEG_INF, Segment, TokenSpan, json_number

@@ -1,7 +1,7 @@
 """An upstream's answer read without I/O: the bytes of its response in, `Step`s out.
 
 `StepReader` is what the sync `UpstreamEngine.generate` (httpx, one stream) and the
-async batch (`tokentrail.engines.upstream_stream`, many streams on one event loop) share:
+async batch (`tokentrail.engines.upstream.stream`, many streams on one event loop) share:
 it splits server-sent events, parses each ``data:`` line, feeds the realigner
 (`tokentrail.realign.core.Realigner`) and turns every token the realigner gives its
 aligner into an `UpstreamStep`; `finish` settles the end of the stream (the token limit,
@@ -18,11 +18,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..errors import UpstreamError
-from ..realign.core import Realigner
-from ..realign.result import RealignError, TokenEvent
-from ..vocab import Vocab
-from .base import Step
+from ...errors import UpstreamError
+from ...realign.core import Realigner
+from ...realign.result import RealignError, TokenEvent
+from ...vocab import Vocab
+from ..base import Step
 
 
 @dataclass(slots=True)
@@ -34,7 +34,8 @@ class UpstreamStep(Step):
 
 
 class Upstream(Protocol):
-    """What a `StepReader` needs of its engine (`tokentrail.engines.upstream.UpstreamEngine`)."""
+    """What a `StepReader` needs of its engine
+    (`tokentrail.engines.upstream.engine.UpstreamEngine`)."""
 
     url: str
     dialect: str

@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..errors import ConstraintError
+from ...errors import ConstraintError
 
 __all__ = ["gbnf_literal", "request_fields", "vllm_structured_outputs"]
 

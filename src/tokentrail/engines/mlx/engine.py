@@ -1,13 +1,13 @@
 """The MLX engine: mlx-lm's model zoo, its own generation loop and samplers, plus
 on-device logprobs.
 
-Generation is mlx-lm's `generate_step` with a wrapped sampler (`mlx_steps`): each step
+Generation is mlx-lm's `generate_step` with a wrapped sampler (`mlx.steps`): each step
 computes, in one lazy graph, the next token, its logprob and (when asked) the top-k
 alternatives, evaluated together with `mx.async_eval` while the host handles the
 previous step. The host reads a few scalars per step, never the whole vocabulary.
-Batches run on mlx-lm's `BatchGenerator` (`mlx_batch`). The samplers and the top-k
-live in `mlx_sampling`, which all three modules import; this module imports `mlx_steps`
-and `mlx_batch` (when first used), never the reverse.
+Batches run on mlx-lm's `BatchGenerator` (`mlx.batch`). The samplers and the top-k
+live in `mlx.sampling`, which all three modules import; this module imports `mlx.steps`
+and `mlx.batch` (when first used), never the reverse.
 """
 
 from __future__ import annotations
@@ -23,18 +23,18 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..sampling import SamplingParams
-from .base import Step, read_model_config
+from ...sampling import SamplingParams
+from ..base import Step, read_model_config
 
 # PREFILL_STEP_SIZE, top_k_ids (and sampling_for) stay importable from here, where they
-# used to live; their homes are `engines.config` and `engines.mlx_sampling`.
-from .config import (
+# used to live; their homes are `engines.config` and `engines.mlx.sampling`.
+from ..config import (
     CONTEXT_KEYS,
     PREFILL_STEP_SIZE,  # noqa: F401
     config_int,
     is_hub_id,
 )
-from .mlx_sampling import sampling_for, top_k_ids  # noqa: F401
+from .sampling import sampling_for, top_k_ids  # noqa: F401
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ def load(path: str | os.PathLike[str]) -> tuple[nn.Module, Any]:
     A `.gguf` file (or a named model such as ``smollm2``) is converted once to a cached
     folder (see `gguf_models.mlx_folder_from_gguf`).
     """
-    from .gguf_models import gguf_source, mlx_folder_from_gguf
+    from ..gguf_models import gguf_source, mlx_folder_from_gguf
 
     gguf = gguf_source(path)
     if gguf is not None:
@@ -130,7 +130,7 @@ class MLXEngine:
     """Runs an mlx-lm model; see `tokentrail.engines.Engine`.
 
     `mlx_options` is True: `generate` takes mlx-lm's step keywords (see
-    `tokentrail.engines.mlx_steps.step_options`)."""
+    `tokentrail.engines.mlx.steps.step_options`)."""
 
     name = "mlx"
     mlx_options = True
@@ -160,10 +160,10 @@ class MLXEngine:
     ) -> Iterator[Step]:
         """Yield Steps; see `Engine.generate`. Prompt ids must already be validated.
 
-        Runs mlx-lm's own `generate_step` (see `mlx_steps`); `options` are its keywords
+        Runs mlx-lm's own `generate_step` (see `mlx.steps`); `options` are its keywords
         (e.g. `prompt_cache`, `kv_bits`, `draft_model` for speculative decoding)."""
-        from .mlx_guided import guided_recorder
-        from .mlx_steps import mlx_steps
+        from .guided import guided_recorder
+        from .steps import mlx_steps
 
         sampler, processors = sampling_for(params, self.vocab_size)
         if options.get("logits_processors"):
@@ -185,8 +185,8 @@ class MLXEngine:
         )
 
     def open_batch(self, max_batch: int, prompt_cache_bytes: int | None = None) -> Any:
-        """A `Batch` on mlx-lm's `BatchGenerator` (see `tokentrail.engines.mlx_batch`)."""
-        from .mlx_batch import MLXBatch
+        """A `Batch` on mlx-lm's `BatchGenerator` (see `tokentrail.engines.mlx.batch`)."""
+        from .batch import MLXBatch
 
         return MLXBatch(
             self.model, max_batch, prompt_cache_bytes=prompt_cache_bytes,

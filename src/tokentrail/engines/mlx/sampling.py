@@ -2,8 +2,8 @@
 each sampled token's logprob and top-k come out of the same lazy graph as the token.
 
 A leaf module (in the spirit of `mlx_lm.sample_utils`): it imports only `mlx` and
-tokentrail's `SamplingParams`, and is imported at the top of `mlx_engine`, `mlx_steps`
-and `mlx_batch`. mlx-lm itself (which imports transformers) is imported only when a
+tokentrail's `SamplingParams`, and is imported at the top of `mlx.engine`, `mlx.steps`
+and `mlx.batch`. mlx-lm itself (which imports transformers) is imported only when a
 sampler is made.
 """
 
@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import mlx.core as mx
 
-from ..sampling import SamplingParams
+from ...sampling import SamplingParams
 
 __all__ = ["Recorder", "Sink", "filters", "read_rows", "sampling_for", "top_k_ids"]
 

@@ -34,13 +34,13 @@ import logging
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from ..errors import EngineError, UpstreamError  # noqa: F401  (EngineError: old home)
-from ..sampling import SamplingParams
-from ..vocab import Vocab
-from .base import Step
-from .batch import UPSTREAM_CAPACITY
-from .upstream_stream import AsyncUpstreamBatch
-from .upstream_wire import StepReader, UpstreamStep, status_error  # noqa: F401
+from ...errors import EngineError, UpstreamError  # noqa: F401  (EngineError: old home)
+from ...sampling import SamplingParams
+from ...vocab import Vocab
+from ..base import Step
+from ..batch import UPSTREAM_CAPACITY
+from .stream import AsyncUpstreamBatch
+from .wire import StepReader, UpstreamStep, status_error  # noqa: F401
 
 log = logging.getLogger("tokentrail.upstream")
 
@@ -81,7 +81,7 @@ class UpstreamEngine:
     ) -> None:
         import httpx
 
-        from ..vocab import load_vocab
+        from ...vocab import load_vocab
 
         if dialect not in DIALECTS:
             raise ValueError(f"unknown upstream dialect {dialect!r}; use one of {DIALECTS}")
@@ -229,10 +229,10 @@ class UpstreamEngine:
         """(path, JSON body) asking the upstream for `max_tokens` tokens after the prompt."""
         if params.constraint is not None or params.logprobs_mode != "raw":
             # Never silently unconstrained: the upstream's own fields ask for the same
-            # (`upstream_constraints`), or a ConstraintError names the request field.
+            # (`upstream.constraints`), or a ConstraintError names the request field.
             from dataclasses import replace
 
-            from .upstream_constraints import request_fields
+            from .constraints import request_fields
 
             extra = request_fields(params.constraint, params.logprobs_mode, self.dialect)
             plain = replace(params, constraint=None, logprobs_mode="raw")

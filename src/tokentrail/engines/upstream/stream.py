@@ -1,10 +1,10 @@
 """Many upstream streams on one event loop: the proxy's batch.
 
-`AsyncUpstreamBatch` is the `Batch` of `tokentrail.engines.upstream.UpstreamEngine`.
+`AsyncUpstreamBatch` is the `Batch` of `tokentrail.engines.upstream.engine.UpstreamEngine`.
 It runs one asyncio event loop on a background thread with one shared
 `httpx.AsyncClient` (connections kept alive, the pool sized to the batch). Each sequence
 is a task on that loop: it sends the request, reads the response with a `StepReader`
-(`tokentrail.engines.upstream_wire`: SSE, JSON, realigner) and puts its steps on a
+(`tokentrail.engines.upstream.wire`: SSE, JSON, realigner) and puts its steps on a
 queue that `step` drains, so the scheduler never waits on a socket and no thread is
 spent per stream. Removing a sequence cancels its task, which closes its upstream
 stream (the upstream then stops generating); a connection whose response was not read
@@ -25,9 +25,9 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from ..sampling import SamplingParams
-from .batch import WAKE, BaseBatch, Outcome, arrived
-from .upstream_wire import ReadCost, StepReader, status_error
+from ...sampling import SamplingParams
+from ..batch import WAKE, BaseBatch, Outcome, arrived
+from .wire import ReadCost, StepReader, status_error
 
 _END = object()
 

@@ -31,13 +31,13 @@ from typing import Any
 import llama_cpp
 import numpy as np
 
-from ..sampling import SamplingParams
-from ..vocab import Vocab
-from .base import Step, check_generate_args
-from .gguf_models import GGUFError, check_magic, explain_llamacpp_failure, gguf_source
-from .llamacpp_batch import LlamaCppBatch
-from .llamacpp_guided import guided_chain, guided_step
-from .llamacpp_sampling import REPEAT_LAST_N, LazyLogprobs, make_sampler, step_logprobs
+from ...sampling import SamplingParams
+from ...vocab import Vocab
+from ..base import Step, check_generate_args
+from ..gguf_models import GGUFError, check_magic, explain_llamacpp_failure, gguf_source
+from .batch import LlamaCppBatch
+from .guided import guided_chain, guided_step
+from .sampling import REPEAT_LAST_N, LazyLogprobs, make_sampler, step_logprobs
 
 log = logging.getLogger(__name__)
 
@@ -291,7 +291,7 @@ class LlamaCppEngine:
         return replace(params, constraint=c.bind(self.tokenizer))
 
     def open_batch(self, max_batch: int, **options: Any) -> LlamaCppBatch:
-        """A `Batch` over llama.cpp's parallel sequences (see `llamacpp_batch`)."""
+        """A `Batch` over llama.cpp's parallel sequences (see `llamacpp.batch`)."""
         return LlamaCppBatch(self, max_batch, **options)
 
     def _eval(self, owner: object, sequence: list[int], new: list[int]) -> None:

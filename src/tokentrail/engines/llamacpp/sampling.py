@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ..sampling import SamplingParams
+from ...sampling import SamplingParams
 
 #: How many recent tokens the repeat penalty looks at (llama.cpp's `repeat_last_n`,
 #: `penalty_last_n` in its sampler API).
@@ -33,7 +33,7 @@ def make_sampler(
     """llama.cpp's sampler chain for `params`, in llama-cpp-python's order; the prompt's
     last tokens are accepted into it when a repeat penalty is on (as llama-server).
 
-    `guided` (a `llamacpp_guided.GuidedChain`) adds its grammar mask after the penalty
+    `guided` (a `llamacpp.guided.GuidedChain`) adds its grammar mask after the penalty
     (where llama.cpp puts its own grammar sampler) and its recorder before the draw."""
     # llama-cpp-python's own wrapper of a `llama_sampler_chain` (it keeps the custom
     # samplers' callbacks alive); it has no public home, only `llama_cpp._internals`.

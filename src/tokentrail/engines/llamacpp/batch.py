@@ -39,12 +39,12 @@ from typing import Any
 import llama_cpp
 import numpy as np
 
-from ..sampling import SamplingParams
-from .base import Step, check_generate_args
-from .batch import BaseBatch, check_prompt_cache_bytes
-from .llamacpp_guided import guided_chain, guided_step
-from .llamacpp_sampling import REPEAT_LAST_N, LazyLogprobs, make_sampler, step_logprobs
-from .saved_prompts import PromptStore, SavedPrompt
+from ...sampling import SamplingParams
+from ..base import Step, check_generate_args
+from ..batch import BaseBatch, check_prompt_cache_bytes
+from ..saved_prompts import PromptStore, SavedPrompt
+from .guided import guided_chain, guided_step
+from .sampling import REPEAT_LAST_N, LazyLogprobs, make_sampler, step_logprobs
 
 log = logging.getLogger(__name__)
 

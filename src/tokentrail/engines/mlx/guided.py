@@ -1,13 +1,13 @@
 """Constrained decoding and processed logprobs on the MLX engine: `GuidedRecorder`.
 
-A `Recorder` (see `mlx_sampling`) that, before drawing, masks the step's logprobs to the
+A `Recorder` (see `mlx.sampling`) that, before drawing, masks the step's logprobs to the
 ids a `tokentrail.constrain.Guide` allows, and records next to the token the
 probability mass the model put on those ids. It draws the token itself, as mlx-lm's
 `make_sampler` does (argmax at temperature 0; else top-p, min-p, top-k, then
 `mx.random.categorical(x / temp)`), so with nothing masked it picks what mlx-lm would.
 
-It works unchanged in `mlx_steps` (mlx-lm's `generate_step`) and, one recorder per
-row, in `mlx_batch` (mlx-lm's `BatchGenerator`, which calls a row's own sampler on its
+It works unchanged in `mlx.steps` (mlx-lm's `generate_step`) and, one recorder per
+row, in `mlx.batch` (mlx-lm's `BatchGenerator`, which calls a row's own sampler on its
 row). Each call first schedules the step's logits (`mx.async_eval`), then reads the
 previous token (the one the guide must advance past), so llguidance computes the mask
 on the host while the device runs the forward pass.
@@ -21,8 +21,8 @@ from typing import Any
 
 import mlx.core as mx
 
-from ..sampling import SamplingParams
-from .mlx_sampling import Recorder, Sink, filters, top_k_ids
+from ...sampling import SamplingParams
+from .sampling import Recorder, Sink, filters, top_k_ids
 
 __all__ = ["GuidedRecorder", "guided_recorder", "read_masses", "shown_top"]
 

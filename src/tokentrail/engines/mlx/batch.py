@@ -4,7 +4,7 @@ Sequences join and leave between steps, each with its own sampler (temp, top_p, 
 min_p, and its own random key when seeded) and logits processors (logit bias,
 repetition penalty), as `BatchGenerator.insert` allows. Each token's logprob and the
 top-k alternatives come from the graph of the sampler that picked it, scheduled in the
-same async step (as in `mlx_steps`): the samplers are `mlx_sampling.Recorder`s that note
+same async step (as in `mlx.steps`): the samplers are `mlx.sampling.Recorder`s that note
 what they computed, and `_TracedGenerationBatch` keeps those notes in the batch's row order as
 rows join (`extend`) and leave (`filter`).
 
@@ -36,12 +36,12 @@ from typing import Any
 from mlx_lm.generate import BatchGenerator, GenerationBatch
 from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prompt_cache
 
-from ..sampling import SamplingParams
-from .base import Step
-from .batch import BaseBatch, check_prompt_cache_bytes
-from .config import PREFILL_STEP_SIZE
-from .mlx_guided import GuidedRecorder, guided_recorder, read_masses, shown_top
-from .mlx_sampling import Recorder, Sink, filters, read_rows, sampling_for
+from ...sampling import SamplingParams
+from ..base import Step
+from ..batch import BaseBatch, check_prompt_cache_bytes
+from ..config import PREFILL_STEP_SIZE
+from .guided import GuidedRecorder, guided_recorder, read_masses, shown_top
+from .sampling import Recorder, Sink, filters, read_rows, sampling_for
 
 log = logging.getLogger(__name__)
 

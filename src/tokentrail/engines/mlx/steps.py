@@ -1,7 +1,7 @@
 """tokentrail's steps on mlx-lm's own step functions (`generate_step`,
 `speculative_generate_step`), with each token's logprob and top-k computed on the device.
 
-Rather than re-implementing mlx-lm's loop, `mlx_steps` runs it as is and wraps its
+Rather than re-implementing mlx-lm's loop, `mlx.steps` runs it as is and wraps its
 sampler: the wrapped sampler's graph also computes the sampled token's logprob and (when
 asked) the top-k alternatives from the very `logprobs` mlx-lm hands it, so they come
 out of the same lazy graph as the token. On the plain path they are scheduled with
@@ -22,13 +22,13 @@ from typing import Any
 
 import mlx.core as mx
 
-from .base import Step
-from .mlx_guided import read_masses, shown_top
-from .mlx_sampling import Recorder, Row, read_rows
+from ..base import Step
+from .guided import read_masses, shown_top
+from .sampling import Recorder, Row, read_rows
 
 log = logging.getLogger(__name__)
 
-# `Recorder` and `read_rows` live in `mlx_sampling`; importable from here as before, and
+# `Recorder` and `read_rows` live in `mlx.sampling`; importable from here as before, and
 # so is STEP_OPTIONS (the value of `step_options()`, made on first use by `__getattr__`).
 __all__ = ["mlx_steps", "speculative_options", "step_options"]
 
@@ -87,7 +87,7 @@ def mlx_steps(
     `mlx_lm.stream_generate`, those speculative decoding does not take
     (`max_kv_size`, `prompt_progress_callback`) are dropped with a draft model, and
     `num_draft_tokens` without one. `max_tokens=None` generates without end.
-    A `sampler` that is already a `Recorder` (e.g. `mlx_guided.GuidedRecorder`, for
+    A `sampler` that is already a `Recorder` (e.g. `mlx.guided.GuidedRecorder`, for
     constrained decoding) records the steps itself; its `distribution` and recorded
     allowed mass go onto each Step.
     """

@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from ..sampling import SamplingParams
-from .base import Step
+from ...sampling import SamplingParams
+from ..base import Step
 
 __all__ = ["GuidedChain", "guided_chain", "guided_step"]
 

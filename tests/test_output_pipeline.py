@@ -76,9 +76,14 @@ def _steps(ids: list[int], seed: int) -> list[Step]:
     return out
 
 
+#: The demo tokenizer's <|im_end|>, which ends a reply when `eos` is drawn.
+EOS = 2
+
+
 def _processor(hf: Any, parser: str | None, reasoning: bool, n: int) -> OutputProcessor:
     state = SequenceState(
-        aligner_for(hf, None, True), stop_matcher(None), frozenset(), 0, n, None, lambda: 0.0
+        aligner_for(hf, None, True), stop_matcher(None), frozenset({EOS}), 0, n, None,
+        lambda: 0.0,
     )
     fields = parser is None
     return OutputProcessor(
@@ -108,9 +113,11 @@ def _lib_fields(found: list[Any]) -> list[tuple[Any, ...]]:
 @settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-@given(reply=replies(), think=st.one_of(st.none(), PROSE), seed=st.integers(0, 99))
+@given(
+    reply=replies(), think=st.one_of(st.none(), PROSE), seed=st.integers(0, 99), eos=st.booleans()
+)
 def test_library_streamed_and_whole_agree(
-    demo: Any, reply: Any, think: str | None, seed: int
+    demo: Any, reply: Any, think: str | None, seed: int, eos: bool
 ) -> None:
     from tokentrail.prompting import vocab_for
     from tokentrail.server.formatting import Formatter
@@ -120,7 +127,7 @@ def test_library_streamed_and_whole_agree(
     kind, body, content, calls = reply
     parser = None if kind == "json" else kind
     text = body if think is None else f"<think>{think}</think>{body}"
-    ids = tok.encode(text, add_special_tokens=False).ids
+    ids = tok.encode(text, add_special_tokens=False).ids + ([EOS] if eos else [])
     steps = _steps(ids, seed)
     reasoning = think is not None
 

@@ -172,10 +172,8 @@ class ToolCallStream:
                 if f.end is not None and f.name is not None and not f.error and f.start < tail:
                     frontier = max(frontier, f.end)
         start = self._decided[0]
-        if frontier <= start:
-            return
         pos = start
-        for a, b in ranges:
+        for a, b in ranges if frontier > start else ():
             a, b = max(a, start), min(b, frontier)
             if a >= b:
                 continue
@@ -188,7 +186,7 @@ class ToolCallStream:
         if final:  # zero-byte tokens at the very end (an EOS) go with the last part
             end = self._placement.empty_at(self._decided[1])
             if end:
-                last = self._parts[-1] if self._parts else ChannelSegment("", (), "content")
+                last = self._parts[-1] if self._parts else ChannelSegment("", (), self._channel)
                 merged = ChannelSegment(last.text, (*last.tokens, *end), last.channel)
                 self._parts[-1:] = [merged]
 

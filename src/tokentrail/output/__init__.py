@@ -13,3 +13,5 @@ The package imports nothing itself: import `tokentrail.output.record` or
 `tokentrail.output.processor` (the record sits below `tokentrail.sequence`, the
 processor above it).
 """
+
+__all__: list[str] = []  # the modules, not names, are the API here

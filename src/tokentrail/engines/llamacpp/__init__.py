@@ -4,3 +4,5 @@ one unified KV cache (`batch`), with llama.cpp's samplers (`sampling`) and guide
 
 The modules import their runtime when imported; nothing is imported here.
 """
+
+__all__: list[str] = []  # the modules, not names, are the API here

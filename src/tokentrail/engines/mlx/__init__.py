@@ -3,3 +3,5 @@ tokentrail's samplers (`sampling`) and guides (`guided`); `engine` loads and wra
 
 The modules import their runtime when imported; nothing is imported here.
 """
+
+__all__: list[str] = []  # the modules, not names, are the API here

@@ -3,3 +3,5 @@
 
 The modules import their runtime when imported; nothing is imported here.
 """
+
+__all__: list[str] = []  # the modules, not names, are the API here

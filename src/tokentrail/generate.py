@@ -182,6 +182,7 @@ def stream_generate(
     choice: Sequence[str] | None = None,
     grammar: str | None = None,
     logprobs_mode: str = "raw",
+    calibration: Any = None,
     **mlx_options: Any,
 ) -> Iterator[GenerationResponse]:
     """Generate from `prompt`, one `GenerationResponse` per token; the last has
@@ -212,7 +213,9 @@ def stream_generate(
     (`tokentrail.constrain`; a JSON schema turns `fields` on; with `reasoning`, the
     content after the reasoning, as in vLLM); `logprobs_mode` "raw" (the
     model's own distribution, before the mask) or "processed" (what the token was drawn
-    from). Arguments are checked here; generation starts on the first `next()`.
+    from). `calibration` (a `tokentrail.calibrate.Calibration` or its file, refused
+    for another model by fingerprint) sets `confidence.calibrated`, and `level` follows
+    it. Arguments are checked here; generation starts on the first `next()`.
     """
     engine = engine_for(model)
     limit = check_max_tokens(max_tokens)
@@ -244,7 +247,12 @@ def stream_generate(
         mlx_options,
     )
     schema = json_schema if isinstance(json_schema, Mapping) else None
-    return _structured(engine, tokenizer, ids, (fmt, fields, schema), mlx_options, seq, steps)
+    responses = _structured(engine, tokenizer, ids, (fmt, fields, schema), mlx_options, seq, steps)
+    if calibration is None:
+        return responses
+    from .calibrate.fingerprint import calibration_for
+
+    return calibration_for(calibration, model, tokenizer).stream(responses)
 
 
 def _constraint(

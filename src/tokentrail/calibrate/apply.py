@@ -18,7 +18,7 @@ import logging
 import math
 import os
 from bisect import bisect_right
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
@@ -69,6 +69,10 @@ def apply_map(spec: Mapping[str, Any], value: float) -> float:
     if kind == "constant":
         return float(spec["p"])
     raise CalibrationError(f"unknown calibration map kind {kind!r}")
+
+
+def _nothing() -> None:
+    """What closing an iterator without `close` does."""
 
 
 def _check_map(name: str, spec: Any) -> None:
@@ -132,6 +136,8 @@ class Calibration:
     fingerprint: dict[str, Any] = field(default_factory=dict)
     fitted_on: dict[str, Any] = field(default_factory=dict)
     source: str = ""
+    #: (id(model), id(tokenizer)) pairs already checked against `fingerprint`.
+    checked: set[tuple[int, int]] = field(default_factory=set, repr=False, compare=False)
 
     @classmethod
     def from_dict(cls, data: Any, source: str = "") -> Calibration:
@@ -210,3 +216,10 @@ class Calibration:
             if conf is not None:
                 conf.calibrated = self.segment(conf)
         return response
+
+    def stream(self, responses: Iterator[Any]) -> Iterator[Any]:
+        """`responses`, each calibrated (`apply`) as it passes; closing this closes them."""
+        try:
+            yield from map(self.apply, responses)
+        finally:
+            getattr(responses, "close", _nothing)()

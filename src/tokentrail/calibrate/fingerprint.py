@@ -23,7 +23,7 @@ from ..prompting import vocab_for
 
 log = logging.getLogger(__name__)
 
-__all__ = ["file_digest", "model_fingerprint", "tokenizer_digest"]
+__all__ = ["calibration_for", "file_digest", "model_fingerprint", "tokenizer_digest"]
 
 _CHUNK = 4 << 20
 _VALUES = 4096
@@ -104,3 +104,17 @@ def model_fingerprint(model: Any, tokenizer: Any, name: str = "") -> dict[str, A
         "tokenizer": tokenizer_digest(tokenizer),
         "weights": weights,
     }
+
+
+def calibration_for(calibration: Any, model: Any, tokenizer: Any) -> Any:
+    """`calibration` (a `Calibration` or its file) checked against this model's
+    fingerprint (once per model and tokenizer): a map fitted for another model is a
+    CalibrationError."""
+    from .apply import Calibration
+
+    cal = calibration if isinstance(calibration, Calibration) else Calibration.load(calibration)
+    key = (id(model), id(tokenizer))
+    if key not in cal.checked:
+        cal.check(model_fingerprint(model, tokenizer))
+        cal.checked.add(key)
+    return cal

@@ -94,7 +94,7 @@ def facts(rng: random.Random) -> list[dict]:
                       "answer": symbol})
     cities = sorted(set(CAPITALS.values()))
     for country, city in list(CAPITALS.items())[::2]:
-        options = rng.sample([c for c in cities if c != city], 3) + [city]
+        options = [*rng.sample([c for c in cities if c != city], 3), city]
         rng.shuffle(options)
         items.append({"id": f"choice-{len(items):03d}",
                       "messages": chat(f"What is the capital of {country}? Options: "
@@ -107,7 +107,7 @@ def facts(rng: random.Random) -> list[dict]:
 def arithmetic(rng: random.Random) -> list[dict]:
     items = []
     for digits in (1, 2, 3):
-        lo, hi = 10 ** (digits - 1) if digits > 1 else 0, 10**digits - 1
+        lo, hi = 10 ** (digits - 1), 10**digits - 1  # no 0: "a + 0 = a" would match "a"
         for _ in range(60):
             a, b = rng.randint(lo, hi), rng.randint(lo, hi)
             items.append({"id": f"add{digits}-{len(items):03d}",

@@ -11,7 +11,7 @@ of writing it. The chosen one reuses the tokens of the constrained answer.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +54,11 @@ class Answerer:
                 scores[c] = math.fsum(t.logprob for t in got)
         return Reply(output, tokens, scores)
 
+    def answer_many(self, items: Sequence[Item]) -> Iterator[tuple[Item, Reply]]:
+        """Each item with its reply, as replies finish (here: one after another)."""
+        for item in items:
+            yield item, self.answer(item)
+
     def close(self) -> None:
         """Release what the answerer holds (nothing, unless it says otherwise)."""
 
@@ -65,6 +70,29 @@ class LocalAnswerer(Answerer):
         self.model, self.tokenizer = model, tokenizer
         self.max_tokens, self.top_logprobs = max_tokens, top_logprobs
 
+    def answer_many(self, items: Sequence[Item]) -> Iterator[tuple[Item, Reply]]:
+        """Free-text items decoded together (`stream_batch_generate`: one batch, each
+        reply yielded as its sequence ends), then the items with choices one by one
+        (a constraint per request)."""
+        from ..batch import stream_batch_generate
+
+        free = [it for it in items if not it.choices]
+        if free:
+            prompts = [it.prompt if isinstance(it.prompt, str) else list(it.prompt)
+                       for it in free]
+            got: dict[int, list[Any]] = {i: [] for i in range(len(free))}
+            for i, r in stream_batch_generate(
+                self.model, self.tokenizer, prompts, self.max_tokens,
+                top_logprobs=self.top_logprobs,
+            ):
+                got[i].append(r)
+                if r.finish_reason is not None:
+                    output, tokens = _records(got.pop(i))
+                    yield free[i], Reply(output, tokens)
+        for item in items:
+            if item.choices:
+                yield item, self.answer(item)
+
     def ask(self, item: Item, choice: Sequence[str] | None) -> tuple[str, list[TokenRecord]]:
         from ..generate import stream_generate
 
@@ -73,11 +101,16 @@ class LocalAnswerer(Answerer):
             self.model, self.tokenizer, prompt, max_tokens=self.max_tokens,
             top_logprobs=self.top_logprobs, choice=choice,
         ))
-        tokens = [TokenRecord(r.token_logprob, tuple(a.logprob for a in r.top_logprobs))
-                  for r in responses]
-        last = responses[-1] if responses else None
-        eos = last is not None and last.finish_reason == "stop" and last.stop_string is None
-        return "".join(r.text for r in responses), _without_end(tokens, eos)
+        return _records(responses)
+
+
+def _records(responses: list[Any]) -> tuple[str, list[TokenRecord]]:
+    """The text and answer tokens of one sequence's `GenerationResponse`s."""
+    tokens = [TokenRecord(r.token_logprob, tuple(a.logprob for a in r.top_logprobs))
+              for r in responses]
+    last = responses[-1] if responses else None
+    eos = last is not None and last.finish_reason == "stop" and last.stop_string is None
+    return "".join(r.text for r in responses), _without_end(tokens, eos)
 
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CalibrationError
-from .answer import HttpAnswerer, LocalAnswerer
+from .answer import HttpAnswerer, LocalAnswerer, Reply
 from .apply import Calibration
 from .data import Item, half, read_items
 from .match import is_correct
@@ -77,8 +77,7 @@ def score_rows(
     return out
 
 
-def _score(answerer: Any, item: Item) -> dict[str, Any]:
-    a = answerer.answer(item)
+def _row(item: Item, a: Reply) -> dict[str, Any]:
     field = choice_probability(a.choice_logprobs, a.output) if item.choices else None
     return {"id": item.id, "output": a.output, "correct": None,
             "measures": measures_of(a.tokens, field), "calibrated": None}
@@ -101,7 +100,7 @@ def _answerer(
         raise CalibrationError("give a model and its tokenizer, or a url")
     from .fingerprint import model_fingerprint
 
-    fp = model_fingerprint(model, tokenizer, model_name or "")
+    fp = model_fingerprint(model, tokenizer, Path(model_name).name if model_name else "")
     return LocalAnswerer(model, tokenizer, max_tokens, top_logprobs), fp
 
 
@@ -175,8 +174,8 @@ def calibrate(
     bar, task = _progress(len(items), len(items) - len(todo), progress)
     try:
         with bar, (outdir / ITEMS).open("a", encoding="utf-8") as f:
-            for item in todo:
-                row = _score(answerer, item)
+            for item, reply in answerer.answer_many(todo):
+                row = _row(item, reply)
                 f.write(json.dumps(row, ensure_ascii=False) + "\n")
                 f.flush()
                 done[item.id] = row

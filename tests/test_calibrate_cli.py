@@ -86,6 +86,12 @@ def check_report_against_items(out: Path, n: int) -> dict:
         assert figures["brier"] == pytest.approx(brier_score_loss(y, conf), abs=1e-6)
         if 0 < sum(y) < len(y):
             assert figures["auroc"] == pytest.approx(roc_auc_score(y, conf), abs=1e-6)
+        if name == report["primary"]:  # per level: counts and accuracy of those answers
+            cuts = (0.2, 0.45, 0.7, 0.9)
+            for entry in report["levels"]:
+                ys = [y for c, y in pairs if sum(c >= t for t in cuts) == entry["level"]]
+                assert entry["n"] == len(ys)
+                assert entry["accuracy"] == (sum(ys) / len(ys) if ys else None)
     return report
 
 
@@ -177,6 +183,12 @@ def test_calibration_applies_to_calibrate_and_stream_generate(
             assert r.confidence.calibrated == pytest.approx(cal.segment(r.confidence))
             assert r.to_dict()["confidence"]["calibrated"] == r.confidence.calibrated
     assert seen
+    # the same through `tokentrail generate --calibration`
+    assert main(["generate", "--json", "--no-chat", "--max-tokens", "4", "--calibration",
+                 str(path), "def"]) == 0
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    confs = [x["confidence"] for x in lines if x["confidence"] is not None]
+    assert confs and all(0.0 <= c["calibrated"] <= 1.0 for c in confs)
 
 
 def test_calibration_for_another_model_is_refused(
@@ -192,6 +204,10 @@ def test_calibration_for_another_model_is_refused(
     code, _, err = run_cli(str(data), "--out", str(tmp_path / "o"), "--calibration", str(path),
                            capsys=capsys)
     assert code == 2 and "fitted for another model" in err and err.count("\n") == 1
+    with pytest.raises(SystemExit) as stop:
+        main(["generate", "--max-tokens", "2", "--calibration", str(path), "def"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "fitted for another model" in err and err.count("\n") == 1
 
 
 def test_malformed_line_exits_2_with_one_line(tmp_path: Path) -> None:

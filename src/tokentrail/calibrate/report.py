@@ -13,10 +13,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..segment import LEVEL_NAMES, probability_level
 from .measures import MEASURES
 from .metrics import reliability_bins, summarize
 
-__all__ = ["build_report", "print_table", "write_html", "write_reliability"]
+__all__ = ["build_report", "by_level", "print_table", "write_html", "write_reliability"]
 
 #: Every measure a report may hold: the raw ones, then the calibrated probability.
 REPORTED = (*MEASURES, "calibrated")
@@ -57,7 +58,25 @@ def build_report(
     else:
         primary = next(iter(measures), None)
     accuracy = sum(bool(r["correct"]) for r in rows) / n if n else None
-    return {"n": n, "accuracy": accuracy, "primary": primary, "measures": measures, **extra}
+    levels = None if primary is None else by_level(*_pairs(rows, primary))
+    return {"n": n, "accuracy": accuracy, "primary": primary, "measures": measures,
+            "levels": levels, **extra}
+
+
+def by_level(conf: Sequence[float], correct: Sequence[int]) -> list[dict[str, Any]]:
+    """Per segment level (`segment.probability_level` of the value): how many answers,
+    their mean confidence and how many were right. The check that an answer shown as
+    "certain" is right at least as often as its number says."""
+    out = []
+    for level, name in enumerate(LEVEL_NAMES):
+        picked = [(c, y) for c, y in zip(conf, correct, strict=True)
+                  if probability_level(c) == level]
+        out.append({
+            "level": level, "name": name, "n": len(picked),
+            "confidence": sum(c for c, _ in picked) / len(picked) if picked else None,
+            "accuracy": sum(y for _, y in picked) / len(picked) if picked else None,
+        })
+    return out
 
 
 def _best_raw(report: Mapping[str, Any]) -> str | None:
@@ -146,7 +165,7 @@ def write_html(report: Mapping[str, Any], out: Path) -> Path:
         "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
         for row in _rows_of(report)
     )
-    settings = {k: v for k, v in report.items() if k not in ("measures",)}
+    settings = {k: v for k, v in report.items() if k not in ("measures", "levels")}
     page = (
         "<!doctype html><html><head><meta charset='utf-8'><title>tokentrail calibrate"
         "</title><style>body{font-family:sans-serif;margin:2em}table{border-collapse:"

@@ -13,13 +13,17 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any
 
 from ..errors import CalibrationError
 from .data import Item
 from .measures import TokenRecord
 
-__all__ = ["Answerer", "HttpAnswerer", "LocalAnswerer", "Reply"]
+__all__ = ["CONCURRENT", "Answerer", "HttpAnswerer", "LocalAnswerer", "Reply"]
+
+#: Requests a server is sent at once.
+CONCURRENT = 8
 
 
 @dataclass
@@ -140,6 +144,22 @@ class HttpAnswerer(Answerer):
             return str(r.json()["data"][0]["id"])
         except Exception as e:
             raise CalibrationError(f"cannot list the models of {self.base}: {e}") from None
+
+    def answer_many(self, items: Sequence[Item]) -> Iterator[tuple[Item, Reply]]:
+        """Up to `CONCURRENT` requests in flight (the server batches them), each reply
+        yielded as it comes back."""
+        from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+
+        todo = iter(items)
+        with ThreadPoolExecutor(CONCURRENT) as pool:
+            running = {pool.submit(self.answer, it): it for it in islice(todo, CONCURRENT)}
+            while running:
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in done:
+                    item = running.pop(future)
+                    yield item, future.result()
+                    for nxt in islice(todo, 1):
+                        running[pool.submit(self.answer, nxt)] = nxt
 
     def ask(self, item: Item, choice: Sequence[str] | None) -> tuple[str, list[TokenRecord]]:
         chat = not isinstance(item.prompt, str)

@@ -126,15 +126,32 @@ def test_calibrate_demo_model_end_to_end_and_resume(
 
 def test_calibrate_through_our_server(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                       demo: tuple[object, object]) -> None:
+    """`calibrate --url` against `tokentrail serve --calibration`: the same answers and
+    measures as in process, and the server's segments carry `calibrated`."""
+    import httpx
+
     from tests.helpers.servers import start_server
 
+    model, tokenizer = demo
+    cal_path = tmp_path / "cal.json"
+    cal_path.write_text(json.dumps(_fitted(model_fingerprint(model, tokenizer))))
     data = write_set(tmp_path / "set.jsonl")
-    server = start_server(None, tmp_path / "server.log")
+    server = start_server(None, tmp_path / "server.log", "--calibration", str(cal_path))
     try:
         code, _, err = run_cli(str(data), "--out", str(tmp_path / "url"), "--url", server.url,
                                capsys=capsys)
+        reply = httpx.post(server.url + "/v1/completions", timeout=120, json={
+            "model": server.model, "prompt": "def", "max_tokens": 4}).json()
     finally:
         server.stop()
+    segments = reply["tokentrail"]["segments"]
+    assert segments
+    cal = Calibration.load(cal_path)
+    for seg in segments:
+        conf = seg["confidence"]
+        assert conf["calibrated"] == pytest.approx(
+            cal.map(cal.segment_measure, math.exp(conf["mean_logprob"])
+                    if cal.segment_measure == "geo_prob" else conf["probability"]), rel=1e-6)
     assert code == 0, err
     check_report_against_items(tmp_path / "url", 8)
     code, _, err = run_cli(str(data), "--out", str(tmp_path / "local"), capsys=capsys)

@@ -91,6 +91,9 @@ def _add_structure_arguments(parser: argparse.ArgumentParser) -> None:
     from ..structure.tools import TOOL_PARSERS
 
     add = parser.add_argument
+    add("--calibration", default=None, metavar="FILE",
+        help="a map from `tokentrail calibrate --fit`: adds confidence.calibrated and makes "
+        "level follow it (refused for another model)")
     add("--tool-call-parser", default=None, metavar="NAME", choices=sorted(TOOL_PARSERS),
         help="parse tool calls in this format (default: detected from the chat template; "
         f"{', '.join(sorted(TOOL_PARSERS))})")

@@ -60,7 +60,9 @@ class ServerConfig:
     `tokentrail.structure.ReasoningFormat`, a `REASONING_PARSERS` name or (START, END)
     markers; None: none) splits chat replies into reasoning and content;
     `tool_call_parser` (a `tokentrail.structure.TOOL_PARSERS` name; None: detected from
-    the chat template) parses tool calls.
+    the chat template) parses tool calls. `calibration` (a file from `tokentrail
+    calibrate --fit`, checked against the model's fingerprint at load) adds
+    `confidence.calibrated` to every segment.
     """
 
     model_path: str | os.PathLike[str] | None = None
@@ -78,6 +80,7 @@ class ServerConfig:
     allowed_hosts: Iterable[str] | None = None
     reasoning: Any = None
     tool_call_parser: str | None = None
+    calibration: str | os.PathLike[str] | None = None
 
     def __post_init__(self) -> None:
         """Refuse settings no server can run with (ValueError naming the setting)."""
@@ -148,4 +151,5 @@ _FLAGS = {
     "temperature": "temp",
     "api_key": "api_key",
     "tool_call_parser": "tool_call_parser",
+    "calibration": "calibration",
 }

@@ -127,6 +127,8 @@ class Scheduler:
         self.model_name = config.model_name or served_name(config.model_path)
         self.created = int(time.time())
         self.vocab: Vocab | None = None
+        #: The checked calibration (`config.calibration`), once the model is loaded.
+        self.calibration: Any = None
         self.context_length: int | None = None
         #: The class of the engine's batch (e.g. SerialBatch: one generator per sequence).
         self.batch_kind: str | None = None
@@ -313,6 +315,10 @@ class Scheduler:
                 )
         self._engine = engine_for(self.model)
         self.vocab = vocab_for(self.tokenizer)
+        if self.config.calibration is not None:
+            from ..calibrate.fingerprint import calibration_for
+
+            self.calibration = calibration_for(self.config.calibration, self.model, self.tokenizer)
         self.context_length = self._engine.context_length
         self._eos = eos_ids(self.tokenizer)
 
@@ -498,6 +504,8 @@ class Scheduler:
             response = seq.state.feed(engine_step)
             if seq.structure is not None:
                 seq.structure.apply(response)
+            if self.calibration is not None:
+                self.calibration.apply(response)
         except Exception as e:
             logger.exception("request %s failed", job.id)
             job.post("error", seq.choice, e)

@@ -80,15 +80,19 @@ def by_level(conf: Sequence[float], correct: Sequence[int]) -> list[dict[str, An
 
 
 def _best_raw(report: Mapping[str, Any]) -> str | None:
+    """The raw measure to show: the one the calibration mapped, else the primary one,
+    else the one with the highest AUROC."""
     raw = [m for m in MEASURES if m in report["measures"]]
-    if report["primary"] in raw:
-        return report["primary"]
+    for name in (report.get("calibrated_by"), report["primary"]):
+        if name in raw:
+            return name
     return max(raw, key=lambda m: report["measures"][m]["auroc"] or 0.0) if raw else None
 
 
 def write_reliability(report: Mapping[str, Any], out: Path, title: str = "") -> list[Path]:
-    """reliability.png and .svg: accuracy against confidence per bin, for the best raw
-    measure and, when present, the calibrated probability. [] without matplotlib."""
+    """reliability.png and .svg: accuracy against confidence per bin, for a raw measure
+    (`_best_raw`: before) and, when present, the calibrated probability (after).
+    [] without matplotlib."""
     try:
         import matplotlib
 

@@ -14,6 +14,7 @@ import hashlib
 import json
 import logging
 import os
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -81,6 +82,14 @@ def _row(item: Item, a: Reply) -> dict[str, Any]:
     field = choice_probability(a.choice_logprobs, a.output) if item.choices else None
     return {"id": item.id, "output": a.output, "correct": None,
             "measures": measures_of(a.tokens, field), "calibrated": None}
+
+
+def _used_measure(calibration: Calibration | None, rows: list[dict[str, Any]]) -> str | None:
+    """The measure the calibration mapped for most answers (None without one)."""
+    if calibration is None or not rows:
+        return None
+    used = Counter(calibration.answer(r["measures"])[1] for r in rows)
+    return used.most_common(1)[0][0]
 
 
 def _sha256(path: str | os.PathLike[str]) -> str:
@@ -187,7 +196,8 @@ def calibrate(
     tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), "utf-8")
     tmp.replace(outdir / ITEMS)
     settings = {"data": str(data), "match": match, "part": part, "model": fingerprint["name"],
-                "calibration": None if calibration is None else calibration.source or True}
+                "calibration": None if calibration is None else calibration.source or True,
+                "calibrated_by": _used_measure(calibration, rows)}
     report = build_report(rows, n_boot=n_boot, **settings)
     (outdir / REPORT).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     write_reliability(report, outdir, f"{Path(data).name} · {fingerprint['name']}")

@@ -1,4 +1,4 @@
-"""Command line: `tokentrail align | generate | serve | realign | check | bench`.
+"""Command line: `tokentrail align | generate | serve | realign | check | calibrate | bench`.
 
 Each command lives with the code it drives; this module only builds the parser. Errors
 in input exit with status 2 and one line on stderr.
@@ -223,6 +223,7 @@ _PLUGINS = (
     "tokentrail.server",
     "tokentrail.realign",
     "tokentrail.check",
+    "tokentrail.calibrate",
 )
 
 

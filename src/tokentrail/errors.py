@@ -18,6 +18,8 @@ Each class also subclasses the builtin callers caught before it existed, so
     ├── ModelNotAvailable (FileNotFoundError)  a named model that is not on this machine
     ├── EngineError (RuntimeError)          an engine failure with an HTTP meaning
     │   └── UpstreamError                   a remote upstream that failed
+    ├── CalibrationError (ValueError)       a calibration set or map that cannot be used
+    │                                       (a bad line, a map fitted for another model)
     ├── UsageError                          bad command-line input: exit 2, one line
     └── APIError                            an HTTP error answered in OpenAI's shape
         └── QueueFull                       429: too many requests already waiting
@@ -35,6 +37,7 @@ from typing import Any, Literal
 
 __all__ = [
     "APIError",
+    "CalibrationError",
     "ClientGone",
     "ConstraintError",
     "ContextOverflow",
@@ -129,6 +132,15 @@ class EngineError(TokentrailError, RuntimeError):
 class UpstreamError(EngineError):
     """The upstream failed: `status` is what the proxy answers (502, 504, or the
     upstream's own 4xx), `code` a short machine-readable name."""
+
+
+class CalibrationError(TokentrailError, ValueError):
+    """A labelled set or a calibration map that cannot be used: a malformed line
+    (`line` is its 1-based number), or a map fitted for another model."""
+
+    def __init__(self, message: str, line: int | None = None) -> None:
+        super().__init__(message)
+        self.line = line
 
 
 class UsageError(TokentrailError):

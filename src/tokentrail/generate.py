@@ -187,6 +187,7 @@ def stream_generate(
     tools: Sequence[Mapping[str, Any]] | None = None,
     tool_choice: str | Mapping[str, Any] | None = None,
     tool_parser: str | None = None,
+    calibration: Any = None,
     **mlx_options: Any,
 ) -> Iterator[GenerationResponse]:
     """Generate from `prompt`, one `GenerationResponse` per token; the last has
@@ -217,7 +218,9 @@ def stream_generate(
     (`tokentrail.constrain`; a JSON schema turns `fields` on; with `reasoning`, the
     content after the reasoning, as in vLLM); `logprobs_mode` "raw" (the
     model's own distribution, before the mask) or "processed" (what the token was drawn
-    from). Arguments are checked here; generation starts on the first `next()`.
+    from). `calibration` (a `tokentrail.calibrate.Calibration` or its file, refused
+    for another model by fingerprint) sets `confidence.calibrated`, and `level` follows
+    it. Arguments are checked here; generation starts on the first `next()`.
     """
     engine = engine_for(model)
     limit = check_max_tokens(max_tokens)
@@ -250,9 +253,14 @@ def stream_generate(
         mlx_options,
     )
     schema = json_schema if isinstance(json_schema, Mapping) else None
+    if calibration is not None:
+        from .calibrate.fingerprint import calibration_for
+
+        calibration = calibration_for(calibration, model, tokenizer)
     return _structured(
-        engine, tokenizer, ids, (fmt, fields, schema, parser, tools), mlx_options, seq, steps
-    )
+        engine, tokenizer, ids, (fmt, fields, schema, parser, tools, calibration), mlx_options,
+        seq, steps,
+    )  # fmt: skip
 
 
 def _constraint(
@@ -337,21 +345,21 @@ def _structured(
     tokenizer: Any,
     ids: list[int],
     structure: tuple[
-        ReasoningFormat | None, bool, Mapping[str, Any] | None, str | None, Any
+        ReasoningFormat | None, bool, Mapping[str, Any] | None, str | None, Any, Any
     ],
     options: Mapping[str, Any],
     seq: SequenceState,
     steps: Iterator[Step],
 ) -> Iterator[GenerationResponse]:
     """The responses of `steps` through the sequence's output stage
-    (`output.processor.OutputProcessor`): channels, tool calls, then fields with a
-    scorer (each only when asked for).
+    (`output.processor.OutputProcessor`): channels, tool calls, fields with a scorer,
+    then the calibration (each only when asked for).
 
     A constraint (`tokentrail.constrain`, a JSON schema or choices) passes its schema
     here, so fields get its allowed values, and starts its mask once the reply leaves
     the reasoning.
     """
-    fmt, fields, schema, parser, tools = structure
+    fmt, fields, schema, parser, tools, calibration = structure
     output_ids: list[int] = []
     scorer = None
     if fields or parser is not None:  # tool calls' arguments get alternatives too
@@ -362,7 +370,7 @@ def _structured(
             log.info("fields without alternatives: %s", why)
     processor = OutputProcessor(
         seq, reasoning=fmt, tool_parser=parser, tools=tools, fields=fields, scorer=scorer,
-        output_ids=output_ids, schema=schema,
+        output_ids=output_ids, schema=schema, calibration=calibration,
     )  # fmt: skip
     return _run(processor, steps, engine.name)
 

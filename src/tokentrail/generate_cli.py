@@ -108,6 +108,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     constrain.add_argument("--choice", metavar="A,B,...", default=None,
                            help="constrain the reply to one of these comma-separated strings")
     p.add_argument("--json", action="store_true", help="print one JSON object per token")
+    p.add_argument("--calibration", metavar="FILE", default=None,
+                   help="a map from `tokentrail calibrate --fit`: adds confidence.calibrated "
+                   "and colours by it (refused for another model)")
     p.set_defaults(func=run, chat="auto")
 
 
@@ -162,6 +165,7 @@ def run(args: argparse.Namespace) -> int:
             model, tokenizer, prompt, max_tokens=args.max_tokens, temp=args.temp,
             top_p=args.top_p, top_k=args.top_k, seed=args.seed, stop=args.stop,
             top_logprobs=top, reasoning=reasoning, fields=wants_fields(args), **constraint,
+            calibration=args.calibration,
         )
     except (FileNotFoundError, ValueError, TypeError, TokenizerLoadError, ImportError) as e:
         _fail(str(e))

@@ -18,6 +18,7 @@ __all__ = [
     "confidence_level",
     "confidence_of",
     "json_number",
+    "probability_level",
 ]
 
 #: What OpenAI's API sends for a logprob of -inf (JSON has no infinities).
@@ -48,6 +49,12 @@ def confidence_level(mean_logprob: float | None) -> int | None:
     if mean_logprob is None or math.isnan(mean_logprob):
         return None
     p = math.exp(mean_logprob) if mean_logprob < 709.0 else math.inf
+    return probability_level(p)
+
+
+def probability_level(p: float) -> int:
+    """The level (0..4) of probability `p`: how many of `CONFIDENCE_LEVELS` it reaches.
+    A calibrated probability is judged by the same cut-offs as a geometric mean."""
     return sum(1 for limit in CONFIDENCE_LEVELS if p >= limit)
 
 
@@ -127,6 +134,8 @@ class Confidence:
 
     `entropy` is the mean, over tokens with alternatives, of the entropy (nats) of the
     renormalised top-k distribution; it is None when no alternatives were given.
+    `calibrated` is the probability that the text is right, from a calibration map
+    (`tokentrail.calibrate.Calibration`); once set, `level` follows it.
     """
 
     mean_logprob: float
@@ -135,15 +144,19 @@ class Confidence:
     probability: float
     entropy: float | None = None
     n_tokens: int = 0
+    calibrated: float | None = None
 
     @property
     def level(self) -> int | None:
-        """How sure, 0 (least) to 4 (see `CONFIDENCE_LEVELS`); None without logprobs."""
+        """How sure, 0 (least) to 4 (see `CONFIDENCE_LEVELS`); None without logprobs.
+        With a calibrated probability, the level of that probability."""
+        if self.calibrated is not None:
+            return probability_level(self.calibrated)
         return confidence_level(self.mean_logprob)
 
     def to_dict(self) -> dict[str, Any]:
         # JSON has no infinities: a saturated figure is reported as null.
-        return {
+        out: dict[str, Any] = {
             "mean_logprob": json_number(self.mean_logprob),
             "min_logprob": json_number(self.min_logprob),
             "perplexity": json_number(self.perplexity),
@@ -152,6 +165,9 @@ class Confidence:
             "n_tokens": self.n_tokens,
             "level": self.level,
         }
+        if self.calibrated is not None:  # only with a calibration: the shape stays
+            out["calibrated"] = self.calibrated
+        return out
 
 
 def _exp(x: float) -> float:

@@ -8,7 +8,8 @@ feeds it (the caller's for `stream_generate`, the model thread for the server):
 2. reasoning channels (`structure.reasoning.ChannelSplitter`), when a format is set;
 3. tool calls (`structure.tools.ToolCallStream`) on the content channel, when a tool
    parser is set;
-4. JSON fields (`structure.fields.FieldStream`) on the content channel, when asked for.
+4. JSON fields (`structure.fields.FieldStream`) on the content channel, when asked for;
+5. calibration (`calibrate.Calibration`), when a map is given: `confidence.calibrated`.
 
 A step without structure is the record `advance` made; with structure the record is
 made once more with the structure filled in, before anyone sees it. The record is then
@@ -42,10 +43,11 @@ class OutputProcessor:
     content; `schema` / `choices` give leaves their allowed values and `scorer` their
     alternatives (the calls' arguments' too). `output_ids` is filled with each step's
     token, in order, before fields are built (a scorer built on the same list sees the
-    output up to the leaf).
+    output up to the leaf). `calibration`: a checked `tokentrail.calibrate.Calibration`,
+    applied last (each record's `confidence.calibrated`, and its channels').
     """
 
-    __slots__ = ("fields", "output_ids", "splitter", "state", "tools")
+    __slots__ = ("calibration", "fields", "output_ids", "splitter", "state", "tools")
 
     def __init__(
         self,
@@ -60,8 +62,11 @@ class OutputProcessor:
         choices: Mapping[str, Sequence[Any]] | None = None,
         scorer: ContinuationScorer | None = None,
         output_ids: list[int] | None = None,
+        calibration: Any = None,
     ) -> None:
         self.state = state
+        #: A checked `tokentrail.calibrate.Calibration` (None: none): the last stage.
+        self.calibration = calibration
         self.splitter = (
             None
             if reasoning is None
@@ -93,9 +98,21 @@ class OutputProcessor:
         """The record of the next token (`cached`: prompt tokens the engine's prompt
         cache served); RuntimeError after the last one."""
         out = self.state.advance(step, cached)
-        if self.splitter is None and self.tools is None and self.fields is None:
-            return out
-        return self.structure(out)
+        if not (self.splitter is None and self.tools is None and self.fields is None):
+            out = self.structure(out)
+        if self.calibration is not None:
+            out = self.calibrated(out)
+        return out
+
+    def calibrated(self, out: TokenOutput) -> TokenOutput:
+        """`out` with its segment's and channels' confidences calibrated."""
+        cal = self.calibration
+        changes: dict[str, Any] = {"confidence": cal.confidence(out.confidence)}
+        end = out.end
+        if end is not None and end.channel_confidence is not None:
+            by_channel = {c: cal.confidence(v) for c, v in end.channel_confidence.items()}
+            changes["end"] = replace(end, channel_confidence=by_channel)
+        return replace(out, **changes)
 
     # long: the three structure stages in their fixed order, each a few lines, read as one.
     def structure(self, out: TokenOutput) -> TokenOutput:

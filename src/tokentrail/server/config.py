@@ -130,7 +130,9 @@ class ServerConfig:
     `tokentrail.structure.ReasoningFormat`, a `REASONING_PARSERS` name or (START, END)
     markers; None: none) splits chat replies into reasoning and content;
     `tool_call_parser` (a `tokentrail.structure.TOOL_PARSERS` name; None: detected from
-    the chat template) parses tool calls.
+    the chat template) parses tool calls. `calibration` (a file from `tokentrail
+    calibrate --fit`, checked against the model's fingerprint at load) adds
+    `confidence.calibrated` to every segment.
     """
 
     model_path: str | os.PathLike[str] | None = field(default=None, metadata=declare(
@@ -203,6 +205,11 @@ class ServerConfig:
         Flag("--tool-call-parser", "parse tool calls in this format ({choices})",
              metavar="NAME", choices=_tool_parsers),
         default_note="detected from the chat template",
+    ))
+    calibration: str | os.PathLike[str] | None = field(default=None, metadata=declare(
+        Flag("--calibration", "a map from `tokentrail calibrate --fit`: adds "
+             "confidence.calibrated and makes level follow it (refused for another model)",
+             metavar="FILE"),
     ))
 
     def __post_init__(self) -> None:

@@ -62,7 +62,8 @@ class ChoiceState:
 @dataclass(frozen=True)
 class LoadedModel:
     """What the loop thread loaded: the model and tokenizer, the engine that runs them,
-    the tokenizer's vocabulary and EOS ids, and the class of the engine's batch."""
+    the tokenizer's vocabulary and EOS ids, the class of the engine's batch, and the
+    calibration checked against the model."""
 
     model: Any
     tokenizer: Any
@@ -70,6 +71,8 @@ class LoadedModel:
     vocab: Vocab
     eos: frozenset[int]
     batch_kind: str
+    #: The checked calibration (`config.calibration`), or None.
+    calibration: Any = None
 
 
 def served_name(model_path: str | os.PathLike[str] | None) -> str:
@@ -274,9 +277,15 @@ class Scheduler:
             options["prompt_cache_bytes"] = config.prompt_cache_bytes
         batch = open_batch(engine, self.admission.capacity, **options)
         self.admission.capacity = batch_capacity(batch)
+        calibration = None
+        if config.calibration is not None:
+            from ..calibrate.fingerprint import calibration_for
+
+            calibration = calibration_for(config.calibration, model, tokenizer)
         self._loaded = LoadedModel(
-            model, tokenizer, engine, vocab, eos_ids(tokenizer), type(batch).__name__
-        )
+            model, tokenizer, engine, vocab, eos_ids(tokenizer), type(batch).__name__,
+            calibration,
+        )  # fmt: skip
         # A batch that says when a step's graph is built gets the previous step's
         # events handed over there, so the event loop formats them while the model
         # computes rather than while this thread builds the next step.
@@ -366,7 +375,9 @@ class Scheduler:
                 )  # fmt: skip
                 job.live += 1
                 now = time.perf_counter()
-                out = OutputProcessor(state, **ready.outputs[choice])
+                out = OutputProcessor(
+                    state, calibration=loaded.calibration, **ready.outputs[choice]
+                )
                 self._seqs[uid] = ChoiceState(job, choice, out, last_step=now, added=now)
         except (ValueError, TypeError) as e:  # the engine refused the prompt or a setting
             logger.info("request %s refused by the engine: %s", job.id, e)

@@ -1,0 +1,216 @@
+"""Getting each question answered and scored: in process (a model from `tokentrail.load`)
+or from an OpenAI-compatible server over HTTP. Greedy decoding, top-k alternatives per
+token; with choices, a constrained choice and each choice's own logprob.
+
+A choice is scored by decoding it alone under a one-choice constraint: its tokens are
+then forced, and their raw logprobs (the model's distribution before the mask, which
+is what tokentrail reports by default, here and over HTTP) sum to the model's logprob
+of writing it. The chosen one reuses the tokens of the constrained answer.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from itertools import islice
+from typing import Any
+
+from ..errors import CalibrationError
+from .data import Item
+from .measures import TokenRecord
+
+__all__ = ["CONCURRENT", "Answerer", "HttpAnswerer", "LocalAnswerer", "Reply"]
+
+#: Requests a server is sent at once.
+CONCURRENT = 8
+
+
+@dataclass
+class Reply:
+    """A model's reply to one item: its text, its answer tokens (the end-of-sequence
+    token left out), and with choices each choice's summed logprob."""
+
+    output: str
+    tokens: list[TokenRecord]
+    choice_logprobs: dict[str, float] = field(default_factory=dict)
+
+
+def _without_end(tokens: list[TokenRecord], ended_by_eos: bool) -> list[TokenRecord]:
+    """The answer span: the end token dropped, unless it is all there is."""
+    return tokens[:-1] if ended_by_eos and len(tokens) > 1 else tokens
+
+
+class Answerer:
+    """What answers items: `ask(item, choice)` gives the reply text and its answer
+    tokens (under a choice constraint when `choice` is given)."""
+
+    def ask(self, item: Item, choice: Sequence[str] | None) -> tuple[str, list[TokenRecord]]:
+        raise NotImplementedError
+
+    def answer(self, item: Item) -> Reply:
+        """The reply to `item`; with choices, each choice's summed logprob too."""
+        output, tokens = self.ask(item, item.choices)
+        scores: dict[str, float] = {}
+        if item.choices:
+            for c in item.choices:
+                got = tokens if c == output else self.ask(item, [c])[1]
+                scores[c] = math.fsum(t.logprob for t in got)
+        return Reply(output, tokens, scores)
+
+    def answer_many(self, items: Sequence[Item]) -> Iterator[tuple[Item, Reply]]:
+        """Each item with its reply, as replies finish (here: one after another)."""
+        for item in items:
+            yield item, self.answer(item)
+
+    def close(self) -> None:
+        """Release what the answerer holds (nothing, unless it says otherwise)."""
+
+
+class LocalAnswerer(Answerer):
+    """Answers with `stream_generate` on a loaded model."""
+
+    def __init__(self, model: Any, tokenizer: Any, max_tokens: int, top_logprobs: int) -> None:
+        self.model, self.tokenizer = model, tokenizer
+        self.max_tokens, self.top_logprobs = max_tokens, top_logprobs
+
+    def answer_many(self, items: Sequence[Item]) -> Iterator[tuple[Item, Reply]]:
+        """Free-text items decoded together (`stream_batch_generate`: one batch, each
+        reply yielded as its sequence ends), then the items with choices one by one
+        (a constraint per request)."""
+        from ..batch import stream_batch_generate
+
+        free = [it for it in items if not it.choices]
+        if free:
+            prompts = [it.prompt if isinstance(it.prompt, str) else list(it.prompt)
+                       for it in free]
+            got: dict[int, list[Any]] = {i: [] for i in range(len(free))}
+            for i, r in stream_batch_generate(
+                self.model, self.tokenizer, prompts, self.max_tokens,
+                top_logprobs=self.top_logprobs,
+            ):
+                got[i].append(r)
+                if r.finish_reason is not None:
+                    output, tokens = _records(got.pop(i))
+                    yield free[i], Reply(output, tokens)
+        for item in items:
+            if item.choices:
+                yield item, self.answer(item)
+
+    def ask(self, item: Item, choice: Sequence[str] | None) -> tuple[str, list[TokenRecord]]:
+        from ..generate import stream_generate
+
+        prompt = item.prompt if isinstance(item.prompt, str) else list(item.prompt)
+        responses = list(stream_generate(
+            self.model, self.tokenizer, prompt, max_tokens=self.max_tokens,
+            top_logprobs=self.top_logprobs, choice=choice,
+        ))
+        return _records(responses)
+
+
+def _records(responses: list[Any]) -> tuple[str, list[TokenRecord]]:
+    """The text and answer tokens of one sequence's `GenerationResponse`s."""
+    tokens = [TokenRecord(r.token_logprob, tuple(a.logprob for a in r.top_logprobs))
+              for r in responses]
+    last = responses[-1] if responses else None
+    eos = last is not None and last.finish_reason == "stop" and last.stop_string is None
+    return "".join(r.text for r in responses), _without_end(tokens, eos)
+
+
+
+class HttpAnswerer(Answerer):
+    """Answers through an OpenAI-compatible server: chat completions for messages,
+    completions for a prompt, `logprobs` with `top_logprobs`; choices through vLLM's
+    `structured_outputs` (which tokentrail's server takes too)."""
+
+    def __init__(
+        self, url: str, model: str | None, max_tokens: int, top_logprobs: int,
+        api_key: str | None = None, timeout: float = 300.0,
+    ) -> None:
+        import httpx
+
+        self.base = url.rstrip("/")
+        if not self.base.endswith("/v1"):
+            self.base += "/v1"
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.client = httpx.Client(headers=headers, timeout=timeout)
+        self.max_tokens, self.top_logprobs = max_tokens, top_logprobs
+        self.model = model or self._first_model()
+
+    def _first_model(self) -> str:
+        try:
+            r = self.client.get(self.base + "/models")
+            r.raise_for_status()
+            return str(r.json()["data"][0]["id"])
+        except Exception as e:
+            raise CalibrationError(f"cannot list the models of {self.base}: {e}") from None
+
+    def answer_many(self, items: Sequence[Item]) -> Iterator[tuple[Item, Reply]]:
+        """Up to `CONCURRENT` requests in flight (the server batches them), each reply
+        yielded as it comes back."""
+        from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+
+        todo = iter(items)
+        with ThreadPoolExecutor(CONCURRENT) as pool:
+            running = {pool.submit(self.answer, it): it for it in islice(todo, CONCURRENT)}
+            while running:
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in done:
+                    item = running.pop(future)
+                    yield item, future.result()
+                    for nxt in islice(todo, 1):
+                        running[pool.submit(self.answer, nxt)] = nxt
+
+    def ask(self, item: Item, choice: Sequence[str] | None) -> tuple[str, list[TokenRecord]]:
+        chat = not isinstance(item.prompt, str)
+        body: dict[str, Any] = {"model": self.model, "max_tokens": self.max_tokens,
+                                "temperature": 0.0}
+        if chat:
+            body.update(messages=list(item.prompt), logprobs=True,
+                        top_logprobs=self.top_logprobs)
+        else:
+            body.update(prompt=item.prompt, logprobs=self.top_logprobs)
+        if choice:
+            body["structured_outputs"] = {"choice": list(choice)}
+        path = "/chat/completions" if chat else "/completions"
+        r = self.client.post(self.base + path, json=body)
+        if r.status_code != 200:
+            raise CalibrationError(f"{self.base}{path} answered {r.status_code}: {r.text[:300]}")
+        c = r.json()["choices"][0]
+        return (_chat_tokens(c) if chat else _completion_tokens(c))
+
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def _is_end(entry_token: str, entry_bytes: Any, text: str) -> bool:
+    """Whether a final logprobs entry is the end-of-sequence token: no bytes, or a
+    special token's name that the text does not hold."""
+    if entry_bytes == [] or entry_token == "":
+        return True
+    special = entry_token.startswith("<") and entry_token.endswith(">")
+    return special and not text.endswith(entry_token)
+
+
+def _chat_tokens(c: dict[str, Any]) -> tuple[str, list[TokenRecord]]:
+    text = (c.get("message") or {}).get("content") or ""
+    content = (c.get("logprobs") or {}).get("content") or []
+    tokens = [TokenRecord(float(e["logprob"]),
+                          tuple(float(a["logprob"]) for a in e.get("top_logprobs") or []))
+              for e in content]
+    eos = bool(content) and c.get("finish_reason") == "stop" and _is_end(
+        content[-1].get("token", ""), content[-1].get("bytes"), text)
+    return text, _without_end(tokens, eos)
+
+
+def _completion_tokens(c: dict[str, Any]) -> tuple[str, list[TokenRecord]]:
+    text = c.get("text") or ""
+    lp = c.get("logprobs") or {}
+    names = lp.get("tokens") or []
+    values = lp.get("token_logprobs") or []
+    tops = lp.get("top_logprobs") or [None] * len(values)
+    tokens = [TokenRecord(float(v), tuple(float(x) for x in (t or {}).values()))
+              for v, t in zip(values, tops, strict=False) if v is not None]
+    eos = bool(names) and c.get("finish_reason") == "stop" and _is_end(names[-1], None, text)
+    return text, _without_end(tokens, eos)

@@ -1,0 +1,214 @@
+"""A fitted calibration map, loaded and applied: measure in, probability of being right out.
+
+`Calibration.load(path)` reads what `tokentrail calibrate --fit` wrote. Applying it needs
+nothing beyond the standard library (no numpy, no scikit-learn), so `generate` and
+`serve` can take `--calibration` on any install. Two kinds of map, per measure:
+
+- ``temperature``: sigmoid(logit(p) / temperature + bias) (temperature scaling with a
+  shift, i.e. Platt scaling on the measure's logit);
+- ``isotonic``: a monotone step function, linearly interpolated between its points and
+  flat past its ends (scikit-learn's `IsotonicRegression` with out_of_bounds="clip");
+- ``constant``: one probability (a set whose answers were all right or all wrong).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from bisect import bisect_right
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from itertools import pairwise
+from typing import Any
+
+from ..errors import CalibrationError
+from ..segment import Confidence
+from .measures import MEASURES, SEGMENT_MEASURES, segment_measures
+
+log = logging.getLogger(__name__)
+
+__all__ = ["FORMAT", "Calibration", "apply_map", "check_fingerprint"]
+
+#: The `format` field of a calibration file.
+FORMAT = "tokentrail-calibration"
+#: Probabilities are kept this far from 0 and 1 before taking a logit.
+EPS = 1e-6
+
+
+def logit(p: float) -> float:
+    p = min(max(p, EPS), 1.0 - EPS)
+    return math.log(p / (1.0 - p))
+
+
+def sigmoid(x: float) -> float:
+    if x >= 0:
+        return 1.0 / (1.0 + math.exp(-x))
+    e = math.exp(x)
+    return e / (1.0 + e)
+
+
+def _interp(x: float, xs: list[float], ys: list[float]) -> float:
+    if x <= xs[0]:
+        return ys[0]
+    if x >= xs[-1]:
+        return ys[-1]
+    i = bisect_right(xs, x)
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+def apply_map(spec: Mapping[str, Any], value: float) -> float:
+    """The calibrated probability of a measure's `value` under one map `spec`."""
+    kind = spec.get("kind")
+    if kind == "temperature":
+        return sigmoid(logit(value) / spec["temperature"] + spec["bias"])
+    if kind == "isotonic":
+        return _interp(value, spec["x"], spec["y"])
+    if kind == "constant":
+        return float(spec["p"])
+    raise CalibrationError(f"unknown calibration map kind {kind!r}")
+
+
+def _check_map(name: str, spec: Any) -> None:
+    ok = isinstance(spec, dict)
+    if ok and spec.get("kind") == "temperature":
+        t = spec.get("temperature")
+        ok = isinstance(t, (int, float)) and t > 0 and isinstance(spec.get("bias"), (int, float))
+    elif ok and spec.get("kind") == "isotonic":
+        xs, ys = spec.get("x"), spec.get("y")
+        ok = isinstance(xs, list) and isinstance(ys, list) and len(xs) == len(ys) > 0
+        ok = ok and all(a <= b for a, b in pairwise(xs))
+    elif ok and spec.get("kind") == "constant":
+        ok = isinstance(spec.get("p"), (int, float))
+    else:
+        ok = False
+    if not ok:
+        raise CalibrationError(f"the calibration map for {name!r} is malformed: {spec!r:.200}")
+
+
+def check_fingerprint(fitted: Mapping[str, Any], running: Mapping[str, Any]) -> None:
+    """Refuse (CalibrationError) a map fitted for another model: a tokenizer or weights
+    hash that both sides have and that differ. Where no hash can be compared (a map
+    fitted over a URL), the model names must agree; a map that cannot be checked at all
+    is used with a warning."""
+    compared = False
+    for key, what in (("tokenizer", "tokenizer"), ("weights", "weights")):
+        a, b = fitted.get(key), running.get(key)
+        if a and b:
+            compared = True
+            if a != b:
+                raise CalibrationError(
+                    f"this calibration was fitted for another model: its {what} fingerprint "
+                    f"{str(a)[:12]} ({fitted.get('name')}) is not this model's {str(b)[:12]} "
+                    f"({running.get('name')}); fit one for this model with "
+                    "`tokentrail calibrate DATA --fit OUT.json`"
+                )
+    if compared:
+        return
+    a, b = fitted.get("name"), running.get("name")
+    if a and b and a != b:
+        raise CalibrationError(
+            f"this calibration was fitted for model {a!r}, not {b!r} (no tokenizer or weights "
+            "fingerprint to compare)"
+        )
+    log.warning("calibration fitted for %r cannot be checked against this model by "
+                "fingerprint; using it as given", a)
+
+
+@dataclass
+class Calibration:
+    """Per-measure maps to the probability that an answer (or segment) is right.
+
+    `ranking` lists the fitted measures best first (cross-validated log loss); an answer
+    is calibrated with the first one it has. `segment_measure` is the best measure a
+    streamed segment's `Confidence` gives, the one `generate` and `serve` apply.
+    """
+
+    maps: dict[str, dict[str, Any]]
+    ranking: list[str]
+    segment_measure: str | None
+    fingerprint: dict[str, Any] = field(default_factory=dict)
+    fitted_on: dict[str, Any] = field(default_factory=dict)
+    source: str = ""
+    #: (id(model), id(tokenizer)) pairs already checked against `fingerprint`.
+    checked: set[tuple[int, int]] = field(default_factory=set, repr=False, compare=False)
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "") -> Calibration:
+        """A calibration from its JSON form, checked."""
+        where = f"{source}: " if source else ""
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise CalibrationError(f"{where}not a tokentrail calibration file (format "
+                                   f"{FORMAT!r} expected)")
+        maps = data.get("maps")
+        if not isinstance(maps, dict) or not maps:
+            raise CalibrationError(f"{where}the calibration holds no maps")
+        for name, spec in maps.items():
+            if name not in MEASURES:
+                raise CalibrationError(f"{where}unknown measure {name!r} in the calibration")
+            _check_map(name, spec)
+        ranking = [m for m in data.get("ranking", []) if m in maps] or sorted(maps)
+        seg = data.get("segment_measure")
+        if seg is not None and (seg not in maps or seg not in SEGMENT_MEASURES):
+            raise CalibrationError(f"{where}segment_measure {seg!r} has no usable map")
+        return cls(maps, ranking, seg, dict(data.get("fingerprint") or {}),
+                   dict(data.get("fitted_on") or {}), source)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Calibration:
+        """Read a calibration file; a missing, non-JSON or malformed one is a
+        CalibrationError naming it."""
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+        except OSError as e:
+            raise CalibrationError(f"cannot read calibration {path}: {e.strerror or e}") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise CalibrationError(f"calibration {path} is not JSON: {e}") from None
+        return cls.from_dict(data, str(path))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT, "version": 1, "fingerprint": self.fingerprint,
+            "fitted_on": self.fitted_on, "ranking": self.ranking,
+            "segment_measure": self.segment_measure, "maps": self.maps,
+        }
+
+    def check(self, fingerprint: Mapping[str, Any]) -> Calibration:
+        """Self, after refusing it for a model whose fingerprint is another's."""
+        check_fingerprint(self.fingerprint, fingerprint)
+        return self
+
+    def map(self, measure: str, value: float) -> float:
+        """`value` of `measure` mapped to a probability of being right."""
+        try:
+            spec = self.maps[measure]
+        except KeyError:
+            raise CalibrationError(f"no calibration map for measure {measure!r}") from None
+        return apply_map(spec, value)
+
+    def answer(self, measures: Mapping[str, float | None]) -> tuple[float | None, str | None]:
+        """(probability, measure used) for an answer's measures: the best-ranked measure
+        it has; (None, None) when it has none of them."""
+        for name in self.ranking:
+            v = measures.get(name)
+            if v is not None and math.isfinite(v):
+                return self.map(name, v), name
+        return None, None
+
+    def segment(self, confidence: Confidence) -> float | None:
+        """The calibrated probability of a segment (None: no segment measure fitted)."""
+        if self.segment_measure is None:
+            return None
+        v = segment_measures(confidence).get(self.segment_measure)
+        return None if v is None or not math.isfinite(v) else self.map(self.segment_measure, v)
+
+    def confidence(self, conf: Confidence | None) -> Confidence | None:
+        """`conf` with `calibrated` set (a new `Confidence`; `level` then follows it);
+        None stays None. `output.processor.OutputProcessor` applies it to each record's
+        segment and channel confidences."""
+        if conf is None:
+            return None
+        return replace(conf, calibrated=self.segment(conf))

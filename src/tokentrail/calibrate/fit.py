@@ -1,0 +1,131 @@
+"""Fitting calibration maps: per measure, temperature scaling and isotonic regression,
+the one with the lower cross-validated log loss kept.
+
+Temperature scaling here is logistic regression on the measure's logit (a temperature
+and a shift: Platt scaling); isotonic regression is scikit-learn's, its output kept
+within [0.01, 0.99] so that a bin of a few answers, all right, does not claim
+certainty. Both are fitted on every answer once the choice is made. Needs numpy and
+scikit-learn (`pip install 'tokentrail[calibrate]'`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import CalibrationError
+from .apply import EPS, FORMAT, Calibration, apply_map
+from .measures import MEASURES, SEGMENT_MEASURES
+
+__all__ = ["fit_calibration", "fit_map", "log_loss"]
+
+#: Isotonic outputs are kept within [ISO_FLOOR, 1 - ISO_FLOOR].
+ISO_FLOOR = 0.01
+#: Folds of the cross-validation that picks the kind of map.
+FOLDS = 5
+#: Fewest answers a measure needs to be fitted.
+MIN_ITEMS = 10
+
+
+def _sklearn() -> tuple[Any, Any, Any]:
+    try:
+        from sklearn.isotonic import IsotonicRegression
+        from sklearn.linear_model import LogisticRegression
+        from sklearn.model_selection import StratifiedKFold
+    except ImportError:
+        raise CalibrationError(
+            "fitting a calibration needs scikit-learn: pip install 'tokentrail[calibrate]'"
+        ) from None
+    return IsotonicRegression, LogisticRegression, StratifiedKFold
+
+
+def log_loss(p: Sequence[float] | np.ndarray, y: Sequence[int] | np.ndarray) -> float:
+    """Mean negative log-likelihood of outcomes `y` under probabilities `p`."""
+    q = np.clip(np.asarray(p, dtype=np.float64), EPS, 1 - EPS)
+    t = np.asarray(y, dtype=np.float64)
+    return float(-np.mean(t * np.log(q) + (1 - t) * np.log(1 - q)))
+
+
+def _logits(c: np.ndarray) -> np.ndarray:
+    q = np.clip(c, EPS, 1 - EPS)
+    return np.log(q / (1 - q))
+
+
+def _fit_kind(kind: str, c: np.ndarray, y: np.ndarray) -> dict[str, Any]:
+    iso_cls, lr_cls, _ = _sklearn()
+    if y.min() == y.max():  # one class: nothing to map, only a rate to state
+        return {"kind": "constant", "p": (float(y.sum()) + 1.0) / (len(y) + 2.0)}
+    if kind == "temperature":
+        lr = lr_cls(C=1e4, max_iter=1000).fit(_logits(c)[:, None], y.astype(int))
+        a = float(lr.coef_[0, 0])
+        if a <= 1e-6:  # the measure does not rise with correctness: a constant is honest
+            return {"kind": "constant", "p": float(y.mean())}
+        return {"kind": "temperature", "temperature": 1.0 / a, "bias": float(lr.intercept_[0])}
+    iso = iso_cls(y_min=ISO_FLOOR, y_max=1 - ISO_FLOOR, out_of_bounds="clip").fit(c, y)
+    return {"kind": "isotonic", "x": [float(v) for v in iso.X_thresholds_],
+            "y": [float(v) for v in iso.y_thresholds_]}
+
+
+def _cv_loss(kind: str, c: np.ndarray, y: np.ndarray, seed: int) -> float | None:
+    _, _, kfold = _sklearn()
+    minority = int(min(y.sum(), len(y) - y.sum()))
+    folds = min(FOLDS, minority)
+    if folds < 2:
+        return None
+    losses = []
+    for train, test in kfold(n_splits=folds, shuffle=True, random_state=seed).split(c, y):
+        spec = _fit_kind(kind, c[train], y[train])
+        p = [apply_map(spec, float(v)) for v in c[test]]
+        losses.append(log_loss(p, y[test]) * len(test))
+    return float(sum(losses) / len(y))
+
+
+def fit_map(
+    conf: Sequence[float], correct: Sequence[int | bool], seed: int = 0
+) -> dict[str, Any]:
+    """The better of temperature scaling and isotonic regression for one measure (by
+    cross-validated log loss), fitted on all of it; with `cv_log_loss` per kind and `n`."""
+    c = np.asarray(conf, dtype=np.float64)
+    y = np.asarray(correct, dtype=np.float64)
+    losses = {kind: _cv_loss(kind, c, y, seed) for kind in ("temperature", "isotonic")}
+    scored = {k: v for k, v in losses.items() if v is not None}
+    kind = min(scored, key=lambda k: scored[k]) if scored else "temperature"
+    spec = _fit_kind(kind, c, y)
+    spec["cv_log_loss"] = {k: None if v is None else round(v, 6) for k, v in losses.items()}
+    spec["n"] = len(c)
+    return spec
+
+
+def fit_calibration(
+    rows: Sequence[Mapping[str, Any]],
+    fingerprint: Mapping[str, Any],
+    fitted_on: Mapping[str, Any],
+    seed: int = 0,
+) -> Calibration:
+    """Fit every measure the scored answers `rows` (items.jsonl lines: `correct` and
+    `measures`) carry; rank the measures by cross-validated log loss."""
+    maps: dict[str, dict[str, Any]] = {}
+    for name in MEASURES:
+        pairs = [(r["measures"].get(name), bool(r["correct"])) for r in rows]
+        pairs = [(v, ok) for v, ok in pairs if v is not None and math.isfinite(v)]
+        if len(pairs) < MIN_ITEMS:
+            continue
+        maps[name] = fit_map([v for v, _ in pairs], [ok for _, ok in pairs], seed)
+    if not maps:
+        raise CalibrationError(
+            f"too few scored answers to fit a calibration (at least {MIN_ITEMS} per measure)"
+        )
+
+    def best_loss(name: str) -> float:
+        got = [v for v in maps[name]["cv_log_loss"].values() if v is not None]
+        return min(got) if got else math.inf
+
+    ranking = sorted(maps, key=best_loss)
+    segment = next((m for m in ranking if m in SEGMENT_MEASURES), None)
+    return Calibration.from_dict({
+        "format": FORMAT, "fingerprint": dict(fingerprint), "fitted_on": dict(fitted_on),
+        "ranking": ranking, "segment_measure": segment, "maps": maps,
+    })

@@ -1,0 +1,185 @@
+"""The report of a calibration run, computed from its scored answers (items.jsonl rows):
+report.json, the reliability diagram (reliability.png, reliability.svg), report.html and
+a table for the terminal. Everything here is a function of the rows, so the report can
+always be recomputed from items.jsonl.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..segment import LEVEL_NAMES, probability_level
+from .measures import MEASURES
+from .metrics import reliability_bins, summarize
+
+__all__ = ["build_report", "by_level", "print_table", "write_html", "write_reliability"]
+
+#: Every measure a report may hold: the raw ones, then the calibrated probability.
+REPORTED = (*MEASURES, "calibrated")
+
+
+def _pairs(rows: Sequence[Mapping[str, Any]], name: str) -> tuple[list[float], list[int]]:
+    conf, correct = [], []
+    for r in rows:
+        v = r.get("calibrated") if name == "calibrated" else r["measures"].get(name)
+        if v is not None and math.isfinite(v):
+            conf.append(float(v))
+            correct.append(int(bool(r["correct"])))
+    return conf, correct
+
+
+def build_report(
+    rows: Sequence[Mapping[str, Any]], n_boot: int = 1000, seed: int = 0, **extra: Any
+) -> dict[str, Any]:
+    """report.json's content: n, accuracy, the primary measure's name, and per measure
+    (those any answer has) ECE (equal width and equal mass), Brier, AUROC, PRR, 95%
+    intervals and its reliability bins. The primary measure is the calibrated
+    probability when there is one, else the raw measure with the highest AUROC among
+    those every answer has. `extra` keys are added as they are (the run's settings)."""
+    n = len(rows)
+    measures: dict[str, Any] = {}
+    for name in REPORTED:
+        conf, correct = _pairs(rows, name)
+        if not conf:
+            continue
+        figures = summarize(conf, correct, n_boot, seed)
+        figures["bins"] = reliability_bins(conf, correct)
+        measures[name] = figures
+    full = [m for m in MEASURES if m in measures and measures[m]["n"] == n]
+    if "calibrated" in measures:
+        primary = "calibrated"
+    elif full:
+        primary = max(full, key=lambda m: (measures[m]["auroc"] or 0.0, -MEASURES.index(m)))
+    else:
+        primary = next(iter(measures), None)
+    accuracy = sum(bool(r["correct"]) for r in rows) / n if n else None
+    levels = None if primary is None else by_level(*_pairs(rows, primary))
+    return {"n": n, "accuracy": accuracy, "primary": primary, "measures": measures,
+            "levels": levels, **extra}
+
+
+def by_level(conf: Sequence[float], correct: Sequence[int]) -> list[dict[str, Any]]:
+    """Per segment level (`segment.probability_level` of the value): how many answers,
+    their mean confidence and how many were right. The check that an answer shown as
+    "certain" is right at least as often as its number says."""
+    out = []
+    for level, name in enumerate(LEVEL_NAMES):
+        picked = [(c, y) for c, y in zip(conf, correct, strict=True)
+                  if probability_level(c) == level]
+        out.append({
+            "level": level, "name": name, "n": len(picked),
+            "confidence": sum(c for c, _ in picked) / len(picked) if picked else None,
+            "accuracy": sum(y for _, y in picked) / len(picked) if picked else None,
+        })
+    return out
+
+
+def _best_raw(report: Mapping[str, Any]) -> str | None:
+    """The raw measure to show: the one the calibration mapped, else the primary one,
+    else the one with the highest AUROC."""
+    raw = [m for m in MEASURES if m in report["measures"]]
+    for name in (report.get("calibrated_by"), report["primary"]):
+        if name in raw:
+            return name
+    return max(raw, key=lambda m: report["measures"][m]["auroc"] or 0.0) if raw else None
+
+
+def write_reliability(report: Mapping[str, Any], out: Path, title: str = "") -> list[Path]:
+    """reliability.png and .svg: accuracy against confidence per bin, for a raw measure
+    (`_best_raw`: before) and, when present, the calibrated probability (after).
+    [] without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    shown = [m for m in (_best_raw(report), "calibrated") if m and m in report["measures"]]
+    fig, axes = plt.subplots(1, len(shown), figsize=(4.2 * len(shown), 4.2), squeeze=False)
+    for ax, name in zip(axes[0], shown, strict=True):
+        figures = report["measures"][name]
+        bins = [b for b in figures["bins"] if b["n"]]
+        ax.plot([0, 1], [0, 1], color="#999", linestyle="--", linewidth=1, label="perfect")
+        ax.bar([(b["lo"] + b["hi"]) / 2 for b in bins], [b["accuracy"] for b in bins],
+               width=0.09, color="#4c72b0", alpha=0.35, label="accuracy per bin")
+        ax.plot([b["confidence"] for b in bins], [b["accuracy"] for b in bins], "o-",
+                color="#4c72b0", label="mean confidence → accuracy")
+        for b in bins:
+            ax.annotate(str(b["n"]), ((b["lo"] + b["hi"]) / 2, 0.02), ha="center", fontsize=7)
+        ax.set(xlim=(0, 1), ylim=(0, 1), xlabel=f"{name}", ylabel="accuracy",
+               title=f"{name}: ECE {figures['ece']:.3f}, AUROC "
+               f"{'-' if figures['auroc'] is None else format(figures['auroc'], '.2f')}")
+        ax.legend(loc="upper left", fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    paths = [out / "reliability.png", out / "reliability.svg"]
+    for p in paths:
+        fig.savefig(p, dpi=110)
+    plt.close(fig)
+    return paths
+
+
+def _fmt(v: Any) -> str:
+    return "-" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)
+
+
+def _rows_of(report: Mapping[str, Any]) -> list[list[str]]:
+    out = []
+    for name, f in report["measures"].items():
+        ci = f["ci95"].get("ece")
+        out.append([
+            name + (" *" if name == report["primary"] else ""), str(f["n"]), _fmt(f["ece"]),
+            "-" if ci is None else f"{ci[0]:.3f}–{ci[1]:.3f}", _fmt(f["ece_equal_mass"]),
+            _fmt(f["brier"]), _fmt(f["auroc"]), _fmt(f["prr"]),
+        ])
+    return out
+
+
+HEADER = ["measure", "n", "ECE", "ECE 95%", "ECE (mass)", "Brier", "AUROC", "PRR"]
+
+
+def print_table(report: Mapping[str, Any], console: Any = None) -> None:
+    """The report as a rich table (the primary measure starred)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    acc = report["accuracy"]
+    table = Table(title=f"{report['n']} answers, accuracy {_fmt(acc)}")
+    for h in HEADER:
+        table.add_column(h, justify="left" if h == "measure" else "right")
+    for row in _rows_of(report):
+        table.add_row(*row)
+    (console or Console()).print(table)
+
+
+def write_html(report: Mapping[str, Any], out: Path) -> Path:
+    """report.html: the table and the reliability diagram, one self-contained page."""
+    svg_path = out / "reliability.svg"
+    svg = svg_path.read_text(encoding="utf-8") if svg_path.exists() else ""
+    svg = svg[svg.find("<svg"):] if "<svg" in svg else ""
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in HEADER)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
+        for row in _rows_of(report)
+    )
+    settings = {k: v for k, v in report.items() if k not in ("measures", "levels")}
+    page = (
+        "<!doctype html><html><head><meta charset='utf-8'><title>tokentrail calibrate"
+        "</title><style>body{font-family:sans-serif;margin:2em}table{border-collapse:"
+        "collapse}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}"
+        "td:first-child{text-align:left}</style></head><body>"
+        f"<h1>Calibration report</h1><p>{report['n']} answers, accuracy "
+        f"{_fmt(report['accuracy'])}; primary measure <b>{html.escape(str(report['primary']))}"
+        f"</b> (starred).</p><table><tr>{head}</tr>{body}</table>{svg}"
+        f"<pre>{html.escape(json.dumps(settings, indent=1))}</pre></body></html>"
+    )
+    path = out / "report.html"
+    path.write_text(page, encoding="utf-8")
+    return path

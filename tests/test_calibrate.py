@@ -1,0 +1,299 @@
+"""tokentrail.calibrate's parts on their own: metrics against scikit-learn and hand-worked
+cases, the match rules, the data checks, fitting and applying maps, fingerprints.
+
+The model runs are in tests/test_calibrate_cli.py.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+np = pytest.importorskip("numpy")
+pytest.importorskip("sklearn", reason="pip install -e '.[calibrate]'")
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from sklearn.metrics import brier_score_loss, roc_auc_score  # noqa: E402
+
+from tokentrail.calibrate import Calibration, is_correct, normalize, read_items  # noqa: E402
+from tokentrail.calibrate.apply import check_fingerprint  # noqa: E402
+from tokentrail.calibrate.fit import fit_calibration, fit_map, log_loss  # noqa: E402
+from tokentrail.calibrate.measures import (  # noqa: E402
+    TokenRecord,
+    choice_probability,
+    measures_of,
+    segment_measures,
+)
+from tokentrail.calibrate.metrics import (  # noqa: E402
+    auroc,
+    brier,
+    ece,
+    ece_equal_mass,
+    prr,
+    summarize,
+)
+from tokentrail.errors import CalibrationError  # noqa: E402
+from tokentrail.segment import Confidence, confidence_of  # noqa: E402
+
+probs = st.lists(st.floats(0, 1, allow_nan=False), min_size=2, max_size=60)
+
+
+# -- metrics -----------------------------------------------------------------------------
+
+def test_ece_by_hand() -> None:
+    # bin [0.2, 0.3): two answers at 0.25, one right -> |0.5 - 0.25| * 2/4
+    # bin [0.9, 1.0]: 0.9 and 1.0, both right -> |1 - 0.95| * 2/4
+    conf, y = [0.25, 0.25, 0.9, 1.0], [1, 0, 1, 1]
+    assert ece(conf, y) == pytest.approx(0.25 * 0.5 + 0.05 * 0.5)
+    # equal mass, 2 bins: {0.25, 0.25} and {0.9, 1.0}: the same figure here
+    assert ece_equal_mass(conf, y, bins=2) == pytest.approx(0.25 * 0.5 + 0.05 * 0.5)
+    assert ece([0.1, 0.3], [0, 1]) == pytest.approx((0.1 + 0.7) / 2)
+
+
+def test_prr_by_hand() -> None:
+    y = [1, 0, 1, 0]
+    assert prr([0.9, 0.1, 0.8, 0.2], y) == pytest.approx(1.0)  # rejects the wrong first
+    assert prr([0.1, 0.9, 0.2, 0.8], y) == pytest.approx(-1.0)  # rejects the right first
+    # kept curves (k = 4..1): measure order rejects 0.1 (y=1) first
+    conf = [0.1, 0.2, 0.3, 0.4]
+    y2 = [1, 0, 0, 1]
+    measure = np.mean([1 / 1, 1 / 2, 1 / 3, 2 / 4])  # most confident first: 1,0,0,1
+    oracle = np.mean([1, 1, 2 / 3, 2 / 4])
+    assert prr(conf, y2) == pytest.approx((measure - 0.5) / (oracle - 0.5))
+
+
+@settings(max_examples=60, deadline=None)
+@given(probs, st.data())
+def test_auroc_and_brier_agree_with_sklearn(conf: list[float], data: st.DataObject) -> None:
+    y = data.draw(st.lists(st.integers(0, 1), min_size=len(conf), max_size=len(conf)))
+    assert brier(conf, y) == pytest.approx(brier_score_loss(y, conf), abs=1e-12)
+    if 0 < sum(y) < len(y):
+        assert auroc(conf, y) == pytest.approx(roc_auc_score(y, conf), abs=1e-12)
+    else:
+        assert auroc(conf, y) is None
+
+
+@settings(max_examples=60, deadline=None)
+@given(probs, st.data())
+def test_ece_is_a_weighted_gap_within_bounds(conf: list[float], data: st.DataObject) -> None:
+    y = data.draw(st.lists(st.integers(0, 1), min_size=len(conf), max_size=len(conf)))
+    # independent computation: loop over equal-width bins
+    total = 0.0
+    for b in range(10):
+        members = [i for i, c in enumerate(conf) if min(int(c * 10), 9) == b]
+        if members:
+            gap = sum(y[i] for i in members) / len(members) - sum(conf[i] for i in members) / len(
+                members)
+            total += abs(gap) * len(members) / len(conf)
+    assert ece(conf, y) == pytest.approx(total, abs=1e-9)
+    assert 0.0 <= ece_equal_mass(conf, y) <= 1.0
+    # a confidence equal to the outcome is perfectly calibrated and separating
+    assert ece(y, y) == 0.0 and brier(y, y) == 0.0
+
+
+def test_summarize_intervals_hold_the_figures() -> None:
+    rng = np.random.default_rng(3)
+    conf = rng.random(300)
+    y = (rng.random(300) < conf).astype(int)
+    s = summarize(conf, y, n_boot=200, seed=1)
+    assert s["n"] == 300
+    for name in ("brier", "auroc", "prr"):
+        lo, hi = s["ci95"][name]
+        assert lo <= s[name] <= hi, name
+    assert s == summarize(conf, y, n_boot=200, seed=1)  # seeded: reproducible
+
+
+# -- measures ----------------------------------------------------------------------------
+
+def test_measures_by_hand() -> None:
+    tokens = [TokenRecord(math.log(0.5), (math.log(0.5), math.log(0.3))),
+              TokenRecord(math.log(0.8), (math.log(0.8), math.log(0.2)))]
+    m = measures_of(tokens)
+    assert m["prob"] == pytest.approx(0.4)
+    assert m["geo_prob"] == pytest.approx(math.sqrt(0.4))
+    assert m["first_prob"] == pytest.approx(0.5)
+    assert m["min_prob"] == pytest.approx(0.5)
+    assert m["margin"] == pytest.approx(((0.5 - 0.3) + (0.8 - 0.2)) / 2)
+    h1 = -(0.625 * math.log(0.625) + 0.375 * math.log(0.375))
+    h2 = -(0.8 * math.log(0.8) + 0.2 * math.log(0.2))
+    assert m["exp_neg_entropy"] == pytest.approx(math.exp(-(h1 + h2) / 2))
+    assert m["level"] == 0.5  # geometric mean 0.63: two of 0.2/0.45/0.7/0.9
+    assert m["field_prob"] is None
+    assert measures_of([])["prob"] is None
+
+
+def test_segment_measures_match_answer_measures() -> None:
+    """A segment's Confidence gives the same figures as the answer measures."""
+    from tokentrail.segment import Alternative, TokenSpan
+
+    spans = [TokenSpan(0, 1, 0, 1, math.log(0.5), (Alternative(1, math.log(0.5), b"a", "a"),
+                                                   Alternative(2, math.log(0.3), b"b", "b"))),
+             TokenSpan(1, 2, 0, 1, math.log(0.8), (Alternative(2, math.log(0.8), b"b", "b"),))]
+    conf = confidence_of(spans)
+    assert conf is not None
+    seg = segment_measures(conf)
+    ans = measures_of([TokenRecord(t.logprob, tuple(a.logprob for a in t.top_logprobs))
+                       for t in spans])
+    for name, v in seg.items():
+        assert v == pytest.approx(ans[name]), name
+
+
+def test_choice_probability_is_a_softmax() -> None:
+    scores = {"a": math.log(0.2), "b": math.log(0.6)}
+    assert choice_probability(scores, "b") == pytest.approx(0.75)
+    assert choice_probability(scores, "c") is None
+    assert choice_probability({"a": -math.inf, "b": -1.0}, "a") == 0.0
+
+
+# -- matching ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("output", "answers", "rule", "right"), [
+    ("The capital is Paris.", ["Paris"], "words", True),
+    ("Parisian food", ["Paris"], "words", False),
+    ("Parisian food", ["Paris"], "contains", True),
+    ("ＰＡＲＩＳ!", ["paris"], "exact", True),  # NFKC folds full-width letters
+    ("Washington, D.C. is it", ["Washington, D.C."], "prefix", True),
+    ("It is Washington D C", ["Washington, D.C."], "words", True),
+    ("Bogotá", ["Bogota"], "words", False),  # accents are kept: list both spellings
+    ("Straße", ["STRASSE"], "exact", True),  # casefold, not lower
+    ("4", ["14"], "words", False),
+])
+def test_match_rules(output: str, answers: list[str], rule: str, right: bool) -> None:
+    assert is_correct(output, answers, rule) is right
+
+
+def test_normalize_and_unknown_rule() -> None:
+    assert normalize("  Hello,\tWORLD!! ") == "hello world"
+    with pytest.raises(CalibrationError, match="unknown match rule"):
+        is_correct("a", ["a"], "fuzzy")
+
+
+# -- data ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("line", "message"), [
+    ("not json", "not JSON"),
+    ("[1, 2]", "expected a JSON object"),
+    ('{"prompt": "q", "answer": "a"}', "id must be"),
+    ('{"id": 1, "answer": "a"}', "exactly one of messages and prompt"),
+    ('{"id": 1, "prompt": "q"}', "answer is missing"),
+    ('{"id": 1, "prompt": "q", "answer": []}', "answer must be"),
+    ('{"id": 1, "messages": [{"role": "user"}], "answer": "a"}', "each message"),
+    ('{"id": 1, "prompt": "q", "answer": "a", "choices": ["b", "c"]}', "among the choices"),
+    ('{"id": 1, "prompt": "q", "answer": "a", "choices": ["a", "a"]}', "two distinct"),
+    ('{"id": "q1", "prompt": "q", "answer": "a"}', "repeats line 1"),
+])
+def test_bad_line_is_named(tmp_path: Path, line: str, message: str) -> None:
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"id": "q1", "prompt": "q", "answer": "a"}\n\n' + line + "\n")
+    with pytest.raises(CalibrationError, match=message) as err:
+        read_items(data)
+    assert err.value.line == 3
+    assert str(err.value).startswith("line 3:")
+
+
+def test_shipped_sets_read(tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "calibration"
+    facts = read_items(root / "facts.jsonl")
+    arith = read_items(root / "arithmetic.jsonl")
+    assert len(facts) + len(arith) >= 400
+    assert any(i.choices for i in facts)
+    for item in arith:  # the generated answers are right
+        q = item.prompt[-1]["content"]
+        a, op, b = q.removeprefix("What is ").rstrip("?").split(" ")
+        assert int(item.answers[0]) == (int(a) + int(b) if op == "+" else int(a) * int(b))
+
+
+# -- fitting and applying ----------------------------------------------------------------------
+
+def _rows(n: int, seed: int, squash: float = 3.0) -> list[dict]:
+    """Scored answers whose geo_prob is overconfident: true p = geo_prob ** squash."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(n):
+        g = float(rng.uniform(0.05, 0.99))
+        rows.append({"id": str(i), "output": "", "correct": bool(rng.random() < g**squash),
+                     "measures": {"geo_prob": g, "prob": g**2, "first_prob": None},
+                     "calibrated": None})
+    return rows
+
+
+FP = {"name": "m", "engine": "mlx", "tokenizer": "t" * 64, "weights": "w" * 64}
+
+
+def test_fit_improves_calibration_on_held_out_answers(tmp_path: Path) -> None:
+    train, test = _rows(600, 1), _rows(600, 2)
+    cal = fit_calibration(train, FP, {"data": "synthetic"})
+    assert set(cal.maps) == {"geo_prob", "prob"}  # first_prob had no values
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps(cal.to_dict()))
+    back = Calibration.load(path)
+    assert back.maps == cal.maps and back.ranking == cal.ranking
+    conf_raw = [r["measures"]["geo_prob"] for r in test]
+    y = [r["correct"] for r in test]
+    conf_cal = [back.map("geo_prob", c) for c in conf_raw]
+    assert ece(conf_cal, y) < 0.06 < ece(conf_raw, y)
+    assert log_loss(conf_cal, y) < log_loss(conf_raw, y)
+    assert back.segment_measure in ("geo_prob", "prob")
+
+
+def test_fit_map_picks_by_cross_validated_log_loss() -> None:
+    rng = np.random.default_rng(5)
+    c = rng.uniform(0, 1, 400)
+    # accuracy is a step of the measure: no logistic curve fits it, isotonic does
+    y = (rng.random(400) < np.where(c > 0.5, 0.9, 0.1)).astype(int)
+    spec = fit_map(c, y)
+    assert spec["kind"] == "isotonic"
+    assert spec["cv_log_loss"]["isotonic"] < spec["cv_log_loss"]["temperature"]
+    # a measure that is a logistic function of its logit: temperature is as good or better
+    c2 = rng.uniform(0.01, 0.99, 400)
+    y2 = (rng.random(400) < c2).astype(int)
+    assert fit_map(c2, y2)["kind"] == "temperature"
+
+
+def test_one_class_gives_a_constant_map() -> None:
+    spec = fit_map([0.1, 0.5, 0.9] * 5, [1] * 15)
+    assert spec["kind"] == "constant" and 0.9 < spec["p"] < 1.0
+
+
+def test_fingerprint_refusal_and_acceptance() -> None:
+    check_fingerprint(FP, dict(FP))
+    with pytest.raises(CalibrationError, match="fitted for another model"):
+        check_fingerprint(FP, dict(FP, weights="x" * 64))
+    with pytest.raises(CalibrationError, match="fitted for another model"):
+        check_fingerprint(FP, dict(FP, tokenizer="x" * 64))
+    url_fp = {"name": "served", "tokenizer": None, "weights": None}
+    with pytest.raises(CalibrationError, match="'served', not 'other'"):
+        check_fingerprint(url_fp, {"name": "other"})
+    check_fingerprint(url_fp, dict(FP, name="served"))
+
+
+def test_calibrated_confidence_sets_level_and_json() -> None:
+    cal = Calibration.from_dict({
+        "format": "tokentrail-calibration", "ranking": ["geo_prob"],
+        "segment_measure": "geo_prob",
+        "maps": {"geo_prob": {"kind": "isotonic", "x": [0.0, 1.0], "y": [0.0, 0.5]}},
+    })
+    conf = Confidence(math.log(0.96), math.log(0.96), 1 / 0.96, 0.96, None, 1)
+    assert conf.level == 4 and "calibrated" not in conf.to_dict()  # shape unchanged
+    conf.calibrated = cal.segment(conf)
+    assert conf.calibrated == pytest.approx(0.48)
+    assert conf.level == 2  # 0.48 reaches 0.2 and 0.45
+    assert conf.to_dict()["calibrated"] == pytest.approx(0.48)
+
+
+@pytest.mark.parametrize("bad", [
+    {"format": "other"},
+    {"format": "tokentrail-calibration", "maps": {}},
+    {"format": "tokentrail-calibration", "maps": {"nope": {"kind": "constant", "p": 0.5}}},
+    {"format": "tokentrail-calibration", "maps": {"prob": {"kind": "temperature"}}},
+    {"format": "tokentrail-calibration", "maps": {"prob": {"kind": "isotonic", "x": [1, 0],
+                                                           "y": [0, 1]}}},
+])
+def test_malformed_calibration_is_refused(tmp_path: Path, bad: dict) -> None:
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(bad))
+    with pytest.raises(CalibrationError):
+        Calibration.load(path)

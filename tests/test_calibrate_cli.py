@@ -1,0 +1,257 @@
+"""`tokentrail calibrate` end to end on the demo model: in process, through our own
+server (--url), --resume, --fit then --calibration, the bad-input contract, and
+`stream_generate(calibration=...)`.
+
+report.json is checked against an independent recomputation from items.jsonl
+(scikit-learn's AUROC and Brier, a plain loop for ECE), so the report cannot drift from
+the answers it claims to summarise.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("mlx_lm", reason="the demo model runs on MLX: pip install -e '.[mlx]'")
+pytest.importorskip("sklearn", reason="pip install -e '.[calibrate]'")
+pytest.importorskip("llguidance", reason="choices are constrained: pip install -e '.[constrain]'")
+
+from sklearn.metrics import brier_score_loss, roc_auc_score
+
+import tokentrail
+from tokentrail.calibrate import Calibration
+from tokentrail.calibrate.fingerprint import model_fingerprint
+from tokentrail.calibrate.fit import fit_calibration
+from tokentrail.cli import main
+from tokentrail.errors import CalibrationError
+
+QUESTIONS = ["Is a list mutable?", "Is a tuple mutable?", "Is None a keyword?",
+             "Is 3 an int?", "Does print return None?", "Is a dict ordered?"]
+
+
+def write_set(path: Path) -> Path:
+    """Choices the demo model picks between (answers alternate, so some are right and
+    some wrong) and free-text questions it cannot answer."""
+    lines = [{"id": f"c{i}", "messages": [{"role": "user", "content": q}],
+              "answer": "yes" if i % 2 else "no", "choices": ["yes", "no"]}
+             for i, q in enumerate(QUESTIONS)]
+    lines += [{"id": "f1", "prompt": "def", "answer": ["return", "self"]},
+              {"id": "f2", "messages": [{"role": "user", "content": "What is a str?"}],
+               "answer": "a string"}]
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return path
+
+
+def run_cli(*args: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = main(["calibrate", *args, "--max-tokens", "6", "--bootstrap", "50", "--quiet"])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(scope="module")
+def demo() -> tuple[object, object]:
+    return tokentrail.load()
+
+
+def recomputed_ece(conf: list[float], y: list[int]) -> float:
+    total = 0.0
+    for b in range(10):
+        idx = [i for i, c in enumerate(conf) if min(int(c * 10), 9) == b]
+        if idx:
+            acc = sum(y[i] for i in idx) / len(idx)
+            mean = sum(conf[i] for i in idx) / len(idx)
+            total += abs(acc - mean) * len(idx) / len(conf)
+    return total
+
+
+def check_report_against_items(out: Path, n: int) -> dict:
+    report = json.loads((out / "report.json").read_text())
+    rows = [json.loads(line) for line in (out / "items.jsonl").read_text().splitlines()]
+    assert report["n"] == len(rows) == n
+    assert set(rows[0]) == {"id", "output", "correct", "measures", "calibrated"}
+    assert report["accuracy"] == pytest.approx(sum(r["correct"] for r in rows) / n)
+    assert report["primary"] in report["measures"]
+    for name, figures in report["measures"].items():
+        pairs = [(r["calibrated"] if name == "calibrated" else r["measures"][name],
+                  int(r["correct"])) for r in rows]
+        pairs = [(c, y) for c, y in pairs if c is not None]
+        conf, y = [c for c, _ in pairs], [y for _, y in pairs]
+        assert figures["n"] == len(pairs)
+        assert figures["ece"] == pytest.approx(recomputed_ece(conf, y), abs=1e-6)
+        assert figures["brier"] == pytest.approx(brier_score_loss(y, conf), abs=1e-6)
+        if 0 < sum(y) < len(y):
+            assert figures["auroc"] == pytest.approx(roc_auc_score(y, conf), abs=1e-6)
+        if name == report["primary"]:  # per level: counts and accuracy of those answers
+            cuts = (0.2, 0.45, 0.7, 0.9)
+            for entry in report["levels"]:
+                ys = [y for c, y in pairs if sum(c >= t for t in cuts) == entry["level"]]
+                assert entry["n"] == len(ys)
+                assert entry["accuracy"] == (sum(ys) / len(ys) if ys else None)
+    return report
+
+
+def test_calibrate_demo_model_end_to_end_and_resume(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = write_set(tmp_path / "set.jsonl")
+    out = tmp_path / "out"
+    code, _, err = run_cli(str(data), "--out", str(out), "--limit", "5", capsys=capsys)
+    assert code == 0, err
+    check_report_against_items(out, 5)
+    for name in ("reliability.png", "reliability.svg", "report.html"):
+        assert (out / name).stat().st_size > 0
+    rows = {json.loads(x)["id"]: json.loads(x) for x in (out / "items.jsonl").open()}
+    assert all(r["output"] in ("yes", "no") for r in rows.values())  # constrained
+    for r in rows.values():  # the decoded choice's share of the two choices' probability
+        assert 0.0 < r["measures"]["field_prob"] < 1.0
+    # a second run in the same folder without --resume would overwrite: refused
+    code, _, err = run_cli(str(data), "--out", str(out), capsys=capsys)
+    assert code == 2 and "--resume" in err and err.count("\n") == 1
+    # an interrupted run: a line cut short at the end, then --resume
+    lines = (out / "items.jsonl").read_text().splitlines()
+    (out / "items.jsonl").write_text("\n".join(lines[:3]) + "\n" + lines[3][:20])
+    code, _, err = run_cli(str(data), "--out", str(out), "--resume", capsys=capsys)
+    assert code == 0, err
+    report = check_report_against_items(out, 8)
+    after = {json.loads(x)["id"]: json.loads(x) for x in (out / "items.jsonl").open()}
+    for qid in list(rows)[:3]:  # kept, not scored again
+        assert after[qid]["measures"] == rows[qid]["measures"]
+    assert report["primary"] != "calibrated"
+
+
+def test_calibrate_through_our_server(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                      demo: tuple[object, object]) -> None:
+    """`calibrate --url` against `tokentrail serve --calibration`: the same answers and
+    measures as in process, and the server's segments carry `calibrated`."""
+    import httpx
+
+    from tests.helpers.servers import start_server
+
+    model, tokenizer = demo
+    cal_path = tmp_path / "cal.json"
+    cal_path.write_text(json.dumps(_fitted(model_fingerprint(model, tokenizer))))
+    data = write_set(tmp_path / "set.jsonl")
+    server = start_server(None, tmp_path / "server.log", "--calibration", str(cal_path))
+    try:
+        code, _, err = run_cli(str(data), "--out", str(tmp_path / "url"), "--url", server.url,
+                               capsys=capsys)
+        reply = httpx.post(server.url + "/v1/completions", timeout=120, json={
+            "model": server.model, "prompt": "def", "max_tokens": 4}).json()
+    finally:
+        server.stop()
+    segments = reply["tokentrail"]["segments"]
+    assert segments
+    cal = Calibration.load(cal_path)
+    for seg in segments:
+        conf = seg["confidence"]
+        assert conf["calibrated"] == pytest.approx(
+            cal.map(cal.segment_measure, math.exp(conf["mean_logprob"])
+                    if cal.segment_measure == "geo_prob" else conf["probability"]), rel=1e-6)
+    assert code == 0, err
+    check_report_against_items(tmp_path / "url", 8)
+    code, _, err = run_cli(str(data), "--out", str(tmp_path / "local"), capsys=capsys)
+    assert code == 0, err
+    over_http = {json.loads(x)["id"]: json.loads(x) for x in (tmp_path / "url/items.jsonl").open()}
+    local = {json.loads(x)["id"]: json.loads(x) for x in (tmp_path / "local/items.jsonl").open()}
+    for qid, r in local.items():  # greedy, same model: same answers, same measures
+        assert over_http[qid]["output"] == r["output"], qid
+        for name, v in r["measures"].items():
+            if v is None:
+                assert over_http[qid]["measures"][name] is None
+            else:
+                assert over_http[qid]["measures"][name] == pytest.approx(v, rel=1e-3, abs=1e-6)
+
+
+def _fitted(fingerprint: dict) -> dict:
+    """A calibration fitted on synthetic answers (the demo model gets too few right to
+    fit on), with `fingerprint`."""
+    rows = [{"id": str(i), "output": "", "correct": i % 3 == 0,
+             "measures": {"geo_prob": (i % 10) / 10 + 0.05, "field_prob": 0.5 + (i % 5) / 10}}
+            for i in range(60)]
+    return fit_calibration(rows, fingerprint, {"data": "synthetic"}).to_dict()
+
+
+def test_calibration_applies_to_calibrate_and_stream_generate(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], demo: tuple[object, object]
+) -> None:
+    model, tokenizer = demo
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps(_fitted(model_fingerprint(model, tokenizer))))
+    data = write_set(tmp_path / "set.jsonl")
+    code, _, err = run_cli(str(data), "--out", str(tmp_path / "o"), "--limit", "3",
+                           "--calibration", str(path), capsys=capsys)
+    assert code == 0, err
+    report = check_report_against_items(tmp_path / "o", 3)
+    assert report["primary"] == "calibrated"
+    cal = Calibration.load(path)
+    for line in (tmp_path / "o/items.jsonl").open():
+        r = json.loads(line)
+        assert r["calibrated"] == pytest.approx(cal.answer(r["measures"])[0])
+    seen = 0
+    for r in tokentrail.stream_generate(model, tokenizer, "def", max_tokens=5,
+                                        calibration=str(path)):
+        if r.confidence is not None:
+            seen += 1
+            assert r.confidence.calibrated == pytest.approx(cal.segment(r.confidence))
+            assert r.to_dict()["confidence"]["calibrated"] == r.confidence.calibrated
+    assert seen
+    # the same through `tokentrail generate --calibration`
+    assert main(["generate", "--json", "--no-chat", "--max-tokens", "4", "--calibration",
+                 str(path), "def"]) == 0
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    confs = [x["confidence"] for x in lines if x["confidence"] is not None]
+    assert confs and all(0.0 <= c["calibrated"] <= 1.0 for c in confs)
+
+
+def test_calibration_for_another_model_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], demo: tuple[object, object]
+) -> None:
+    model, tokenizer = demo
+    other = dict(model_fingerprint(model, tokenizer), weights="0" * 64, name="other-model")
+    path = tmp_path / "other.json"
+    path.write_text(json.dumps(_fitted(other)))
+    with pytest.raises(CalibrationError, match="fitted for another model"):
+        tokentrail.stream_generate(model, tokenizer, "def", max_tokens=2, calibration=str(path))
+    data = write_set(tmp_path / "set.jsonl")
+    code, _, err = run_cli(str(data), "--out", str(tmp_path / "o"), "--calibration", str(path),
+                           capsys=capsys)
+    assert code == 2 and "fitted for another model" in err and err.count("\n") == 1
+    with pytest.raises(SystemExit) as stop:
+        main(["generate", "--max-tokens", "2", "--calibration", str(path), "def"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "fitted for another model" in err and err.count("\n") == 1
+
+
+def test_malformed_line_exits_2_with_one_line(tmp_path: Path) -> None:
+    data = tmp_path / "bad.jsonl"
+    data.write_text('{"id": 1, "prompt": "a", "answer": "b"}\n{"id": 2, "prompt": "a"}\n')
+    r = subprocess.run([sys.executable, "-m", "tokentrail", "calibrate", str(data), "--out",
+                        str(tmp_path / "o")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert r.stderr.count("\n") == 1 and "line 2: answer is missing" in r.stderr
+    assert not (tmp_path / "o").exists()  # nothing loaded, nothing written
+
+
+def test_fit_writes_a_calibration_with_the_fingerprint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], demo: tuple[object, object]
+) -> None:
+    data = write_set(tmp_path / "set.jsonl")
+    big = tmp_path / "big.jsonl"  # twelve answers: enough to fit (10 per measure)
+    lines = data.read_text().splitlines()
+    big.write_text("\n".join(lines + [x.replace('"id": "c', '"id": "d') for x in lines[:6]]))
+    code, _, err = run_cli(str(big), "--out", str(tmp_path / "o"), "--fit",
+                           str(tmp_path / "fit.json"), capsys=capsys)
+    assert code == 0, err
+    cal = Calibration.load(tmp_path / "fit.json")
+    model, tokenizer = demo
+    assert cal.fingerprint == model_fingerprint(model, tokenizer)
+    assert cal.fitted_on["n"] == 14 and cal.fitted_on["data"] == "big.jsonl"
+    for spec in cal.maps.values():
+        assert 0.0 <= cal.map(next(iter(cal.maps)), 0.5) <= 1.0
+        assert spec["n"] >= 10
+    assert not math.isnan(cal.answer({"geo_prob": 0.3})[0] or 0.0)

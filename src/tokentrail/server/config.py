@@ -207,7 +207,7 @@ class ServerConfig:
         default_note="detected from the chat template",
     ))
     calibration: str | os.PathLike[str] | None = field(default=None, metadata=declare(
-        Flag("--calibration", "a map from `tokentrail calibrate --fit`: adds "
+        Flag("--calibration", "a map fitted by `tokentrail calibrate`: adds "
              "confidence.calibrated and makes level follow it (refused for another model)",
              metavar="FILE"),
     ))

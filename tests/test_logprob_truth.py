@@ -160,7 +160,7 @@ def test_llamacpp_batch_logprobs_are_the_sampled_distribution(smol: tuple[Any, A
 def http_tally(
     label: str, url: str, model: str, max_tokens: int, *, parallel: int = 1, **body: Any
 ) -> TopOneTally:
-    """Every prompt as a chat request (seeded, `top_logprobs` 1) to an OpenAI-compatible
+    """Every prompt as a chat request (seeded, `top_logprobs` 5) to an OpenAI-compatible
     server through the official client; tokens identified by their `(token, bytes)`."""
     openai = require("openai")
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=600)
@@ -168,7 +168,7 @@ def http_tally(
     def one(seed: int) -> list[tuple[Any, Any, float]]:
         r = client.chat.completions.create(
             model=model, messages=CHAT[seed], max_tokens=max_tokens, seed=seed,
-            logprobs=True, top_logprobs=1, **body,
+            logprobs=True, top_logprobs=5, **body,
         )  # fmt: skip
         return chat_entry_steps(r.choices[0].logprobs.content or [])
 

@@ -107,9 +107,10 @@ def tally(label: str, steps: Iterable[tuple[Any, Any, float]]) -> TopOneTally:
 
 
 def chat_entry_steps(entries: Iterable[Any]) -> list[tuple[Any, Any, float]]:
-    """The steps of OpenAI chat `logprobs.content` entries (objects or dicts) asked with
-    `top_logprobs >= 1`: a token is identified by its `(token, bytes)` spelling, as an
-    outside client sees it."""
+    """The steps of OpenAI chat `logprobs.content` entries (objects or dicts): a token is
+    identified by its `(token, bytes)` spelling, as an outside client sees it. The top-1
+    is the alternative with the highest logprob, not the first listed: vLLM lists the
+    sampled token first among `top_logprobs`, so ask for a few (5) alternatives."""
 
     def get(obj: Any, key: str) -> Any:
         return obj[key] if isinstance(obj, dict) else getattr(obj, key)
@@ -119,7 +120,7 @@ def chat_entry_steps(entries: Iterable[Any]) -> list[tuple[Any, Any, float]]:
         tops = get(e, "top_logprobs")
         if not tops:
             continue
-        top = tops[0]
+        top = max(tops, key=lambda a: get(a, "logprob"))
         mine = (get(e, "token"), tuple(get(e, "bytes") or ()))
         best = (get(top, "token"), tuple(get(top, "bytes") or ()))
         out.append((mine, best, get(top, "logprob")))

@@ -144,7 +144,7 @@ def test_torch_logprobs_are_the_sampled_distribution() -> None:
 
 def test_llamacpp_engine_logprobs_are_the_sampled_distribution(smol: tuple[Any, Any]) -> None:
     engine, tok = smol
-    check_engine("llama.cpp", engine, tok, CHAT, 150)
+    check_engine("llama.cpp", engine, tok, CHAT, 220)  # chat answers often end early
 
 
 def test_llamacpp_batch_logprobs_are_the_sampled_distribution(smol: tuple[Any, Any]) -> None:

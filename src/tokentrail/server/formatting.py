@@ -223,11 +223,22 @@ class Formatter:
     # own tokens are left out (the extension's `stop` lists them; usage counts them), a
     # special token the content skips is listed with empty text and bytes. The token that
     # straddles a stop string keeps its real bytes.
+    #
+    # One token, one spelling: a token the content skips (the end-of-turn token, any
+    # special or hidden token) is spelled `""` with no bytes wherever the standard fields
+    # name it, as the listed token and as an alternative in any `top_logprobs`: that is
+    # what choosing it writes into the content, so the listed bytes still join to the
+    # content and an alternative compares equal to the same token listed. Its name, id
+    # and bytes are in the extension (`tokentrail.segments[].tokens`).
+
+    def _skipped(self, token_id: int) -> bool:
+        """A token that writes no text into the content (special or hidden)."""
+        v = self.vocab
+        return token_id in v.special or token_id in v.hidden
 
     def _silent(self, span: TokenSpan) -> bool:
         """A special token that added no text to the content."""
-        v = self.vocab
-        return span.start == span.end and (span.id in v.special or span.id in v.hidden)
+        return span.start == span.end and self._skipped(span.id)
 
     def listed(self, step: TokenOutput, offset: int) -> list[tuple[TokenSpan, int]]:
         """The tokens whose text became final with `step`, not listed before, each with
@@ -279,13 +290,17 @@ class Formatter:
         return out
 
     def chat_logprob(self, span: TokenSpan) -> dict[str, Any]:
+        """One listed token in chat's shape, every token spelled by the one rule above
+        (a skipped token is `""` with no bytes, listed or among the alternatives)."""
         silent = self._silent(span)
         return {
             "token": "" if silent else self._token_text(span.id),
             "logprob": _lp(span.logprob),
             "bytes": [] if silent else self._token_bytes(span.id),
             "top_logprobs": [
-                {"token": a.text, "logprob": _lp(a.logprob), "bytes": list(a.bytes)}
+                {"token": "", "logprob": _lp(a.logprob), "bytes": []}
+                if self._skipped(a.id)
+                else {"token": a.text, "logprob": _lp(a.logprob), "bytes": list(a.bytes)}
                 for a in self._alternatives(span.top_logprobs or ())
             ],
         }
@@ -293,7 +308,8 @@ class Formatter:
     def _completion_top(self, span: TokenSpan) -> dict[str, float | None]:
         top: dict[str, float | None] = {}
         for a in self._alternatives(span.top_logprobs or ()):
-            top.setdefault(self._completion_token(a.id, a.bytes), _lp(a.logprob))
+            name = "" if self._skipped(a.id) else self._completion_token(a.id, a.bytes)
+            top.setdefault(name, _lp(a.logprob))
         return top
 
     def completion_logprobs(self, listed: list[tuple[TokenSpan, int]]) -> dict[str, Any]:

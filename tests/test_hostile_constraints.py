@@ -242,6 +242,23 @@ def test_any_schema_compiles_or_is_refused_in_one_line(schema: Any) -> None:
         assert c is not None and json.loads(c.source) == schema
 
 
+def _beside(batch: Any, plain: int, other: int | None, n: int) -> tuple[list[int], list[Exception]]:
+    """Step `batch` until `plain` has `n` tokens (60 steps at most): its tokens, and the
+    errors reported, each for `other` (the failing row) only."""
+    got: list[int] = []
+    errors: list[Exception] = []
+    for _ in range(60):
+        for uid, step in batch.step():
+            if isinstance(step, Exception):
+                assert uid == other
+                errors.append(step)
+            elif uid == plain:
+                got.append(step.token)
+        if len(got) >= n or not len(batch):
+            break
+    return got, errors
+
+
 def test_failing_row_leaves_the_mlx_batch_alone(mlx_demo: tuple[Any, Any]) -> None:
     """A sequence whose grammar fails mid-way (a left-recursive grammar that outgrows
     llguidance's row limit after a few tokens) ends with its error; the plain greedy
@@ -263,18 +280,7 @@ def test_failing_row_leaves_the_mlx_batch_alone(mlx_demo: tuple[Any, Any]) -> No
             plain = batch.add(prompt, greedy, 24)
             guided = make_params(temp=0.0, constraint=bad)
             other = batch.add(prompt, guided, 24) if with_bad else None
-            got: list[int] = []
-            errors: list[Exception] = []
-            for _ in range(60):
-                for uid, step in batch.step():
-                    if isinstance(step, Exception):
-                        assert uid == other
-                        errors.append(step)
-                    elif uid == plain:
-                        got.append(step.token)
-                if len(got) >= 24:
-                    break
-            return got, errors
+            return _beside(batch, plain, other, 24)
         finally:
             batch.close()
 
@@ -300,16 +306,7 @@ def test_failing_row_leaves_the_llamacpp_batch_alone(demo: tuple[Any, Any]) -> N
             plain = batch.add(prompt, make_params(temp=0.0), 24)
             other = (batch.add(prompt, make_params(temp=0.0, constraint=bad), 24)
                      if with_bad else None)  # fmt: skip
-            got: list[int] = []
-            errors: list[Exception] = []
-            while len(batch):
-                for uid, step in batch.step():
-                    if isinstance(step, Exception):
-                        assert uid == other
-                        errors.append(step)
-                    elif uid == plain:
-                        got.append(step.token)
-            return got, errors
+            return _beside(batch, plain, other, 24)
         finally:
             batch.close()
 

@@ -126,7 +126,17 @@ def validation_error(error: ValidationError) -> APIError:
             message += f", got {json_type_name(got)}"
         elif not isinstance(got, list | dict):
             message += f", got {got!r}"
-    return bad_request(str(loc[0]) if loc else None, message, _code(kind))
+    return bad_request(_param(loc), message, _code(kind))
+
+
+def _param(loc: tuple[int | str, ...]) -> str | None:
+    """The `param` of a 400: the top-level field, or for this server's own ``tokentrail``
+    object the key inside it that was wrong (``tokentrail.alarm.below``)."""
+    if not loc:
+        return None
+    if loc[0] == "tokentrail" and len(loc) > 1:
+        return ".".join(str(p) for p in loc[:3] if isinstance(p, str))
+    return str(loc[0])
 
 
 def _fail(code: str, message: str) -> PydanticCustomError:

@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import APIError, ConstraintError
 from ..structure.reasoning import ReasoningFormat, reasoning_format
+from .actions import AlarmOptions, BranchOptions, RetryOptions
 
 if TYPE_CHECKING:
     from ..constrain import Constraint
@@ -67,6 +68,12 @@ class TokentrailOptions(BaseModel):
     reasoning: (
         str | Annotated[list[str], Field(min_length=2, max_length=2)] | Literal[False] | None
     ) = None
+    # Acting on confidence (`tokentrail.server.actions`).
+    alarm: AlarmOptions | None = None
+    retry: RetryOptions | None = None
+    branch: BranchOptions | None = None
+    vote: Literal["confidence", "majority"] | None = None
+    early_stop: bool | None = None
 
 
 class StructuredFields(BaseModel):

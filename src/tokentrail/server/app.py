@@ -26,13 +26,14 @@ from .jobs import ChatRunner, Job
 from .metrics import Metrics
 from .protocol import Kind, bad_request, json_type_name, parse_chat, parse_completion
 from .scheduler import Scheduler
+from .sse import EventStream
 from .structured import CompileGate
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
     from starlette.requests import Request
     from starlette.responses import Response
-    from starlette.types import Receive, Scope, Send
+    from starlette.types import Receive
 
 logger = logging.getLogger("tokentrail.server")
 
@@ -63,56 +64,6 @@ async def _watch_disconnect(receive: Receive, job: Job) -> None:
         if message["type"] == "http.disconnect":
             job.cancel("client disconnected")
             return
-
-
-class _SSEResponse:
-    """A server-sent-events response that cancels its job however it ends.
-
-    Each write may wait `send_timeout` seconds for a client that does not read; then
-    the response gives up and the connection is closed, as the scheduler drops the job.
-    """
-
-    def __init__(
-        self,
-        body: AsyncIterator[bytes],
-        job: Job,
-        watcher: asyncio.Task[None],
-        send_timeout: float,
-    ) -> None:
-        self._body = body
-        self._job = job
-        self._watcher = watcher
-        self._timeout = send_timeout
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": 200,
-                    "headers": [
-                        (b"content-type", b"text/event-stream; charset=utf-8"),
-                        (b"cache-control", b"no-cache"),
-                        (b"x-accel-buffering", b"no"),
-                    ],
-                }
-            )
-            async for chunk in self._body:
-                message = {"type": "http.response.body", "body": chunk, "more_body": True}
-                async with asyncio.timeout(self._timeout):  # a timer, not a task per chunk
-                    await send(message)
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-        except TimeoutError:
-            # The client stopped reading: give up on it. Returning with the response
-            # unfinished makes the HTTP server close the connection.
-            self._job.drop("client stopped reading")
-            logger.info("closing the stream of %s: the client stopped reading", self._job.id)
-        except OSError:  # the client went away while we were writing
-            logger.info("client of %s went away mid-stream", self._job.id)
-        finally:
-            self._watcher.cancel()
-            self._job.cancel("response ended")
-            await self._body.aclose()  # type: ignore[attr-defined]
 
 
 # -- routes -------------------------------------------------------------------------------------
@@ -261,12 +212,12 @@ class _Server:
                 if answer is None or isinstance(answer, dict):
                     return _empty_response(499) if answer is None else _json_response(answer)
                 handed_over = True
-                return _SSEResponse(answer, job, watcher, self.scheduler.client_timeout)  # type: ignore[return-value]
+                return EventStream(answer, job, watcher, self.scheduler.client_timeout)  # type: ignore[return-value]
             fmts = [Formatter(job.id, req, vocab, choice) for choice in range(req.n)]
             if req.stream:
                 handed_over = True
                 stream = self._stream(job, fmts, event)
-                return _SSEResponse(stream, job, watcher, self.scheduler.client_timeout)  # type: ignore[return-value]
+                return EventStream(stream, job, watcher, self.scheduler.client_timeout)  # type: ignore[return-value]
             return await self._collect(job, fmts, event)
         finally:
             if not handed_over:

@@ -3,7 +3,7 @@ the ``tokentrail`` object's ``alarm``, ``retry``, ``branch``, ``vote`` and ``ear
 
 They are declared here once, as pydantic models, so chat and completions, streamed and
 whole, read them the same way; a value out of range or of the wrong type is a 400 whose
-``param`` names the key (``tokentrail.alarm.below``). What each one does lives with the
+``param`` names the key (for example ``alarm.below`` inside the ``tokentrail`` object). What each one does lives with the
 stage that does it (alarms in the output stage, retry and branch in the engines and the
 scheduler, votes in the response); this module only says what may be asked.
 
@@ -40,7 +40,7 @@ Probability = Annotated[float, Field(ge=0.0, le=1.0)]
 
 
 class AlarmOptions(BaseModel):
-    """``tokentrail.alarm``: flag (or stop at) units whose confidence is below `below`."""
+    """The ``alarm`` key: flag (or stop at) units whose confidence is below `below`."""
 
     model_config = _STRICT
 
@@ -50,7 +50,7 @@ class AlarmOptions(BaseModel):
 
 
 class RetryOptions(BaseModel):
-    """``tokentrail.retry``: resample a JSON leaf whose confidence is below `below`."""
+    """The ``retry`` key: resample a JSON leaf whose confidence is below `below`."""
 
     model_config = _STRICT
 
@@ -60,7 +60,7 @@ class RetryOptions(BaseModel):
 
 
 class BranchOptions(BaseModel):
-    """``tokentrail.branch``: keep the reply's first `at` ids, force `token` at `at`."""
+    """The ``branch`` key: keep the reply's first `at` ids, force `token` at `at`."""
 
     model_config = _STRICT
 

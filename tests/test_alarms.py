@@ -344,3 +344,121 @@ def test_alarms_are_the_segments_below_any_p(records: list[Any], p: float) -> No
         i for i, out in enumerate(units)
         if out.confidence is not None and out.confidence.probability < p
     ]  # fmt: skip
+
+
+# -- the proxy -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def proxy(server: Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """`serve --upstream` in front of the module's own server (the demo model)."""
+    log = tmp_path_factory.mktemp("logs") / "proxy.log"
+    srv = start_server(None, log, "--upstream", server.url, "--tokenizer", str(server.model_dir))
+    yield srv
+    srv.stop()
+
+
+def test_alarms_through_the_proxy(proxy: Server) -> None:
+    client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="x", max_retries=0, timeout=300)
+    body = {"model": proxy.model, "prompt": PROMPT, "max_tokens": 30, "temperature": 0}
+    r = client.completions.create(**body, extra_body={"tokentrail": {"alarm": {"below": P}}})
+    ext = _ext(r)
+    expected = _below(ext["segments"], P)
+    assert expected and [a["index"] for a in ext["alarms"]] == expected
+    first = expected[0]
+    last_token = max(t["index"] for t in ext["segments"][first]["tokens"])
+    stopped = client.completions.create(
+        **body, extra_body={"tokentrail": {"alarm": {"below": P, "action": "stop"}}}
+    )
+    sx = _ext(stopped)
+    assert (stopped.choices[0].finish_reason, sx["stopped_by"]) == ("stop", "alarm")
+    assert sx["segments"] == ext["segments"][: first + 1]
+    assert stopped.usage.completion_tokens == last_token + 1
+
+
+def test_upstream_chat_says_alarms_are_not_supported(
+    server: Server, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    log = tmp_path_factory.mktemp("logs") / "proxy-chat.log"
+    srv = start_server(
+        None, log, "--upstream", server.url, "--tokenizer", str(server.model_dir), "--upstream-chat"
+    )
+    try:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=300)
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(
+                model=srv.model, messages=MSG, max_tokens=8,
+                extra_body={"tokentrail": {"alarm": {"below": 0.5}}},
+            )  # fmt: skip
+        assert e.value.body["param"] == "tokentrail.alarm"
+    finally:
+        srv.stop()
+
+
+def _first_wide_unit(demo: tuple[Any, Any]) -> tuple[float, str, list[Any]]:
+    """A P whose first flagged segment is a record of two or more characters, that
+    record's text, and the greedy reply's responses (flagging at P)."""
+    model, tok = demo
+    rs = list(stream_generate(model, tok, PROMPT, max_tokens=40))
+    lowest = 1.0
+    for r in rs:
+        p = r.confidence.probability if r.confidence is not None else 1.0
+        if p < lowest and len(r.text) >= 2:
+            return (p + lowest) / 2, r.text, rs
+        lowest = min(lowest, p)
+    pytest.skip("the greedy reply has no record to hold back text from")
+
+
+def test_stop_with_text_held_back(demo: tuple[Any, Any]) -> None:
+    """Text a stop string may still start is held when the alarm stops the reply: it
+    is not emitted, its tokens are the final response's `stop_tokens`."""
+    model, tok = demo
+    p, text, plain = _first_wide_unit(demo)
+    stop = text[-1] + "\u2603"  # never matches, but holds the record's last character
+    rs = list(stream_generate(model, tok, PROMPT, max_tokens=40, stop=[stop],
+                              alarm={"below": p, "action": "stop"}))  # fmt: skip
+    last = rs[-1]
+    assert (last.finish_reason, last.stopped_by, last.stop_string) == ("stop", "alarm", None)
+    assert last.text == text[:-1]
+    assert [r.text for r in rs[:-1]] == [r.text for r in plain[: len(rs) - 1]]
+    assert [t.index for t in last.stop_tokens] == [last.generation_tokens - 1]
+    assert last.to_dict()["stop_tokens"]
+
+
+def test_stop_finishes_the_channels(demo: tuple[Any, Any]) -> None:
+    """With a reasoning format, text the splitter still held when the alarm stopped
+    the reply comes out as the last part (and is watched too); the channels end."""
+    model, tok = demo
+    p, text, _ = _first_wide_unit(demo)
+    markers = (text[-1] + "\u2603", "\u2604")
+    rs = list(stream_generate(model, tok, PROMPT, max_tokens=40, reasoning=markers,
+                              alarm={"below": p, "action": "stop"}))  # fmt: skip
+    last = rs[-1]
+    assert last.stopped_by == "alarm"
+    assert [c.text for c in last.channels] == [text[:-1], text[-1]]
+    parts = [c for r in rs for c in r.channels]
+    assert [a.index for a in last.alarms] == [
+        i for i, c in enumerate(parts) if c.confidence.probability < p
+    ][-2:]
+    assert last.content == "".join(c.text for c in parts) and last.reasoning == ""
+
+
+def test_batch_generate_alarms(demo: tuple[Any, Any]) -> None:
+    """Each sequence of a batch has its own alarm stage: its flagged segments are those
+    below P, and "stop" ends each one at its own first."""
+    from tokentrail.batch import batch_generate
+
+    model, tok = demo
+    prompts = [PROMPT, "The capital of France is"]
+    flagged = batch_generate(model, tok, prompts, max_tokens=30, alarm={"below": P})
+    stopped = batch_generate(model, tok, prompts, max_tokens=30,
+                             alarm={"below": P, "action": "stop"})  # fmt: skip
+    for c, s in zip(flagged.completions, stopped.completions, strict=True):
+        below = [i for i, seg in enumerate(c.segments)
+                 if seg.confidence is not None and seg.confidence.probability < P]  # fmt: skip
+        assert below and [a.index for a in c.alarms] == below
+        assert c.stopped_by is None
+        assert (s.finish_reason, s.stopped_by) == ("stop", "alarm")
+        assert [a.index for a in s.alarms] == below[:1]
+        assert s.segments == c.segments[: below[0] + 1]
+        assert s.token_ids == c.token_ids[: len(s.token_ids)]

@@ -1,14 +1,14 @@
 """Alarms: flag (or stop at) the segments and JSON fields whose confidence is below P.
 
 An `Alarm(below, on, action)` is what a caller asks: `stream_generate(alarm=...)` or the
-server's ``tokentrail.alarm``. `AlarmWatch` is its stage in the one output pipeline
-(`tokentrail.output.processor.OutputProcessor`, after fields and calibration): for each
-record it looks at the units that became final with it and lists those below P as
-`AlarmHit`s on the record (`TokenOutput.alarms`).
+``alarm`` in a server request's ``tokentrail`` object. `AlarmWatch` is its stage in the
+one output pipeline (`tokentrail.output.processor.OutputProcessor`, after fields and
+calibration): for each record it looks at the units that became final with it and
+lists those below P as `AlarmHit`s on the record (`TokenOutput.alarms`).
 
 The units and the figure compared are exactly those the record reports:
 
-- a segment is one entry of what the wire lists as ``tokentrail.segments``: the record's
+- a segment is one entry of the extension's ``segments`` list on the wire: the record's
   text with its tokens, or, with channels (a reasoning format or a tool-call parser),
   each `ChannelSegment` part; its `index` is its position among the reply's segments;
 - a field is each `JsonField` completed with this record (the content's, and with a
@@ -85,7 +85,7 @@ class Alarm:
     @classmethod
     def of(cls, value: Alarm | Mapping[str, Any]) -> Alarm:
         """`value` as an `Alarm`: an `Alarm`, or a mapping with its keys (``below``
-        required), such as the server's ``tokentrail.alarm`` object."""
+        required), such as the ``alarm`` of a server request's ``tokentrail`` object."""
         if isinstance(value, Alarm):
             return value
         if not isinstance(value, Mapping):

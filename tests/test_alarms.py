@@ -248,6 +248,9 @@ def test_alarm_on_fields_needs_fields(client: Any) -> None:
     with pytest.raises(openai.BadRequestError) as e:
         _request(client, "completions", {"below": 0.5, "action": "halt"}, stream=False)
     assert e.value.body["param"] == "tokentrail.alarm.action"
+    with pytest.raises(openai.BadRequestError) as e:  # streamed: before any chunk
+        _request(client, "completions", {"below": 0.5, "on": "field"}, stream=True)
+    assert e.value.body["param"] == "tokentrail.alarm.on"
 
 
 # -- library -------------------------------------------------------------------------------
@@ -462,3 +465,25 @@ def test_batch_generate_alarms(demo: tuple[Any, Any]) -> None:
         assert [a.index for a in s.alarms] == below[:1]
         assert s.segments == c.segments[: below[0] + 1]
         assert s.token_ids == c.token_ids[: len(s.token_ids)]
+
+
+def test_alarms_compare_the_calibrated_probability(demo: tuple[Any, Any]) -> None:
+    """With a calibration the figure compared is `confidence.calibrated` (here half the
+    probability), the one the record reports, not the raw probability."""
+    from tokentrail.calibrate.apply import Calibration
+    from tokentrail.calibrate.fingerprint import model_fingerprint
+
+    model, tok = demo
+    cal = Calibration.from_dict({
+        "format": "tokentrail-calibration", "ranking": ["geo_prob"],
+        "segment_measure": "geo_prob", "fingerprint": model_fingerprint(model, tok),
+        "maps": {"geo_prob": {"kind": "isotonic", "x": [0.0, 1.0], "y": [0.0, 0.5]}},
+    })  # fmt: skip
+    rs = list(stream_generate(model, tok, PROMPT, max_tokens=40, calibration=cal,
+                              alarm={"below": P}))  # fmt: skip
+    units = [r.confidence for r in rs if r.text or r.last_segment_tokens]
+    assert all(c.calibrated is not None for c in units)
+    got = [a.index for r in rs for a in r.alarms]
+    assert got == [i for i, c in enumerate(units) if c.calibrated < P]
+    assert got != [i for i, c in enumerate(units) if c.probability < P]
+    assert all(a.value == units[a.index].calibrated for r in rs for a in r.alarms)

@@ -19,6 +19,7 @@ from typing import Any
 
 from .engines import engine_for
 from .engines.batch import open_batch
+from .output.alarm import Alarm, checked_alarm
 from .output.processor import OutputProcessor
 from .prompting import aligner_for, eos_ids, prompt_ids, room, stop_matcher
 from .sampling import SamplingParams, check_max_tokens, for_choice, make_params
@@ -62,6 +63,10 @@ class Completion:
     #: fields) and its content around them (`text` keeps the whole reply).
     tool_calls: list[Any] = field(default_factory=list)
     content: str | None = None
+    #: With `alarm`: the flagged units (`output.alarm.AlarmHit`s) in order, and
+    #: "alarm" when an alarm's "stop" ended the reply.
+    alarms: list[Any] = field(default_factory=list)
+    stopped_by: str | None = None
 
 
 @dataclass
@@ -167,6 +172,7 @@ def stream_batch_generate(
     tools: Sequence[Mapping[str, Any]] | None = None,
     tool_choice: str | Mapping[str, Any] | None = None,
     tool_parser: str | None = None,
+    alarm: Alarm | Mapping[str, Any] | None = None,
 ) -> Iterator[tuple[int, GenerationResponse]]:
     """Generate from every prompt together; yield `(index, response)` per token.
 
@@ -180,7 +186,8 @@ def stream_batch_generate(
     cache of that many bytes, shared by the call's sequences: one that joins after another
     with a common prefix finished reuses its KV cache. `tools`, `tool_choice` and
     `tool_parser` (one set for every prompt; the prompts are chat messages) parse tool
-    calls as `stream_generate` does. Arguments are checked before any model work.
+    calls as `stream_generate` does; `alarm` (one for every sequence) flags and stops
+    as `stream_generate`'s. Arguments are checked before any model work.
     """
     engine = engine_for(model)
     if isinstance(prompts, str) or not isinstance(prompts, Sequence):
@@ -199,6 +206,7 @@ def stream_batch_generate(
     limits = [check_max_tokens(m) for m in _per_prompt("max_tokens", max_tokens, count)]
     stops = _per_prompt("stop", stop, count, nested=True)
     constraint, parser = tools_for(tokenizer, tools, tool_choice, tool_parser)
+    alarm = checked_alarm(alarm, parser is not None)
     jobs: deque[_Job] = deque()
     for i, prompt in enumerate(prompts):
         ids = prompt_ids(tokenizer, prompt, engine.vocab_size, tools)
@@ -215,7 +223,7 @@ def stream_batch_generate(
     # A one-shot call's batch is private and short-lived, so its prompt cache only pays
     # off when asked for (sequences that follow others with a common prefix).
     options = {"prompt_cache_bytes": 0 if prompt_cache_bytes is None else prompt_cache_bytes}
-    output = (skip_special_tokens, parser, tools)
+    output = (skip_special_tokens, parser, tools, alarm)
     return _run(engine, tokenizer, jobs, max_batch, output, options)
 
 
@@ -224,12 +232,13 @@ def _run(
     tokenizer: Any,
     jobs: deque[_Job],
     max_batch: int,
-    output: tuple[bool, str | None, Any],
+    output: tuple[bool, str | None, Any, Alarm | None],
     options: dict[str, Any],
 ) -> Iterator[tuple[int, GenerationResponse]]:
     """The batch loop; `output`: (skip_special_tokens, the tool-call parser or None,
-    the tools, whose schemas give the calls' arguments their allowed values)."""
-    skip_special_tokens, parser, tools = output
+    the tools, whose schemas give the calls' arguments their allowed values, the
+    alarm)."""
+    skip_special_tokens, parser, tools, alarm = output
     batch = open_batch(engine, max_batch, **options)
     eos = eos_ids(tokenizer)
     live: dict[int, tuple[_Job, OutputProcessor]] = {}
@@ -241,7 +250,8 @@ def _run(
                     batch, engine, tokenizer, job.ids, job.params, job.limit, job.stop,
                     choice=job.choice, eos=eos, skip_special_tokens=skip_special_tokens,
                 )
-                live[uid] = (job, OutputProcessor(seq, tool_parser=parser, tools=tools))
+                out = OutputProcessor(seq, tool_parser=parser, tools=tools, alarm=alarm)
+                live[uid] = (job, out)
             for uid, step in batch.step():
                 entry = live.get(uid)
                 if entry is None:
@@ -287,8 +297,10 @@ def batch_generate(
         if not (r.finish_reason == "stop" and r.token in eos and r.stop_string is None):
             c.token_ids.append(r.token)
             c.logprobs.append(r.token_logprob)
+        c.alarms += r.alarms
         if r.finish_reason is not None:
             c.finish_reason = r.finish_reason
+            c.stopped_by = r.stopped_by
             c.stop_string = r.stop_string
             c.tool_calls = r.all_tool_calls or []
             if r.all_tool_calls is not None:

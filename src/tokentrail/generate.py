@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from .detokenizer import mlx_lm_drops_first_space
 from .engines import Engine, engine_for, load_model
 from .engines.base import Step
+from .output.alarm import Alarm, checked_alarm
 from .output.processor import OutputProcessor
 from .prompting import aligner_for, eos_ids, prompt_ids, room, stop_matcher, vocab_for
 from .sampling import SamplingParams, check_max_tokens, make_params
@@ -188,6 +189,7 @@ def stream_generate(
     tool_choice: str | Mapping[str, Any] | None = None,
     tool_parser: str | None = None,
     calibration: Any = None,
+    alarm: Alarm | Mapping[str, Any] | None = None,
     **mlx_options: Any,
 ) -> Iterator[GenerationResponse]:
     """Generate from `prompt`, one `GenerationResponse` per token; the last has
@@ -220,7 +222,11 @@ def stream_generate(
     model's own distribution, before the mask) or "processed" (what the token was drawn
     from). `calibration` (a `tokentrail.calibrate.Calibration` or its file, refused
     for another model by fingerprint) sets `confidence.calibrated`, and `level` follows
-    it. Arguments are checked here; generation starts on the first `next()`.
+    it. `alarm` (an `output.alarm.Alarm` or a mapping: `{"below": P, "on": "segment" |
+    "field" | "both", "action": "flag" | "stop"}`) lists the segments / JSON fields whose
+    confidence is below P on the response that completes them (`alarms`); "stop" ends
+    generation right after the first (`stopped_by` "alarm"). Arguments are checked
+    here; generation starts on the first `next()`.
     """
     engine = engine_for(model)
     limit = check_max_tokens(max_tokens)
@@ -228,6 +234,7 @@ def stream_generate(
     fields = fields or (constraint is not None and constraint.kind == "json_schema")
     constraint, parser = tools_for(tokenizer, tools, tool_choice, tool_parser, constraint)
     fmt = _structure_format(reasoning, fields or parser is not None, whole_tokens)
+    alarm = checked_alarm(alarm, fields or parser is not None)
     if constraint is not None and fmt is not None:  # the content after the reasoning
         constraint = constraint.after_reasoning(fmt.constraint_after)
     mlx = _takes_mlx_options(engine)
@@ -258,8 +265,8 @@ def stream_generate(
 
         calibration = calibration_for(calibration, model, tokenizer)
     return _structured(
-        engine, tokenizer, ids, (fmt, fields, schema, parser, tools, calibration), mlx_options,
-        seq, steps,
+        engine, tokenizer, ids, (fmt, fields, schema, parser, tools, calibration, alarm),
+        mlx_options, seq, steps,
     )  # fmt: skip
 
 
@@ -345,7 +352,8 @@ def _structured(
     tokenizer: Any,
     ids: list[int],
     structure: tuple[
-        ReasoningFormat | None, bool, Mapping[str, Any] | None, str | None, Any, Any
+        ReasoningFormat | None, bool, Mapping[str, Any] | None, str | None, Any, Any,
+        Alarm | None,
     ],
     options: Mapping[str, Any],
     seq: SequenceState,
@@ -353,13 +361,13 @@ def _structured(
 ) -> Iterator[GenerationResponse]:
     """The responses of `steps` through the sequence's output stage
     (`output.processor.OutputProcessor`): channels, tool calls, fields with a scorer,
-    then the calibration (each only when asked for).
+    then the calibration and the alarm (each only when asked for).
 
     A constraint (`tokentrail.constrain`, a JSON schema or choices) passes its schema
     here, so fields get its allowed values, and starts its mask once the reply leaves
     the reasoning.
     """
-    fmt, fields, schema, parser, tools, calibration = structure
+    fmt, fields, schema, parser, tools, calibration, alarm = structure
     output_ids: list[int] = []
     scorer = None
     if fields or parser is not None:  # tool calls' arguments get alternatives too
@@ -370,7 +378,7 @@ def _structured(
             log.info("fields without alternatives: %s", why)
     processor = OutputProcessor(
         seq, reasoning=fmt, tool_parser=parser, tools=tools, fields=fields, scorer=scorer,
-        output_ids=output_ids, schema=schema, calibration=calibration,
+        output_ids=output_ids, schema=schema, calibration=calibration, alarm=alarm,
     )  # fmt: skip
     return _run(processor, steps, engine.name)
 

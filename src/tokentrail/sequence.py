@@ -44,7 +44,8 @@ class GenerationResponse:
     `tool_calls` (this step's `delta.tool_calls` pieces), `tool_fields` (the calls'
     fields completed at this step) and on the final response
     `all_tool_calls` (the `ToolCall`s, with their fields). Without them they are None /
-    empty.
+    empty. With `alarm=...`, `alarms` (the flagged units final at this step) and, on
+    the final response, `stopped_by` ("alarm" when an alarm's "stop" ended the reply).
     """
 
     text: str
@@ -162,6 +163,17 @@ class GenerationResponse:
         end = None if self.output is None else self.output.end
         return None if end is None or end.tool_calls is None else list(end.tool_calls)
 
+    @property
+    def alarms(self) -> list[Any]:
+        """With `alarm=...`: the units final at this step whose confidence is below its
+        threshold (`tokentrail.output.alarm.AlarmHit`s); empty otherwise."""
+        return [] if self.output is None else list(self.output.alarms)
+
+    @property
+    def stopped_by(self) -> str | None:
+        """"alarm" on the final response when an alarm's "stop" ended the reply."""
+        return None if self.output is None else self.output.stopped_by
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-safe dict (no device arrays) for logs, scripts and HTTP."""
         out: dict[str, Any] = {
@@ -200,6 +212,10 @@ def structure_dict(r: GenerationResponse, out: dict[str, Any]) -> None:
         if r.all_fields is not None:
             out["all_fields"] = [f.to_dict() for f in r.all_fields]
             out["fields_error"] = r.fields_error
+    if r.alarms:
+        out["alarms"] = [a.to_dict() for a in r.alarms]
+    if r.stopped_by is not None:
+        out["stopped_by"] = r.stopped_by
     if r.tool_calls is not None:
         out["tool_calls"] = r.tool_calls
         out["tool_fields"] = [f.to_dict() for f in r.tool_fields or ()]
@@ -400,6 +416,21 @@ class SequenceState:
             cached,
             refused,
         )
+
+    def end(self) -> tuple[TokenSpan, ...]:
+        """End the sequence now, after the record `advance` last made (an alarm's
+        "stop": `tokentrail.output.alarm`): the tokens still held back (text a stop
+        string may yet start, an unfinished character) are returned, none of them put
+        into the text, as a stop string's `stop_tokens` are; `done` is set, so the
+        caller's loop ends as it does for EOS or a stop string."""
+        if self.done:
+            return ()
+        held = [] if self.matcher is None else self.matcher.flush()
+        spans = merge_spans([*held, *self.aligner.finish()])
+        if self._drafted:
+            spans = self._mark_drafted(spans)
+        self.done = True
+        return tuple(spans)
 
     def _mark_drafted(self, spans: list[TokenSpan]) -> list[TokenSpan]:
         """`spans` with `from_draft` set on the tokens a draft model proposed."""

@@ -9,7 +9,11 @@ feeds it (the caller's for `stream_generate`, the model thread for the server):
 3. tool calls (`structure.tools.ToolCallStream`) on the content channel, when a tool
    parser is set;
 4. JSON fields (`structure.fields.FieldStream`) on the content channel, when asked for;
-5. calibration (`calibrate.Calibration`), when a map is given: `confidence.calibrated`.
+5. calibration (`calibrate.Calibration`), when a map is given: `confidence.calibrated`;
+6. alarms (`output.alarm.AlarmWatch`), when asked for: the units below a threshold on
+   the record (`alarms`); with "stop" the record that completes the first one becomes
+   the last (`finish_reason` "stop", `stopped_by` "alarm"; `SequenceState.end`), the
+   structure stages finish there, and the caller's loop ends without another token.
 
 A step without structure is the record `advance` made; with structure the record is
 made once more with the structure filled in, before anyone sees it. The record is then
@@ -28,9 +32,10 @@ from ..sequence import SequenceState
 from ..structure.fields import ContinuationScorer, FieldStream
 from ..structure.reasoning import CHANNELS, ChannelSplitter, ReasoningFormat
 from ..structure.tool_stream import ToolCallStream
+from .alarm import Alarm, AlarmWatch
 from .record import SequenceEnd, TokenOutput, ToolStep
 
-__all__ = ["OutputProcessor", "merged_tool_deltas"]
+__all__ = ["OutputProcessor", "joined", "merged_tool_deltas"]
 
 
 class OutputProcessor:
@@ -44,10 +49,11 @@ class OutputProcessor:
     alternatives (the calls' arguments' too). `output_ids` is filled with each step's
     token, in order, before fields are built (a scorer built on the same list sees the
     output up to the leaf). `calibration`: a checked `tokentrail.calibrate.Calibration`,
-    applied last (each record's `confidence.calibrated`, and its channels').
+    applied after the structure (each record's `confidence.calibrated`, and its
+    channels'). `alarm`: an `output.alarm.Alarm` (or its mapping), the last stage.
     """
 
-    __slots__ = ("calibration", "fields", "output_ids", "splitter", "state", "tools")
+    __slots__ = ("alarm", "calibration", "fields", "output_ids", "splitter", "state", "tools")
 
     def __init__(
         self,
@@ -63,8 +69,11 @@ class OutputProcessor:
         scorer: ContinuationScorer | None = None,
         output_ids: list[int] | None = None,
         calibration: Any = None,
+        alarm: Alarm | Mapping[str, Any] | None = None,
     ) -> None:
         self.state = state
+        #: The alarm stage (None: no alarm asked for).
+        self.alarm = None if alarm is None else AlarmWatch(Alarm.of(alarm))
         #: A checked `tokentrail.calibrate.Calibration` (None: none): the last stage.
         self.calibration = calibration
         self.splitter = (
@@ -102,7 +111,31 @@ class OutputProcessor:
             out = self.structure(out)
         if self.calibration is not None:
             out = self.calibrated(out)
+        if self.alarm is not None:
+            out = self.alarmed(out)
         return out
+
+    def alarmed(self, out: TokenOutput) -> TokenOutput:
+        """`out` with its alarms; with "stop" and a unit flagged, made the last record
+        (the structure stages finish with it; their last parts and fields are checked
+        too)."""
+        watch = self.alarm
+        assert watch is not None
+        hits = watch.check(out)
+        if not hits:
+            return out
+        if watch.alarm.stops and out.finish_reason is None:
+            held = self.state.end()
+            out = replace(
+                out, finish_reason="stop", stopped_by="alarm", stop_tokens=out.stop_tokens + held
+            )
+            if self.structured:  # the stages' last pass, with no new text
+                tail = self.structure(replace(out, text="", tokens=()), fed=True)
+                hits += watch.check(tail)
+                out = joined(out, tail)
+                if self.calibration is not None:
+                    out = self.calibrated(out)
+        return replace(out, alarms=tuple(hits))
 
     def calibrated(self, out: TokenOutput) -> TokenOutput:
         """`out` with its segment's and channels' confidences calibrated."""
@@ -115,10 +148,11 @@ class OutputProcessor:
         return replace(out, **changes)
 
     # long: the three structure stages in their fixed order, each a few lines, read as one.
-    def structure(self, out: TokenOutput) -> TokenOutput:
+    def structure(self, out: TokenOutput, fed: bool = False) -> TokenOutput:
         """`out` with the structure stages applied (for a record made elsewhere, e.g.
-        by the proxy's realigner)."""
-        self.output_ids.append(out.token)
+        by the proxy's realigner). `fed`: its token is in `output_ids` already."""
+        if not fed:
+            self.output_ids.append(out.token)
         seg = Segment(out.text, out.tokens)
         final = out.finish_reason is not None
         has_text = bool(seg.text or seg.tokens)
@@ -174,6 +208,23 @@ class OutputProcessor:
         if final:
             changes["end"] = SequenceEnd(**end)
         return replace(out, **changes)
+
+
+def joined(out: TokenOutput, tail: TokenOutput) -> TokenOutput:
+    """`out` with the structure of `tail` (the stages' last pass after it, with no
+    new text) added: its parts, fields, tool-call pieces, channel and `end`."""
+    changes: dict[str, Any] = {"channel": tail.channel, "end": tail.end}
+    if out.parts is not None or tail.parts is not None:
+        changes["parts"] = (*(out.parts or ()), *(tail.parts or ()))
+    if out.fields is not None or tail.fields is not None:
+        changes["fields"] = (*(out.fields or ()), *(tail.fields or ()))
+    a, b = out.tool, tail.tool
+    if a is not None and b is not None:
+        deltas = merged_tool_deltas([dict(d) for d in (*a.deltas, *b.deltas)])
+        changes["tool"] = ToolStep(
+            a.content + b.content, tuple(deltas), a.released + b.released, a.fields + b.fields
+        )
+    return replace(out, **changes)
 
 
 def merged_tool_deltas(pieces: list[dict[str, Any]]) -> list[dict[str, Any]]:

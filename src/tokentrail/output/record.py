@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from ..structure.fields import JsonField
     from ..structure.reasoning import ChannelSegment
     from ..structure.tools import ToolCall
+    from .alarm import AlarmHit
 
 __all__ = ["SequenceEnd", "TokenOutput", "ToolStep"]
 
@@ -73,6 +74,10 @@ class TokenOutput:
     this token) and `parts` (the `ChannelSegment`s final now) with a reasoning format;
     `tool` (this step through the tool-call parser); `fields` (the JSON fields whose
     last character arrived now); `end` on the last record (`SequenceEnd`).
+
+    With an alarm (`tokentrail.output.alarm`): `alarms` lists the units final with this
+    record whose confidence is below its threshold; `stopped_by` is "alarm" on the last
+    record when an alarm's "stop" ended the reply there.
     """
 
     index: int
@@ -99,6 +104,8 @@ class TokenOutput:
     tool: ToolStep | None = None
     fields: tuple[JsonField, ...] | None = None
     end: SequenceEnd | None = None
+    alarms: tuple[AlarmHit, ...] = ()
+    stopped_by: str | None = None
 
     @property
     def generation_tokens(self) -> int:

@@ -211,9 +211,22 @@ class Formatter:
         return message
 
     def _stop(self, step: TokenOutput) -> dict[str, Any] | None:
-        if step.stop_string is None:
+        """The extension's `stop`: the stop string and its tokens; after an alarm's
+        "stop", `string` null and the tokens held back then (if any)."""
+        if step.stop_string is None and not (step.stopped_by and step.stop_tokens):
             return None
         return {"string": step.stop_string, "tokens": [self._span(s) for s in step.stop_tokens]}
+
+    @staticmethod
+    def _alarms(ext: dict[str, Any], steps: list[TokenOutput], whole: bool) -> None:
+        """The alarms (`output.alarm`) of `steps` in `ext`: a chunk lists those its
+        record completes (none: no key), a whole response all of them; `stopped_by`
+        from the last."""
+        hits = [a.to_dict() for step in steps for a in step.alarms]
+        if hits or whole:
+            ext["alarms"] = hits
+        if steps and steps[-1].stopped_by is not None:
+            ext["stopped_by"] = steps[-1].stopped_by
 
     # -- standard logprobs: what the content has (vLLM #57052) --
     #
@@ -361,6 +374,7 @@ class Formatter:
             token["allowed_mass"] = json_number(step.allowed_mass)
         ext: dict[str, Any] = {"token": token, "segments": self.segments(step)}
         self._structure(ext, step, whole=False)
+        self._alarms(ext, [step], whole=False)
         stop = self._stop(step)
         if stop is not None:
             ext["stop"] = stop
@@ -423,6 +437,8 @@ class Formatter:
             ext["stop"] = stop
         if steps:
             self._structure(ext, steps[-1], whole=True)
+        if self.req.structure.alarm is not None:
+            self._alarms(ext, steps, whole=True)
         finish = self.finish_reason or "stop"
         if self.req.kind == "chat":
             message = self._message(steps, text, ext)

@@ -16,7 +16,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import APIError, ConstraintError, ContextOverflow
+from ..errors import ActionError, APIError, ConstraintError, ContextOverflow
+from ..output.alarm import checked_alarm
 from ..prompting import prompt_ids, room, stop_matcher
 from ..sampling import SamplingError, SamplingParams, check_max_tokens
 from ..structure.tool_choice import tool_parser_for
@@ -82,7 +83,8 @@ def _output(
 ) -> dict[str, Any]:
     """One choice's `OutputProcessor` keywords: reasoning, tool parser, fields (with
     alternatives from the engine's scorer where it has one: one forward pass per enum
-    leaf)."""
+    leaf) and the alarm (`output.alarm`; on fields alone, a 400 where the reply has
+    none)."""
 
     def scorer(output_ids: list[int]) -> Any:
         from ..engines.scoring import scorer_for
@@ -94,6 +96,7 @@ def _output(
 
     chat = req.kind == "chat"
     options = structure_options(req.structure, config.reasoning, chat, scorer, gated=True)
+    alarm = req.structure.alarm
     if chat and req.structure.tool_choice is not None:
         parser = tool_parser_for(req.structure.tool_choice, config.tool_call_parser, tokenizer)
         options["tool_parser"] = parser
@@ -101,4 +104,11 @@ def _output(
             options["tools"] = req.tools
             if options.get("scorer") is None:
                 options["scorer"] = scorer(options.setdefault("output_ids", []))
+    if alarm is not None:
+        fields = bool(options.get("fields")) or options.get("tool_parser") is not None
+        try:
+            options["alarm"] = checked_alarm(alarm.model_dump(), fields)
+        except ActionError as e:
+            param = f"tokentrail.{e.param}"
+            raise APIError(400, str(e), param=param, code="invalid_value") from None
     return options

@@ -308,6 +308,12 @@ class UpstreamChat:
     def check(self, req: GenRequest) -> None:
         if req.n != 1:
             raise bad_request("n", "'n' must be 1 with --upstream-chat", "unsupported_value")
+        if req.structure.alarm is not None:  # the upstream's chat runs without our stages
+            raise bad_request(
+                "tokentrail.alarm",
+                "'tokentrail.alarm' is not supported with --upstream-chat (it is without it)",
+                "unsupported_value",
+            )
 
     def open(self) -> None:
         import httpx

@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import APIError, ConstraintError, ContextOverflow
-from ..prompting import prompt_ids, room, stop_matcher
+from ..prompting import eos_ids, prompt_ids, room, stop_matcher, vocab_for
 from ..sampling import SamplingError, SamplingParams, check_max_tokens
 from ..structure.tool_choice import tool_parser_for
+from .branching import Branch, ReplyMemory, check_branch, plan_branch
 from .config import ServerConfig
 from .protocol import GenRequest
 from .structured import bound, structure_options
@@ -33,16 +34,25 @@ __all__ = ["Prepared", "prepare"]
 class Prepared:
     """What a request's `n` sequences start from: prompt `ids`, the token `limit`, the
     sampling `params` (choice j derives its seed from them) and, per choice, its
-    `OutputProcessor` keywords (`outputs`)."""
+    `OutputProcessor` keywords (`outputs`); `branch`: where a ``tokentrail.branch``
+    continues (the engine's prompt and the replayed prefix), None without one."""
 
     ids: list[int]
     limit: int
     params: SamplingParams
     outputs: tuple[dict[str, Any], ...]
+    branch: Branch | None = None
 
 
-def prepare(req: GenRequest, engine: Any, tokenizer: Any, config: ServerConfig) -> Prepared:
-    """`req` made ready for `engine` (see the module); APIError 400 naming the field."""
+def prepare(
+    req: GenRequest,
+    engine: Any,
+    tokenizer: Any,
+    config: ServerConfig,
+    replies: ReplyMemory | None = None,
+) -> Prepared:
+    """`req` made ready for `engine` (see the module); APIError 400 naming the field.
+    `replies`: earlier replies' records, where a branch's prefix is replayed from."""
     try:
         ids = prompt_ids(tokenizer, req.prompt, engine.vocab_size, req.tools)
         limit = _limit(req, len(ids), engine.context_length)
@@ -54,7 +64,45 @@ def prepare(req: GenRequest, engine: Any, tokenizer: Any, config: ServerConfig) 
     except (SamplingError, ConstraintError) as e:
         # e.g. a logit_bias id past the engine's vocabulary; tools with no format
         raise APIError(400, str(e), param=e.param, code="invalid_value") from None
-    return Prepared(ids, limit, params, outputs)
+    branch = None
+    if req.structure.branch is not None:
+        branch = _branch(req, ids, limit, params, engine, tokenizer, replies)
+    return Prepared(ids, limit, params, outputs, branch)
+
+
+def _branch(
+    req: GenRequest,
+    ids: list[int],
+    limit: int,
+    params: SamplingParams,
+    engine: Any,
+    tokenizer: Any,
+    replies: ReplyMemory | None,
+) -> Branch:
+    """The request's branch checked and planned (`server.branching`), or APIError 400."""
+    options = req.structure.branch
+    assert options is not None
+    why = None
+    if engine.name == "upstream":
+        why = "is not supported through the proxy (serve --upstream): use an in-process engine"
+    elif req.structure.constraint is not None:  # the grammar would restart at the prefix
+        why = "is not supported together with a constraint (or a required tool call) yet"
+    if why is not None:
+        raise APIError(400, f"'tokentrail.branch' {why}", param="tokentrail.branch")
+    check_branch(
+        options, vocab_for(tokenizer), engine.vocab_size, eos_ids(tokenizer),
+        getattr(tokenizer, "bos_token_id", None),
+    )  # fmt: skip
+    kept = options.at + (options.token is not None)
+    if limit <= kept:
+        raise APIError(
+            400,
+            f"'max_tokens' ({limit}) counts the kept prefix and the forced token ({kept} "
+            "tokens) and must leave room for at least one more",
+            param="max_tokens",
+            code="invalid_value",
+        )
+    return plan_branch(options, ids, params, engine, replies or ReplyMemory())
 
 
 def _limit(req: GenRequest, n_prompt: int, context_length: int | None) -> int:

@@ -103,6 +103,8 @@ class Structure:
     #: With `tools`: "auto", "none", "required" or "named" (a constraint for the last
     #: two, whose fields are the tool calls'); None without tools.
     tool_choice: str | None = None
+    #: ``tokentrail.branch``: continue from inside an earlier reply (`server.branching`).
+    branch: BranchOptions | None = None
 
     @property
     def json_constrained(self) -> bool:
@@ -293,6 +295,7 @@ def structure_of(wire: StructuredFields, chat: bool) -> Structure:
         logprobs_mode=options.logprobs or "raw",
         fields=bool(options.fields),
         reasoning=reasoning,
+        branch=options.branch,
     )
 
 

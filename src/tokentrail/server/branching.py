@@ -15,8 +15,9 @@ segments, fields, channels, tokens, logprobs and alternatives are the original's
   ``tokentrail.branch.ids`` / ``.at`` / ``.token``). "Ids the tokenizer can produce after
   this prompt" means: each id is inside the model's and the tokenizer's vocabulary, has
   bytes (or a name) in the tokenizer, is not the tokenizer's BOS (a prompt-only control
-  token), and an EOS id only ends the ids (nothing follows an end of sequence). Other
-  special tokens stay allowed: replies carry them (reasoning and tool-call markers).
+  token, unless it is also an EOS id), and an EOS id only ends the ids (nothing follows
+  an end of sequence). Other special tokens stay allowed: replies carry them (reasoning
+  and tool-call markers).
 - `plan_branch`: what the engine reads (`Branch.engine_ids`) and the steps replayed
   before its first one (`Branch.replay`), from the memory, else from one forward pass of
   the model over prompt + prefix (+ token) with logits at every position
@@ -169,7 +170,7 @@ def check_branch(
         raise _bad("at", f"'tokentrail.branch.at' is {at}, past the {len(ids)} ids given")
     size = vocab.size if model_vocab_size is None else min(vocab.size, model_vocab_size)
     for i, token in enumerate(ids):
-        why = _unproducible(token, vocab, size, bos)
+        why = _unproducible(token, vocab, size, bos, eos)
         if why is None and token in eos and i < len(ids) - 1:
             why = "an end-of-sequence id, which only the reply's last token can be"
         if why is not None:
@@ -181,7 +182,7 @@ def check_branch(
             f"id at position {at - 1}, after which nothing can be generated",
         )
     if branch.token is not None:
-        why = _unproducible(branch.token, vocab, size, bos)
+        why = _unproducible(branch.token, vocab, size, bos, eos)
         if why is not None:
             raise _bad(
                 "token",
@@ -190,13 +191,15 @@ def check_branch(
             )
 
 
-def _unproducible(token: int, vocab: Vocab, size: int, bos: int | None) -> str | None:
+def _unproducible(
+    token: int, vocab: Vocab, size: int, bos: int | None, eos: frozenset[int]
+) -> str | None:
     """Why a reply cannot hold `token` (None: it can)."""
     if token >= size:
         return f"outside the vocabulary (valid ids are 0..{size - 1})"
     if vocab.pieces[token] is None and token not in vocab.names:
         return "not a token of the tokenizer (it has no text)"
-    if token == bos:
+    if token == bos and token not in eos:  # some tokenizers use one id for both
         return "the tokenizer's beginning-of-sequence token, which only a prompt holds"
     return None
 

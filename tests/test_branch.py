@@ -285,3 +285,39 @@ def test_llamacpp_branch_keeps_the_prefix_and_continues_like_a_plain_request(
         )  # fmt: skip
     assert e.value.body["param"] == "tokentrail.branch.ids"
     assert "llamacpp" in e.value.body["message"]
+
+
+# -- the library: stream_generate(branch=...) ---------------------------------------------
+
+
+def test_stream_generate_branch_replays_the_prefix_and_forces_the_token(
+    model_dir: Path | None,
+) -> None:
+    import tokentrail
+    from tokentrail.errors import BranchError
+
+    model, tok = tokentrail.load(None if model_dir is None else str(model_dir))
+    prompt = "The capital of France is"
+    original = list(tokentrail.stream_generate(model, tok, prompt, MAX, top_logprobs=TOP))
+    ids = [r.token for r in original]
+    at = 4
+    alt = next(a.id for a in original[at].top_logprobs if a.id != ids[at])
+    got = list(
+        tokentrail.stream_generate(
+            model, tok, prompt, MAX, top_logprobs=TOP, branch={"ids": ids, "at": at, "token": alt}
+        )
+    )
+    for old, new in zip(original[:at], got[:at], strict=True):  # one forward pass: float error
+        assert (new.token, new.text) == (old.token, old.text)
+        assert math.isclose(new.token_logprob, old.token_logprob, abs_tol=1e-4)
+        assert [a.id for a in new.top_logprobs] == [a.id for a in old.top_logprobs]
+    assert got[at].token == alt
+    head = tok.encode(prompt) + ids[:at] + [alt]
+    plain = tokentrail.stream_generate(model, tok, head, MAX - at - 1)
+    assert [r.token for r in got[at + 1 :]] == [r.token for r in plain]
+    with pytest.raises(BranchError) as e:
+        list(tokentrail.stream_generate(model, tok, prompt, MAX, branch={"ids": ids, "at": 99}))
+    assert e.value.param == "branch.at"
+    with pytest.raises(ValueError, match="position 1"):
+        bad = {"ids": [5, 10**7], "at": 1}
+        list(tokentrail.stream_generate(model, tok, prompt, MAX, branch=bad))

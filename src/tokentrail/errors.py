@@ -15,6 +15,8 @@ Each class also subclasses the builtin callers caught before it existed, so
     │                                       known, or output that is not in the expected format
     ├── ConstraintError (ValueError)        a schema, regex, choice or grammar the grammar
     │                                       library cannot compile; `param` names the field
+    ├── BranchError (ValueError)            a branch from a token that cannot be taken;
+    │                                       `param` names the key (branch.ids, .at, .token)
     ├── ModelNotAvailable (FileNotFoundError)  a named model that is not on this machine
     ├── EngineError (RuntimeError)          an engine failure with an HTTP meaning
     │   └── UpstreamError                   a remote upstream that failed
@@ -37,6 +39,7 @@ from typing import Any, Literal
 
 __all__ = [
     "APIError",
+    "BranchError",
     "CalibrationError",
     "ClientGone",
     "ConstraintError",
@@ -108,6 +111,17 @@ class ConstraintError(TokentrailError, ValueError):
     """A constraint (JSON schema, regex, choice list, grammar) that cannot be compiled, or
     that is used in a way it cannot be: `param` names the request field (e.g.
     "response_format") and the message gives the grammar library's reason."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class BranchError(TokentrailError, ValueError):
+    """A branch (`stream_generate(branch=...)`, the server's ``tokentrail.branch``) that
+    cannot be taken: ids the tokenizer cannot produce, a position past them, a prefix
+    whose logprobs cannot be replayed. `param` names the key ("branch.ids", "branch.at",
+    "branch.token")."""
 
     def __init__(self, message: str, param: str) -> None:
         super().__init__(message)

@@ -16,11 +16,11 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import APIError, ConstraintError, ContextOverflow
+from ..branching import Branch, BranchSpec, ReplyMemory, check_branch, plan_branch
+from ..errors import APIError, BranchError, ConstraintError, ContextOverflow
 from ..prompting import eos_ids, prompt_ids, room, stop_matcher, vocab_for
 from ..sampling import SamplingError, SamplingParams, check_max_tokens
 from ..structure.tool_choice import tool_parser_for
-from .branching import Branch, ReplyMemory, check_branch, plan_branch
 from .config import ServerConfig
 from .protocol import GenRequest
 from .structured import bound, structure_options
@@ -79,9 +79,11 @@ def _branch(
     tokenizer: Any,
     replies: ReplyMemory | None,
 ) -> Branch:
-    """The request's branch checked and planned (`server.branching`), or APIError 400."""
+    """The request's branch checked and planned (`tokentrail.branching`), or APIError
+    400 (a `BranchError`'s param inside ``tokentrail``)."""
     options = req.structure.branch
     assert options is not None
+    spec = BranchSpec(tuple(options.ids), options.at, options.token)
     why = None
     if engine.name == "upstream":
         why = "is not supported through the proxy (serve --upstream): use an in-process engine"
@@ -89,11 +91,21 @@ def _branch(
         why = "is not supported together with a constraint (or a required tool call) yet"
     if why is not None:
         raise APIError(400, f"'tokentrail.branch' {why}", param="tokentrail.branch")
-    check_branch(
-        options, vocab_for(tokenizer), engine.vocab_size, eos_ids(tokenizer),
-        getattr(tokenizer, "bos_token_id", None),
-    )  # fmt: skip
-    kept = options.at + (options.token is not None)
+    try:
+        check_branch(
+            spec, vocab_for(tokenizer), engine.vocab_size, eos_ids(tokenizer),
+            getattr(tokenizer, "bos_token_id", None),
+        )  # fmt: skip
+        _room(limit, spec)
+        return plan_branch(spec, ids, params, engine, replies or ReplyMemory())
+    except BranchError as e:
+        message = str(e).replace("'branch", "'tokentrail.branch")
+        raise APIError(400, message, param=f"tokentrail.{e.param}", code="invalid_value") from None
+
+
+def _room(limit: int, spec: BranchSpec) -> None:
+    """APIError unless `limit` (the whole reply's) leaves a token after the branch point."""
+    kept = spec.at + (spec.token is not None)
     if limit <= kept:
         raise APIError(
             400,
@@ -102,7 +114,6 @@ def _branch(
             param="max_tokens",
             code="invalid_value",
         )
-    return plan_branch(options, ids, params, engine, replies or ReplyMemory())
 
 
 def _limit(req: GenRequest, n_prompt: int, context_length: int | None) -> int:

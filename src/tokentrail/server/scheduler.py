@@ -29,12 +29,12 @@ from pathlib import Path
 from typing import Any
 
 from ..batch import open_sequence
+from ..branching import Record, ReplyMemory, record_of
 from ..errors import APIError
 from ..output.processor import OutputProcessor
 from ..prompting import eos_ids, vocab_for
 from ..vocab import Vocab
 from .admission import RECENT_JOBS, Admission
-from .branching import Record, ReplyMemory, record_of
 from .config import Loader, ServerConfig
 from .jobs import Courier, Job, Outbox
 from .metrics import Metrics

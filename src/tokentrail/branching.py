@@ -1,27 +1,31 @@
-"""Branch from any token (``tokentrail.branch``): a reply's first `at` tokens kept, a
-token forced at `at` (or sampled afresh there), and fresh generation after it.
+"""Branch from any token: a reply's first `at` tokens kept, a token forced at `at` (or
+sampled afresh there), and fresh generation after it (`stream_generate(branch=...)`, the
+server's ``tokentrail.branch``).
 
 A branch is the same prompt continued from a point inside an earlier reply. The engine
-reads prompt + kept prefix (+ the forced token) as its prompt, so the prefix comes from
-its prompt cache; the kept prefix is re-emitted through the sequence's one output stage
-(`output.processor.OutputProcessor`) from the original reply's own engine records, so its
-segments, fields, channels, tokens, logprobs and alternatives are the original's.
+reads prompt + kept prefix (+ the forced token) as its prompt, so on the server the
+prefix comes from its prompt cache; the kept prefix is re-emitted through the sequence's
+one output stage (`output.processor.OutputProcessor`) from the original reply's own
+engine records, so its segments, fields, channels, tokens, logprobs and alternatives are
+the original's.
 
+- `BranchSpec`: what is asked (`ids`, `at`, `token`), read from a mapping.
 - `ReplyMemory`: a small LRU of finished replies' per-token engine records (token,
   logprob, top alternatives, provenance), keyed by the prompt's ids and the settings that
   shape a logprob (`signature`). The scheduler records every sequence's steps and keeps
   them here when it ends.
-- `check_branch`: the checks on the request's ids (a 400 naming the position and
-  ``tokentrail.branch.ids`` / ``.at`` / ``.token``). "Ids the tokenizer can produce after
-  this prompt" means: each id is inside the model's and the tokenizer's vocabulary, has
-  bytes (or a name) in the tokenizer, is not the tokenizer's BOS (a prompt-only control
-  token, unless it is also an EOS id), and an EOS id only ends the ids (nothing follows
-  an end of sequence). Other special tokens stay allowed: replies carry them (reasoning
-  and tool-call markers).
+- `check_branch`: the checks on the ids (a `BranchError` naming the position, whose
+  `param` is ``branch.ids`` / ``branch.at`` / ``branch.token``; a 400 over HTTP). "Ids
+  the tokenizer can produce after this prompt" means: each id is inside the model's and
+  the tokenizer's vocabulary, has bytes (or a name) in the tokenizer, is not the
+  tokenizer's BOS (a prompt-only control token, unless it is also an EOS id), and an EOS
+  id only ends the ids (nothing follows an end of sequence). Other special tokens stay
+  allowed: replies carry them (reasoning and tool-call markers).
 - `plan_branch`: what the engine reads (`Branch.engine_ids`) and the steps replayed
   before its first one (`Branch.replay`), from the memory, else from one forward pass of
   the model over prompt + prefix (+ token) with logits at every position
-  (`engines.scoring.position_logprobs`: MLX and torch), else a 400 saying why.
+  (`engines.scoring.position_logprobs`: MLX and torch), else a `BranchError` saying
+  why. The library has no memory of earlier replies: it always takes the forward pass.
 
 The forced token's own record is the original's distribution at `at` when the token is
 among the alternatives recorded there (its logprob and the same alternatives), else that
@@ -32,22 +36,22 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..engines.base import Step
-from ..engines.scoring import position_logprobs
-from ..errors import APIError
-from ..sampling import SamplingParams
-from ..vocab import Vocab
-from .actions import BranchOptions
+from .engines.base import Step
+from .engines.scoring import position_logprobs
+from .errors import BranchError
+from .sampling import SamplingParams
+from .vocab import Vocab
 
-logger = logging.getLogger("tokentrail.server")
+logger = logging.getLogger("tokentrail")
 
 __all__ = [
     "REPLY_MEMORY_TOKENS",
     "Branch",
+    "BranchSpec",
     "Record",
     "ReplyMemory",
     "check_branch",
@@ -55,6 +59,38 @@ __all__ = [
     "record_of",
     "signature",
 ]
+
+@dataclass(frozen=True)
+class BranchSpec:
+    """Continue the reply `ids` from position `at`: its first `at` ids kept, `token`
+    forced at `at` (None: sampled afresh there)."""
+
+    ids: tuple[int, ...]
+    at: int
+    token: int | None = None
+
+    @classmethod
+    def of(cls, value: Any) -> BranchSpec:
+        """A spec from a mapping ``{"ids": [...], "at": N, "token": ID}`` (or an object
+        with those attributes); TypeError / BranchError naming the key otherwise."""
+        if isinstance(value, BranchSpec):
+            return value
+        get = value.get if isinstance(value, Mapping) else lambda k, d=None: getattr(value, k, d)
+        if isinstance(value, Mapping) and set(value) - {"ids", "at", "token"}:
+            extra = sorted(set(value) - {"ids", "at", "token"})
+            raise BranchError(f"branch has unknown keys {extra}", "branch")
+        ids, at, token = get("ids"), get("at"), get("token", None)
+        if isinstance(ids, str | bytes) or not isinstance(ids, Sequence):
+            raise TypeError(f"branch.ids must be a list of token ids, got {type(ids).__name__}")
+        for name, v in (("at", at), ("token", token), *(("ids", i) for i in ids)):
+            if v is None and name == "token":
+                continue
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise TypeError(f"branch.{name} must be an int, got {v!r}")
+            if v < 0:
+                raise BranchError(f"branch.{name} must be >= 0, got {v}", f"branch.{name}")
+        return cls(tuple(ids), at, token)
+
 
 #: How many recorded reply tokens the memory keeps at most, over all replies.
 REPLY_MEMORY_TOKENS = 1 << 16
@@ -151,34 +187,34 @@ class Branch:
     source: str
 
 
-def _bad(param: str, message: str) -> APIError:
-    return APIError(400, message, param=f"tokentrail.branch.{param}", code="invalid_value")
+def _bad(param: str, message: str) -> BranchError:
+    return BranchError(message, f"branch.{param}")
 
 
 def check_branch(
-    branch: BranchOptions,
+    branch: BranchSpec,
     vocab: Vocab,
     model_vocab_size: int | None,
     eos: frozenset[int],
     bos: int | None,
 ) -> None:
     """Refuse ids the tokenizer cannot produce after the prompt (see the module), an `at`
-    past the ids, and a forced token that is not a token the reply could hold: an
-    APIError 400 naming the position and the key."""
+    past the ids, and a forced token that is not a token the reply could hold: a
+    `BranchError` naming the position and the key."""
     ids, at = branch.ids, branch.at
     if at > len(ids):
-        raise _bad("at", f"'tokentrail.branch.at' is {at}, past the {len(ids)} ids given")
+        raise _bad("at", f"'branch.at' is {at}, past the {len(ids)} ids given")
     size = vocab.size if model_vocab_size is None else min(vocab.size, model_vocab_size)
     for i, token in enumerate(ids):
         why = _unproducible(token, vocab, size, bos, eos)
         if why is None and token in eos and i < len(ids) - 1:
             why = "an end-of-sequence id, which only the reply's last token can be"
         if why is not None:
-            raise _bad("ids", f"'tokentrail.branch.ids' position {i}: token id {token} is {why}")
+            raise _bad("ids", f"'branch.ids' position {i}: token id {token} is {why}")
     if at and ids[at - 1] in eos:
         raise _bad(
             "at",
-            f"'tokentrail.branch.at' is {at}: the kept prefix ends with the end-of-sequence "
+            f"'branch.at' is {at}: the kept prefix ends with the end-of-sequence "
             f"id at position {at - 1}, after which nothing can be generated",
         )
     if branch.token is not None:
@@ -186,7 +222,7 @@ def check_branch(
         if why is not None:
             raise _bad(
                 "token",
-                f"'tokentrail.branch.token' (forced at position {at}): "
+                f"'branch.token' (forced at position {at}): "
                 f"token id {branch.token} is {why}",
             )
 
@@ -205,14 +241,14 @@ def _unproducible(
 
 
 def plan_branch(
-    branch: BranchOptions,
+    branch: BranchSpec,
     prompt: list[int],
     params: SamplingParams,
     engine: Any,
     memory: ReplyMemory,
 ) -> Branch:
     """The engine's prompt and the replayed steps for a checked `branch` (see the
-    module); APIError 400 when the prefix's records are not in memory and the engine
+    module); `BranchError` when the prefix's records are not in memory and the engine
     cannot compute them."""
     kept = list(branch.ids[: branch.at])
     forced = branch.token
@@ -238,8 +274,8 @@ def plan_branch(
 def _forward(
     engine: Any, prompt: list[int], kept: list[int], forced: int | None, params: SamplingParams
 ) -> list[Step]:
-    """The prefix's (and forced token's) steps from one forward pass; 400 where the
-    engine has no logits in process or the settings change the distribution."""
+    """The prefix's (and forced token's) steps from one forward pass; `BranchError`
+    where the engine has no logits in process or the settings change the distribution."""
     tail = kept + ([] if forced is None else [forced])
     if not tail:
         return []
@@ -254,9 +290,9 @@ def _forward(
     if rows is None:
         raise _bad(
             "ids",
-            "the original reply is not in this server's memory (it was generated with other "
-            "settings, or was evicted) and its logprobs cannot be computed again here: "
-            f"{why}; send the original request again, then branch",
+            "the original reply's records are not in memory (on the server: it was "
+            "generated with other settings, or was evicted) and its logprobs cannot be "
+            f"computed again here: {why}; send the original request again, then branch",
         )
     logger.debug("branch: %d prefix records computed by a forward pass", len(rows))
     return [Step(tok, lp, top, None) for tok, (lp, top) in zip(tail, rows, strict=True)]

@@ -239,6 +239,35 @@ def test_branch_refusals_that_depend_on_the_request(client: Any, server: Server)
     assert e.value.body["param"] == "tokentrail.branch"
 
 
+# -- torch: the same contract through the serial batch (no prompt cache there) ----------
+
+
+def test_torch_server_branch_keeps_the_prefix_and_continues_like_a_plain_request(
+    tmp_path_factory: pytest.TempPathFactory, model_dir: Path | None, tokenizer: Any
+) -> None:
+    from tokentrail.prompting import prompt_ids
+
+    require("torch")
+    log = tmp_path_factory.mktemp("logs") / "torch.log"
+    srv = start_server(model_dir, log, "--engine", "torch", "--device", "cpu")
+    try:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+        original = _ext(_chat(client, srv.model))["segments"]
+        ids = [t["id"] for t in _tokens(original)]
+        at = _boundary(original, 3)
+        alt = _tokens(original)[at]["top_logprobs"][1]["id"]
+        got = _chat(client, srv.model, extra_body=_branch(ids, at, alt))
+        prompt = prompt_ids(tokenizer, MSG, None)
+        plain = client.completions.create(
+            model=srv.model, prompt=prompt + ids[:at] + [alt], max_tokens=MAX - at - 1,
+            temperature=0,
+        )  # fmt: skip
+        plain_ids = [t["id"] for t in _tokens(_ext(plain)["segments"])]
+        _check_branch(original, _ext(got)["segments"], at, alt, plain_ids)
+    finally:
+        srv.stop()
+
+
 # -- llama.cpp: the same contract on SmolLM2's GGUF ----------------------------------------
 
 
@@ -290,13 +319,17 @@ def test_llamacpp_branch_keeps_the_prefix_and_continues_like_a_plain_request(
 # -- the library: stream_generate(branch=...) ---------------------------------------------
 
 
+@pytest.mark.parametrize("engine", ["mlx", "torch"])
 def test_stream_generate_branch_replays_the_prefix_and_forces_the_token(
-    model_dir: Path | None,
+    model_dir: Path | None, engine: str
 ) -> None:
     import tokentrail
     from tokentrail.errors import BranchError
 
-    model, tok = tokentrail.load(None if model_dir is None else str(model_dir))
+    options = {"engine": "torch", "device": "cpu"} if engine == "torch" else {}
+    if engine == "torch":
+        require("torch")
+    model, tok = tokentrail.load(None if model_dir is None else str(model_dir), **options)
     prompt = "The capital of France is"
     original = list(tokentrail.stream_generate(model, tok, prompt, MAX, top_logprobs=TOP))
     ids = [r.token for r in original]

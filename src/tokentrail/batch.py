@@ -133,7 +133,7 @@ def open_sequence(
     EOS (`eos`, default: the tokenizer's) and limit; feed it the batch's steps for `uid`.
     Used by `stream_batch_generate` and the server's scheduler alike.
 
-    `prefix`: reply tokens that are already known (a branch, `server.branching`): the
+    `prefix`: reply tokens that are already known (a branch, `tokentrail.branching`): the
     engine reads `ids + prefix` and generates after them, while the state still starts
     after `ids` (feed it the prefix's steps first) and its `limit` counts the prefix.
     """

@@ -1,6 +1,6 @@
 """Branch from any token: a reply's first `at` tokens kept, a token forced at `at` (or
 sampled afresh there), and fresh generation after it (`stream_generate(branch=...)`, the
-server's ``tokentrail.branch``).
+server's ``branch`` request option).
 
 A branch is the same prompt continued from a point inside an earlier reply. The engine
 reads prompt + kept prefix (+ the forced token) as its prompt, so on the server the

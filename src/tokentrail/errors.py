@@ -118,7 +118,7 @@ class ConstraintError(TokentrailError, ValueError):
 
 
 class BranchError(TokentrailError, ValueError):
-    """A branch (`stream_generate(branch=...)`, the server's ``tokentrail.branch``) that
+    """A branch (`stream_generate(branch=...)`, the server's ``branch`` option) that
     cannot be taken: ids the tokenizer cannot produce, a position past them, a prefix
     whose logprobs cannot be replayed. `param` names the key ("branch.ids", "branch.at",
     "branch.token")."""

@@ -34,8 +34,8 @@ __all__ = ["Prepared", "prepare"]
 class Prepared:
     """What a request's `n` sequences start from: prompt `ids`, the token `limit`, the
     sampling `params` (choice j derives its seed from them) and, per choice, its
-    `OutputProcessor` keywords (`outputs`); `branch`: where a ``tokentrail.branch``
-    continues (the engine's prompt and the replayed prefix), None without one."""
+    `OutputProcessor` keywords (`outputs`); `branch`: where the request's ``branch``
+    option continues (the engine's prompt and the replayed prefix), None without one."""
 
     ids: list[int]
     limit: int

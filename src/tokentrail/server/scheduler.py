@@ -137,7 +137,7 @@ class Scheduler:
         #: `_deferred`, the batch hands them over itself (`before_compute`).
         self._outbox = Outbox()
         self._deferred = False
-        #: Finished replies' engine records, that a ``tokentrail.branch`` replays.
+        #: Finished replies' engine records, that a branch request replays.
         self.replies = ReplyMemory()
 
     # -- what the loop thread loaded (None before) --

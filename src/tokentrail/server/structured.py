@@ -103,7 +103,7 @@ class Structure:
     #: With `tools`: "auto", "none", "required" or "named" (a constraint for the last
     #: two, whose fields are the tool calls'); None without tools.
     tool_choice: str | None = None
-    #: ``tokentrail.branch``: continue from inside an earlier reply (`server.branching`).
+    #: ``branch``: continue from inside an earlier reply (`tokentrail.branching`).
     branch: BranchOptions | None = None
 
     @property

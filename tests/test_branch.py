@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.helpers.env import require
 from tests.helpers.net import free_port
@@ -139,6 +141,16 @@ def test_chat_branch_keeps_the_prefix_and_continues_like_a_plain_request(
     assert usage.prompt_tokens == len(prompt)
     assert usage.completion_tokens == MAX
     assert usage.prompt_tokens_details.cached_tokens >= len(prompt) + at
+
+    # A branch of the branch (the page's tree): its prefix is the branch's, replayed from
+    # the branch's own records, which hold the first prefix as it was replayed.
+    first_branch = _ext(got)["segments"]
+    ids2 = [t["id"] for t in _tokens(first_branch)]
+    at2 = _boundary(first_branch, at + 1)
+    alt2 = _tokens(first_branch)[at2]["top_logprobs"][1]["id"]
+    deeper = _ext(_chat(client, server.model, extra_body=_branch(ids2, at2, alt2)))["segments"]
+    assert deeper[: len(_before(first_branch, at2))] == _before(first_branch, at2)
+    assert _tokens(deeper)[at2]["id"] == alt2
 
 
 def test_streamed_branch_sends_the_same_prefix_chunk_by_chunk(client: Any, server: Server) -> None:
@@ -354,3 +366,35 @@ def test_stream_generate_branch_replays_the_prefix_and_forces_the_token(
     with pytest.raises(ValueError, match="position 1"):
         bad = {"ids": [5, 10**7], "at": 1}
         list(tokentrail.stream_generate(model, tok, prompt, MAX, branch=bad))
+
+
+# -- the reply memory, on its own ---------------------------------------------------------
+
+replies = st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=6), min_size=1, max_size=8)
+
+
+@settings(max_examples=60, deadline=None)
+@given(replies, st.integers(1, 20), st.lists(st.integers(0, 3), max_size=5))
+def test_reply_memory_finds_only_replies_that_start_with_the_prefix(
+    kept: list[list[int]], limit: int, prefix: list[int]
+) -> None:
+    """Whatever was kept: the memory stays within its token bound, and what it finds
+    starts with the prefix, has a record at the branch point, and was kept for this
+    prompt and these settings (a kept reply that fits the bound is found)."""
+    from tokentrail.branching import ReplyMemory
+    from tokentrail.sampling import make_params
+
+    memory = ReplyMemory(limit)
+    params, other = make_params(top_logprobs=2), make_params(top_logprobs=2, logit_bias={1: 1.0})
+    for ids in kept:
+        memory.keep([9], params, [(t, -1.0, [(t, -1.0)], False, "raw", None) for t in ids])
+        assert memory.tokens <= limit
+    found = memory.find([9], params, prefix, len(prefix) + 1)
+    if found is not None:
+        assert [r[0] for r in found[: len(prefix)]] == prefix and len(found) > len(prefix)
+    last = kept[-1]
+    if len(last) <= limit and last[: len(prefix)] == prefix and len(last) > len(prefix):
+        assert found is not None
+    assert memory.find([8], params, prefix, len(prefix)) is None  # another prompt
+    assert memory.find([9], other, prefix, len(prefix)) is None  # another logit bias
+    assert memory.find([9], make_params(top_logprobs=3), prefix, len(prefix)) is None

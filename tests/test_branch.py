@@ -251,6 +251,26 @@ def test_branch_refusals_that_depend_on_the_request(client: Any, server: Server)
     assert e.value.body["param"] == "tokentrail.branch"
 
 
+@pytest.mark.parametrize("mode", [(), ("--upstream-chat",)], ids=["upstream", "upstream-chat"])
+def test_the_proxy_refuses_a_branch_saying_where(
+    server: Server, tmp_path_factory: pytest.TempPathFactory, mode: tuple[str, ...]
+) -> None:
+    """An upstream's KV cache and records are not this server's: a 400, not a reply that
+    silently ignores the branch."""
+    from tests.helpers.servers import DEMO_MODEL
+
+    log = tmp_path_factory.mktemp("logs") / "proxy.log"
+    proxy = start_server(None, log, "--upstream", server.url, "--tokenizer", str(DEMO_MODEL), *mode)
+    try:
+        client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="x", max_retries=0)
+        with pytest.raises(openai.BadRequestError) as e:
+            _chat(client, proxy.model, extra_body=_branch([300, 301], 1, 5))
+        assert e.value.body["param"] == "tokentrail.branch"
+        assert "upstream" in e.value.body["message"]
+    finally:
+        proxy.stop()
+
+
 # -- torch: the same contract through the serial batch (no prompt cache there) ----------
 
 

@@ -308,6 +308,13 @@ class UpstreamChat:
     def check(self, req: GenRequest) -> None:
         if req.n != 1:
             raise bad_request("n", "'n' must be 1 with --upstream-chat", "unsupported_value")
+        if req.structure.branch is not None:  # the upstream's own chat cannot be rewound
+            raise bad_request(
+                "tokentrail.branch",
+                "'tokentrail.branch' is not supported with --upstream-chat: use an "
+                "in-process engine",
+                "unsupported_value",
+            )
 
     def open(self) -> None:
         import httpx

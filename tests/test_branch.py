@@ -346,6 +346,13 @@ def test_llamacpp_branch_keeps_the_prefix_and_continues_like_a_plain_request(
         )  # fmt: skip
     assert e.value.body["param"] == "tokentrail.branch.ids"
     assert "llamacpp" in e.value.body["message"]
+    # In memory, but the forced token is not among the alternatives recorded there.
+    listed = {a["id"] for a in _tokens(original)[at]["top_logprobs"]}
+    unlisted = next(i for i in range(300, 400) if i not in listed)
+    with pytest.raises(openai.BadRequestError) as e:
+        _chat(client, model, extra_body=_branch(ids, at, unlisted))
+    assert e.value.body["param"] == "tokentrail.branch.token"
+    assert f"position {at}" in e.value.body["message"]
 
 
 # -- the library: stream_generate(branch=...) ---------------------------------------------

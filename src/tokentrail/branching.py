@@ -60,6 +60,7 @@ __all__ = [
     "signature",
 ]
 
+
 @dataclass(frozen=True)
 class BranchSpec:
     """Continue the reply `ids` from position `at`: its first `at` ids kept, `token`
@@ -265,17 +266,34 @@ def plan_branch(
         if forced in top:
             forced_step = Step(forced, top[forced], list(at[2][:k]), None, False, at[4], at[5])
             return Branch(engine_ids, [*replay, forced_step], "memory")
-    steps = _forward(engine, prompt, kept, forced, params)
+    param = "ids" if found is None else "token"
+    if found is None:
+        missing = (
+            "the original reply's records are not in memory (on the server: it was "
+            "generated with other settings or fewer top_logprobs, or was evicted)"
+        )
+    else:
+        missing = (
+            f"the forced token {forced} is not among the alternatives recorded at position "
+            f"{len(kept)} (ask the original with more top_logprobs)"
+        )
+    steps = _forward(engine, prompt, kept, forced, params, (param, missing))
     if found is not None:  # only the forced token's record was missing
         return Branch(engine_ids, [*replay, steps[-1]], "memory and forward pass")
     return Branch(engine_ids, steps, "forward pass")
 
 
 def _forward(
-    engine: Any, prompt: list[int], kept: list[int], forced: int | None, params: SamplingParams
+    engine: Any,
+    prompt: list[int],
+    kept: list[int],
+    forced: int | None,
+    params: SamplingParams,
+    missing: tuple[str, str],
 ) -> list[Step]:
     """The prefix's (and forced token's) steps from one forward pass; `BranchError`
-    where the engine has no logits in process or the settings change the distribution."""
+    (`missing`: its param and what was not found) where the engine has no logits in
+    process or the settings change the distribution."""
     tail = kept + ([] if forced is None else [forced])
     if not tail:
         return []
@@ -289,10 +307,9 @@ def _forward(
         rows, why = position_logprobs(engine, prompt + tail, len(prompt), params.top_logprobs)
     if rows is None:
         raise _bad(
-            "ids",
-            "the original reply's records are not in memory (on the server: it was "
-            "generated with other settings, or was evicted) and its logprobs cannot be "
-            f"computed again here: {why}; send the original request again, then branch",
+            missing[0],
+            f"{missing[1]}, and the logprobs cannot be computed again here: {why}; send the "
+            "original request again, then branch",
         )
     logger.debug("branch: %d prefix records computed by a forward pass", len(rows))
     return [Step(tok, lp, top, None) for tok, (lp, top) in zip(tail, rows, strict=True)]

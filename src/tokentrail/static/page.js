@@ -190,7 +190,7 @@
     const n = field.tokens.length;
     const conf = c ? `level ${c.level} · ${share(Math.exp(c.mean_logprob))}` : "–";
     const confCell = el("td", { class: "conf" }, `${conf} · ${n} token${n === 1 ? "" : "s"}`);
-    if (low(c) && n) confCell.appendChild(retryButton(field.tokens[0].index));
+    if (low(c) && n && canBranch()) confCell.appendChild(retryButton(field.tokens[0].index));
     tr.appendChild(confCell);
     tr.appendChild(alternativesCell(field));
     fieldRows.appendChild(tr);
@@ -339,8 +339,7 @@
     output.dataset.tokens = node.tokens;
     output.dataset.node = String(index);
     output.dataset.state = node.state;
-    if (node.finish) output.dataset.finish = node.finish;
-    else delete output.dataset.finish;
+    if (node.finish) output.dataset.finish = node.finish; else delete output.dataset.finish;
     renderTree();
   }
 
@@ -352,11 +351,8 @@
     li.appendChild(button);
     const kids = [];
     nodes.forEach((n, j) => { if (n.parent === index) kids.push(j); });
-    if (kids.length) {
-      const ul = el("ul");
-      for (const k of kids) ul.appendChild(subtree(k));
-      li.appendChild(ul);
-    }
+    if (kids.length) li.appendChild(el("ul"));
+    for (const k of kids) li.lastChild.appendChild(subtree(k));
     return li;
   }
 
@@ -365,8 +361,7 @@
     const list = $("tree-list");
     list.textContent = "";
     if (nodes.length) list.appendChild(subtree(0));
-    const node = nodes[current];
-    const busy = controller !== null;
+    const node = nodes[current], busy = controller !== null;
     $("back").disabled = busy || !node || node.parent === null;
     $("forward").disabled = busy || !node || node.lastChild === null;
     for (const b of list.querySelectorAll("button")) b.disabled = busy;
@@ -408,6 +403,13 @@
   // How sure is "low": the two lowest of the levels the page shades by (0 and 1, below
   // tokentrail.segment.CONFIDENCE_LEVELS[1]).
   const low = (conf) => !!conf && conf.level !== null && conf.level !== undefined && conf.level <= 1;
+
+  // The server branches unconstrained replies only (a grammar would restart at the
+  // prefix): a reply asked with a response_format offers no picks and no retry.
+  function canBranch() {
+    const node = nodes[current];
+    return !!(node && node.body && !node.body.response_format);
+  }
 
   function retryButton(at) {
     return el("button", { type: "button", class: "retry", "data-retry-at": at }, "retry");
@@ -463,7 +465,7 @@
         ` · min ${fmt(c.min_logprob)}` +
         (c.entropy === null ? "" : ` · entropy ${c.entropy.toFixed(3)}`)));
     }
-    if (low(c) && seg.tokens.length) {
+    if (low(c) && seg.tokens.length && canBranch()) {
       head.appendChild(document.createTextNode(" "));
       head.appendChild(retryButton(seg.tokens[0].index));
     }
@@ -488,7 +490,7 @@
       for (const a of t.top_logprobs || []) {
         // Another token than the one taken: pick it to branch here.
         const attrs = { "data-alt-id": a.id };
-        if (a.id !== t.id) {
+        if (a.id !== t.id && canBranch()) {
           Object.assign(attrs, { class: "pick", role: "button", tabindex: "0",
                                  "data-at": t.index, title: "branch here with this token" });
         }

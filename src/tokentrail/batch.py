@@ -127,6 +127,7 @@ def open_sequence(
     choice: int = 0,
     eos: frozenset[int] | None = None,
     skip_special_tokens: bool = True,
+    prefix: Sequence[int] = (),
 ) -> tuple[int, SequenceState]:
     """Add one sequence to `batch` and return its uid and per-token state.
 
@@ -136,8 +137,13 @@ def open_sequence(
     state (`SequenceState`) has its own aligner continuing the prompt, stop strings,
     EOS (`eos`, default: the tokenizer's) and limit; feed it the batch's steps for `uid`.
     Used by `stream_batch_generate` and the server's scheduler alike.
+
+    `prefix`: reply tokens that are already known (a branch, `tokentrail.branching`): the
+    engine reads `ids + prefix` and generates after them, while the state still starts
+    after `ids` (feed it the prefix's steps first) and its `limit` counts the prefix.
     """
-    uid = batch.add(ids, for_choice(params, choice), limit)
+    engine_limit = None if limit is None else limit - len(prefix)
+    uid = batch.add([*ids, *prefix], for_choice(params, choice), engine_limit)
     state = SequenceState(
         aligner_for(tokenizer, ids, skip_special_tokens),
         stop_matcher(stop),

@@ -19,10 +19,12 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .branching import BranchSpec, ReplyMemory, check_branch, plan_branch
 from .detokenizer import mlx_lm_drops_first_space
 from .engines import Engine, engine_for, load_model
 from .engines.base import Step
 from .output.alarm import Alarm, checked_alarm
+from .errors import BranchError
 from .output.processor import OutputProcessor
 from .prompting import aligner_for, eos_ids, prompt_ids, room, stop_matcher, vocab_for
 from .sampling import SamplingParams, check_max_tokens, make_params
@@ -190,6 +192,7 @@ def stream_generate(
     tool_parser: str | None = None,
     calibration: Any = None,
     alarm: Alarm | Mapping[str, Any] | None = None,
+    branch: Mapping[str, Any] | None = None,
     **mlx_options: Any,
 ) -> Iterator[GenerationResponse]:
     """Generate from `prompt`, one `GenerationResponse` per token; the last has
@@ -225,8 +228,12 @@ def stream_generate(
     it. `alarm` (an `output.alarm.Alarm` or a mapping: `{"below": P, "on": "segment" |
     "field" | "both", "action": "flag" | "stop"}`) lists the segments / JSON fields whose
     confidence is below P on the response that completes them (`alarms`); "stop" ends
-    generation right after the first (`stopped_by` "alarm"). Arguments are checked
-    here; generation starts on the first `next()`.
+    generation right after the first (`stopped_by` "alarm").
+    `branch` (``{"ids": [...], "at": N, "token": ID}``, `tokentrail.branching`)
+    continues an earlier reply `ids` of this prompt: its first N tokens are re-emitted
+    with their logprobs from one forward pass (MLX, torch), ID is forced at N (left out:
+    sampled there), and generation goes on after it; `max_tokens` counts the kept tokens.
+    Arguments are checked here; generation starts on the first `next()`.
     """
     engine = engine_for(model)
     limit = check_max_tokens(max_tokens)
@@ -255,10 +262,17 @@ def stream_generate(
         engine, tokenizer, ids, n_prompt, limit, stop, align_to_prompt, skip_special_tokens,
         whole_tokens,
     )
+    replay, engine_ids, engine_limit = [], ids, limit
+    if branch is not None:
+        replay, engine_ids, engine_limit = _branch(
+            engine, tokenizer, branch, ids, params, limit, mlx_options
+        )
     steps = _steps(
-        engine, mlx, ids, params, limit, (draft_model, stream, sampler, logits_processors),
-        mlx_options,
-    )
+        engine, mlx, engine_ids, params, engine_limit,
+        (draft_model, stream, sampler, logits_processors), mlx_options,
+    )  # fmt: skip
+    if replay:
+        steps = _replayed(replay, steps)
     schema = json_schema if isinstance(json_schema, Mapping) else None
     if calibration is not None:
         from .calibrate.fingerprint import calibration_for
@@ -268,6 +282,46 @@ def stream_generate(
         engine, tokenizer, ids, (fmt, fields, schema, parser, tools, calibration, alarm),
         mlx_options, seq, steps,
     )  # fmt: skip
+
+
+def _branch(
+    engine: Any,
+    tokenizer: Any,
+    branch: Mapping[str, Any],
+    ids: list[int],
+    params: SamplingParams,
+    limit: int | None,
+    options: Mapping[str, Any],
+) -> tuple[list[Step], list[int], int | None]:
+    """A checked branch: the replayed steps, the engine's prompt and its token limit
+    (`tokentrail.branching`); `BranchError` (a ValueError) naming the key otherwise."""
+    spec = BranchSpec.of(branch)
+    if params.constraint is not None:
+        raise BranchError("branch cannot be combined with a constraint yet", "branch")
+    if options.get("input_embeddings") is not None or not ids:
+        raise BranchError("branch needs the prompt's token ids, not input_embeddings", "branch")
+    bos = getattr(tokenizer, "bos_token_id", None)
+    check_branch(spec, vocab_for(tokenizer), engine.vocab_size, eos_ids(tokenizer), bos)
+    kept = spec.at + (spec.token is not None)
+    if limit is not None and limit <= kept:
+        raise BranchError(
+            f"max_tokens ({limit}) counts the kept prefix and the forced token ({kept} "
+            "tokens) and must leave room for at least one more",
+            "max_tokens",
+        )
+    plan = plan_branch(spec, ids, params, engine, ReplyMemory())
+    return plan.replay, plan.engine_ids, None if limit is None else limit - kept
+
+
+def _replayed(replay: list[Step], steps: Iterator[Step]) -> Iterator[Step]:
+    """The replayed steps, then the engine's (closed with this iterator)."""
+    try:
+        yield from replay
+        yield from steps
+    finally:
+        close = getattr(steps, "close", None)
+        if close is not None:
+            close()
 
 
 def _constraint(

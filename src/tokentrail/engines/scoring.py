@@ -13,7 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["ModelScorer", "scorer_for"]
+__all__ = ["ModelScorer", "position_logprobs", "scorer_for"]
+
+#: Per position: the logprob of the token there and the k most likely (id, logprob).
+Row = tuple[float, list[tuple[int, float]]]
 
 
 class ModelScorer:
@@ -96,3 +99,55 @@ def scorer_for(
         fn = _torch_logprobs(model, device)
         return ModelScorer(fn, tokenizer, prompt_ids, output_ids), None
     return None, f"the {engine.name} engine does not score continuations (no logits in process)"
+
+
+def _mlx_rows(model: Any, ids: list[int], n: int, k: int) -> list[Row]:
+    import mlx.core as mx
+
+    logits = model(mx.array(ids)[None])[0, n - 1 : -1].astype(mx.float32)
+    rows = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    picked = mx.take_along_axis(rows, mx.array(ids[n:])[:, None], axis=-1)[:, 0].tolist()
+    if k <= 0:
+        return [(lp, []) for lp in picked]
+    order = mx.argsort(-rows, axis=-1)[:, :k]
+    values = mx.take_along_axis(rows, order, axis=-1)
+    return [
+        (lp, list(zip(o, v, strict=True)))
+        for lp, o, v in zip(picked, order.tolist(), values.tolist(), strict=True)
+    ]
+
+
+def _torch_rows(model: Any, device: Any, ids: list[int], n: int, k: int) -> list[Row]:
+    import torch
+
+    with torch.inference_mode():
+        logits = model(input_ids=torch.tensor([ids], device=device)).logits[0, n - 1 : -1]
+        rows = torch.log_softmax(logits.float(), dim=-1)
+        want = torch.tensor(ids[n:], device=rows.device)[:, None]
+        picked = rows.gather(-1, want)[:, 0].cpu().tolist()
+        if k <= 0:
+            return [(lp, []) for lp in picked]
+        values, order = rows.topk(k, dim=-1)
+        return [
+            (lp, list(zip(o, v, strict=True)))
+            for lp, o, v in zip(picked, order.cpu().tolist(), values.cpu().tolist(), strict=True)
+        ]
+
+
+def position_logprobs(
+    engine: Any, ids: list[int], n: int, k: int
+) -> tuple[list[Row] | None, str | None]:
+    """For each of `ids[n:]`, teacher-forced after `ids[:n]` in one forward pass: the
+    model's logprob of it (log_softmax of its logits, no sampling processors) and the
+    `k` most likely (id, logprob), most likely first. (None, why not) for an engine with
+    no logits in process (MLX and torch have them)."""
+    if n < 1 or n > len(ids):
+        raise ValueError(f"n must be in 1..{len(ids)}, got {n}")
+    if n == len(ids):
+        return [], None
+    model = getattr(engine, "model", None)
+    if engine.name == "mlx" and model is not None:
+        return _mlx_rows(model, ids, n, k), None
+    if engine.name == "torch" and model is not None:
+        return _torch_rows(model, getattr(engine, "device", None), ids, n, k), None
+    return None, f"the {engine.name} engine does not expose its logits in process"

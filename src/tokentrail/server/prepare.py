@@ -16,9 +16,10 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ActionError, APIError, ConstraintError, ContextOverflow
+from ..branching import Branch, BranchSpec, ReplyMemory, check_branch, plan_branch
+from ..errors import ActionError, APIError, BranchError, ConstraintError, ContextOverflow
 from ..output.alarm import checked_alarm
-from ..prompting import prompt_ids, room, stop_matcher
+from ..prompting import eos_ids, prompt_ids, room, stop_matcher, vocab_for
 from ..sampling import SamplingError, SamplingParams, check_max_tokens
 from ..structure.tool_choice import tool_parser_for
 from .config import ServerConfig
@@ -34,16 +35,25 @@ __all__ = ["Prepared", "prepare"]
 class Prepared:
     """What a request's `n` sequences start from: prompt `ids`, the token `limit`, the
     sampling `params` (choice j derives its seed from them) and, per choice, its
-    `OutputProcessor` keywords (`outputs`)."""
+    `OutputProcessor` keywords (`outputs`); `branch`: where the request's ``branch``
+    option continues (the engine's prompt and the replayed prefix), None without one."""
 
     ids: list[int]
     limit: int
     params: SamplingParams
     outputs: tuple[dict[str, Any], ...]
+    branch: Branch | None = None
 
 
-def prepare(req: GenRequest, engine: Any, tokenizer: Any, config: ServerConfig) -> Prepared:
-    """`req` made ready for `engine` (see the module); APIError 400 naming the field."""
+def prepare(
+    req: GenRequest,
+    engine: Any,
+    tokenizer: Any,
+    config: ServerConfig,
+    replies: ReplyMemory | None = None,
+) -> Prepared:
+    """`req` made ready for `engine` (see the module); APIError 400 naming the field.
+    `replies`: earlier replies' records, where a branch's prefix is replayed from."""
     try:
         ids = prompt_ids(tokenizer, req.prompt, engine.vocab_size, req.tools)
         limit = _limit(req, len(ids), engine.context_length)
@@ -55,7 +65,56 @@ def prepare(req: GenRequest, engine: Any, tokenizer: Any, config: ServerConfig) 
     except (SamplingError, ConstraintError) as e:
         # e.g. a logit_bias id past the engine's vocabulary; tools with no format
         raise APIError(400, str(e), param=e.param, code="invalid_value") from None
-    return Prepared(ids, limit, params, outputs)
+    branch = None
+    if req.structure.branch is not None:
+        branch = _branch(req, ids, limit, params, engine, tokenizer, replies)
+    return Prepared(ids, limit, params, outputs, branch)
+
+
+def _branch(
+    req: GenRequest,
+    ids: list[int],
+    limit: int,
+    params: SamplingParams,
+    engine: Any,
+    tokenizer: Any,
+    replies: ReplyMemory | None,
+) -> Branch:
+    """The request's branch checked and planned (`tokentrail.branching`), or APIError
+    400 (a `BranchError`'s param inside ``tokentrail``)."""
+    options = req.structure.branch
+    assert options is not None
+    spec = BranchSpec(tuple(options.ids), options.at, options.token)
+    why = None
+    if engine.name == "upstream":
+        why = "is not supported through the proxy (serve --upstream): use an in-process engine"
+    elif req.structure.constraint is not None:  # the grammar would restart at the prefix
+        why = "is not supported together with a constraint (or a required tool call) yet"
+    if why is not None:
+        raise APIError(400, f"'tokentrail.branch' {why}", param="tokentrail.branch")
+    try:
+        check_branch(
+            spec, vocab_for(tokenizer), engine.vocab_size, eos_ids(tokenizer),
+            getattr(tokenizer, "bos_token_id", None),
+        )  # fmt: skip
+        _room(limit, spec)
+        return plan_branch(spec, ids, params, engine, replies or ReplyMemory())
+    except BranchError as e:
+        message = str(e).replace("'branch", "'tokentrail.branch")
+        raise APIError(400, message, param=f"tokentrail.{e.param}", code="invalid_value") from None
+
+
+def _room(limit: int, spec: BranchSpec) -> None:
+    """APIError unless `limit` (the whole reply's) leaves a token after the branch point."""
+    kept = spec.at + (spec.token is not None)
+    if limit <= kept:
+        raise APIError(
+            400,
+            f"'max_tokens' ({limit}) counts the kept prefix and the forced token ({kept} "
+            "tokens) and must leave room for at least one more",
+            param="max_tokens",
+            code="invalid_value",
+        )
 
 
 def _limit(req: GenRequest, n_prompt: int, context_length: int | None) -> int:

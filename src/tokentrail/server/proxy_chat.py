@@ -314,6 +314,13 @@ class UpstreamChat:
                 "'tokentrail.alarm' is not supported with --upstream-chat (it is without it)",
                 "unsupported_value",
             )
+        if req.structure.branch is not None:  # the upstream's own chat cannot be rewound
+            raise bad_request(
+                "tokentrail.branch",
+                "'tokentrail.branch' is not supported with --upstream-chat: use an "
+                "in-process engine",
+                "unsupported_value",
+            )
 
     def open(self) -> None:
         import httpx

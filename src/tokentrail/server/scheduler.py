@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..batch import open_sequence
+from ..branching import Record, ReplyMemory, record_of
 from ..errors import APIError
 from ..output.processor import OutputProcessor
 from ..prompting import eos_ids, vocab_for
@@ -57,6 +58,11 @@ class ChoiceState:
     cached: int | None = None
     #: When it joined the engine's batch (time.perf_counter), for the prefill metric.
     added: float = 0.0
+    #: The engine records of the steps fed so far, and what they continue (prompt ids,
+    #: sampling settings): kept in the scheduler's `ReplyMemory` for later branches.
+    records: list[Record] | None = None
+    prompt: list[int] | None = None
+    params: Any = None
 
 
 @dataclass(frozen=True)
@@ -131,6 +137,8 @@ class Scheduler:
         #: `_deferred`, the batch hands them over itself (`before_compute`).
         self._outbox = Outbox()
         self._deferred = False
+        #: Finished replies' engine records, that a branch request replays.
+        self.replies = ReplyMemory()
 
     # -- what the loop thread loaded (None before) --
 
@@ -359,7 +367,7 @@ class Scheduler:
         try:
             loaded = self._loaded
             assert loaded is not None
-            ready = prepare(req, loaded.engine, loaded.tokenizer, self.config)
+            ready = prepare(req, loaded.engine, loaded.tokenizer, self.config, self.replies)
         except (APIError, ValueError, TypeError) as e:
             logger.info("request %s refused: %s", job.id, e)
             job.post("error", 0, e)
@@ -367,18 +375,27 @@ class Scheduler:
             return
         self.admission.start(job)
         job.outbox = self._outbox
+        branch = ready.branch
+        prefix = [] if branch is None else branch.engine_ids[len(ready.ids) :]
         try:
             for choice in range(req.n):
                 uid, state = open_sequence(
                     batch, loaded.engine, loaded.tokenizer, ready.ids, ready.params,
-                    ready.limit, req.stop, choice=choice, eos=loaded.eos,
+                    ready.limit, req.stop, choice=choice, eos=loaded.eos, prefix=prefix,
                 )  # fmt: skip
                 job.live += 1
                 now = time.perf_counter()
                 out = OutputProcessor(
                     state, calibration=loaded.calibration, **ready.outputs[choice]
                 )
-                self._seqs[uid] = ChoiceState(job, choice, out, last_step=now, added=now)
+                seq = ChoiceState(job, choice, out, last_step=now, added=now)
+                seq.records, seq.prompt, seq.params = [], ready.ids, ready.params
+                self._seqs[uid] = seq
+                if branch is not None:  # the kept prefix, as the original reply had it
+                    for replayed in branch.replay:
+                        if self._seqs.get(uid) is not seq:
+                            break  # it ended inside the prefix (a stop string)
+                        self._advance(batch, uid, seq, replayed)
         except (ValueError, TypeError) as e:  # the engine refused the prompt or a setting
             logger.info("request %s refused by the engine: %s", job.id, e)
             job.post("error", 0, e)
@@ -400,6 +417,8 @@ class Scheduler:
             job.post("error", seq.choice, engine_step)
             self._leave(batch, seq, "failed")
             return
+        if seq.records is not None:
+            seq.records.append(record_of(engine_step))
         try:
             step = seq.out.feed(engine_step, seq.cached)
         except Exception as e:
@@ -452,6 +471,8 @@ class Scheduler:
                 batch.remove(uid)
                 del self._seqs[uid]
                 break
+        if outcome == "completed" and seq.records:
+            self.replies.keep(seq.prompt or [], seq.params, seq.records)
         job = seq.job
         job.live -= 1
         if outcome != "completed" and job.outcome == "queued":

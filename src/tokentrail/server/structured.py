@@ -105,6 +105,8 @@ class Structure:
     tool_choice: str | None = None
     #: ``tokentrail.alarm`` (`actions.AlarmOptions`; the stage: `output.alarm`).
     alarm: AlarmOptions | None = None
+    #: ``branch``: continue from inside an earlier reply (`tokentrail.branching`).
+    branch: BranchOptions | None = None
 
     @property
     def json_constrained(self) -> bool:
@@ -296,6 +298,7 @@ def structure_of(wire: StructuredFields, chat: bool) -> Structure:
         fields=bool(options.fields),
         reasoning=reasoning,
         alarm=options.alarm,
+        branch=options.branch,
     )
 
 

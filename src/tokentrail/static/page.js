@@ -4,7 +4,10 @@
 // shaded by its confidence. Hovering (or tapping) a span shows its tokens, their logprobs
 // and the top alternatives. With a JSON output format (or "JSON fields" ticked) the
 // extension's `fields` fill a table: one row per leaf value, shaded by its confidence
-// level as the segments are. No dependencies.
+// level as the segments are. Picking an alternative in a pinned tooltip branches there
+// (tokentrail.branch: the reply's tokens before it kept, the picked token forced); a
+// low-confidence segment or field offers "retry" (a branch at its first token, sampled
+// afresh). The replies form a tree (#tree) the user walks back and forth. No dependencies.
 "use strict";
 
 (function () {
@@ -15,6 +18,11 @@
   let segments = [];      // segment objects from the stream, by position
   let controller = null;  // AbortController of the running request
   let pinned = null;      // span whose tooltip stays open after a tap
+  // The reply tree: node 0 is the original; each branch names its parent, the position
+  // it branched at and the token forced there (null: sampled afresh, a retry). Each node
+  // keeps its request and what streamed (segments, fields), so walking redraws it.
+  const nodes = [];
+  let current = -1;       // the node shown
 
   // Confidence bucket of a segment or a field: the level the server computed (0..4, from
   // tokentrail.segment.CONFIDENCE_LEVELS), so the page and the CLI share one rule.
@@ -116,12 +124,19 @@
   }
 
   function addSegment(seg) {
-    const i = segments.length;
     segments.push(seg);
+    renderSegment(seg, segments.length - 1);
+  }
+
+  function renderSegment(seg, i) {
     const span = document.createElement("span");
     span.className = seg.text === "" ? "seg empty" : "seg";
     span.dataset.segment = String(i);
     span.dataset.bucket = bucket(seg.confidence);
+    const node = nodes[current];
+    if (node && node.parent !== null && seg.tokens.some((t) => t.index === node.at)) {
+      span.classList.add("branch-point");
+    }
     span.textContent = seg.text;
     output.appendChild(span);
   }
@@ -174,7 +189,9 @@
     tr.appendChild(value);
     const n = field.tokens.length;
     const conf = c ? `level ${c.level} · ${share(Math.exp(c.mean_logprob))}` : "–";
-    tr.appendChild(el("td", { class: "conf" }, `${conf} · ${n} token${n === 1 ? "" : "s"}`));
+    const confCell = el("td", { class: "conf" }, `${conf} · ${n} token${n === 1 ? "" : "s"}`);
+    if (low(c) && n && canBranch()) confCell.appendChild(retryButton(field.tokens[0].index));
+    tr.appendChild(confCell);
     tr.appendChild(alternativesCell(field));
     fieldRows.appendChild(tr);
     fieldsBox.dataset.fields = String(fieldRows.children.length);
@@ -209,8 +226,14 @@
         if (!chunk.usage) setStatus(`streaming… ${tokenCount()}`);
       }
       for (const seg of ext.segments) addSegment(seg);
-      for (const field of ext.fields || []) addField(field);
-      if (ext.fields_error) showFieldsError(ext.fields_error);
+      for (const field of ext.fields || []) {
+        nodes[current].fields.push(field);
+        addField(field);
+      }
+      if (ext.fields_error) {
+        nodes[current].fieldsError = ext.fields_error;
+        showFieldsError(ext.fields_error);
+      }
       const choice = chunk.choices && chunk.choices[0];
       if (choice && choice.finish_reason) output.dataset.finish = choice.finish_reason;
     }
@@ -219,25 +242,39 @@
   async function generate(event) {
     event.preventDefault();
     if (controller) controller.abort();
-    hideTip(true);
-    segments = [];
-    output.textContent = "";
-    output.dataset.tokens = "0";
-    delete output.dataset.finish;
-    clearFields();
     let url, body;
     try {
       [url, body] = requestBody();
     } catch (e) {
+      hideTip(true);
       output.dataset.state = "error";
       setStatus(String(e.message || e), true);
       return;
     }
+    nodes.length = 0;
+    nodes.push(newNode(null, null, null, "original"));
+    await run(url, body, 0);
+  }
+
+  function newNode(parent, at, token, label) {
+    return { parent, at, token, label, segments: [], fields: [], fieldsError: null,
+             url: null, body: null, tokens: "0", finish: null, state: "streaming",
+             lastChild: null };
+  }
+
+  // Stream `body` to `url` into node `index` (shown while it streams).
+  async function run(url, body, index) {
+    hideTip(true);
+    const node = nodes[index];
+    node.url = url;
+    node.body = body;
+    showNode(index);
     output.dataset.state = "streaming";
     setStatus("waiting for the model…");
     controller = new AbortController();
     $("go").disabled = true;
     $("stop").disabled = false;
+    renderTree();
     try {
       const r = await fetch(url, {
         method: "POST",
@@ -277,7 +314,105 @@
       controller = null;
       $("go").disabled = false;
       $("stop").disabled = true;
+      node.tokens = output.dataset.tokens;
+      node.finish = output.dataset.finish || null;
+      node.state = output.dataset.state;
+      renderTree();
     }
+  }
+
+  // -- the reply tree: show a node, walk to its parent or child, branch from a token --
+
+  const tree = $("tree");
+
+  function showNode(index) {
+    current = index;
+    const node = nodes[index];
+    const parent = node.parent === null ? null : nodes[node.parent];
+    if (parent) parent.lastChild = index;
+    segments = node.segments;
+    output.textContent = "";
+    clearFields();
+    segments.forEach(renderSegment);
+    for (const field of node.fields) addField(field);
+    if (node.fieldsError) showFieldsError(node.fieldsError);
+    output.dataset.tokens = node.tokens;
+    output.dataset.node = String(index);
+    output.dataset.state = node.state;
+    if (node.finish) output.dataset.finish = node.finish; else delete output.dataset.finish;
+    renderTree();
+  }
+
+  function subtree(index) {
+    const li = el("li");
+    const node = nodes[index];
+    const button = el("button", { type: "button", class: "node", "data-node": index }, node.label);
+    if (index === current) button.setAttribute("aria-current", "true");
+    li.appendChild(button);
+    const kids = [];
+    nodes.forEach((n, j) => { if (n.parent === index) kids.push(j); });
+    if (kids.length) li.appendChild(el("ul"));
+    for (const k of kids) li.lastChild.appendChild(subtree(k));
+    return li;
+  }
+
+  function renderTree() {
+    tree.hidden = nodes.length < 2;
+    const list = $("tree-list");
+    list.textContent = "";
+    if (nodes.length) list.appendChild(subtree(0));
+    const node = nodes[current], busy = controller !== null;
+    $("back").disabled = busy || !node || node.parent === null;
+    $("forward").disabled = busy || !node || node.lastChild === null;
+    for (const b of list.querySelectorAll("button")) b.disabled = busy;
+  }
+
+  function walk(index) {
+    if (controller || index === null || index === undefined || !nodes[index]) return;
+    hideTip(true);
+    showNode(index);
+    const node = nodes[index];
+    setStatus(node.parent === null ? "the original reply"
+      : `branch at token ${node.at} (${node.label})`);
+  }
+
+  // The reply's token ids, in order (a token split over channels is listed once).
+  function replyIds(node) {
+    const byIndex = new Map();
+    for (const seg of node.segments) for (const t of seg.tokens) byIndex.set(t.index, t.id);
+    return [...byIndex.keys()].sort((a, b) => a - b).map((i) => byIndex.get(i));
+  }
+
+  // Branch the shown reply at token `at`: force `token`, or (null) sample afresh there.
+  function branch(at, token, label) {
+    if (controller || current < 0) return;
+    const parent = nodes[current];
+    const body = JSON.parse(JSON.stringify(parent.body));
+    const spec = { ids: replyIds(parent), at: at };
+    if (token !== null) {
+      spec.token = token;
+    } else {  // a retry: sampled, and not the same draw again
+      if (!(body.temperature > 0)) body.temperature = 0.8;
+      delete body.seed;
+    }
+    body.tokentrail = Object.assign({}, body.tokentrail, { branch: spec });
+    nodes.push(newNode(current, at, token, label));
+    run(parent.url, body, nodes.length - 1);
+  }
+
+  // How sure is "low": the two lowest of the levels the page shades by (0 and 1, below
+  // tokentrail.segment.CONFIDENCE_LEVELS[1]).
+  const low = (conf) => !!conf && conf.level !== null && conf.level !== undefined && conf.level <= 1;
+
+  // The server branches unconstrained replies only (a grammar would restart at the
+  // prefix): a reply asked with a response_format offers no picks and no retry.
+  function canBranch() {
+    const node = nodes[current];
+    return !!(node && node.body && !node.body.response_format);
+  }
+
+  function retryButton(at) {
+    return el("button", { type: "button", class: "retry", "data-retry-at": at }, "retry");
   }
 
   // -- tooltip --
@@ -330,6 +465,10 @@
         ` · min ${fmt(c.min_logprob)}` +
         (c.entropy === null ? "" : ` · entropy ${c.entropy.toFixed(3)}`)));
     }
+    if (low(c) && seg.tokens.length && canBranch()) {
+      head.appendChild(document.createTextNode(" "));
+      head.appendChild(retryButton(seg.tokens[0].index));
+    }
     tip.appendChild(head);
     const table = el("table");
     const hr = el("tr");
@@ -349,7 +488,13 @@
       tr.appendChild(el("td", { class: "num" }, t.logprob === null ? "–" : pct(t.logprob)));
       const alts = el("td", { class: "alt" });
       for (const a of t.top_logprobs || []) {
-        const item = el("div", { "data-alt-id": a.id });
+        // Another token than the one taken: pick it to branch here.
+        const attrs = { "data-alt-id": a.id };
+        if (a.id !== t.id && canBranch()) {
+          Object.assign(attrs, { class: "pick", role: "button", tabindex: "0",
+                                 "data-at": t.index, title: "branch here with this token" });
+        }
+        const item = el("div", attrs);
         item.appendChild(altCode(a));
         item.appendChild(document.createTextNode(` ${fmt(a.logprob)} (${pct(a.logprob)})`));
         alts.appendChild(item);
@@ -411,6 +556,30 @@
     pinned = span;
   });
   document.addEventListener("keydown", (e) => { if (e.key === "Escape") hideTip(true); });
+  tip.addEventListener("click", (e) => {
+    const pick = e.target.closest(".pick");
+    const retry = e.target.closest("[data-retry-at]");
+    if (pick) {
+      const code = pick.querySelector("code");
+      const label = `#${pick.dataset.at} → ${code ? code.textContent : pick.dataset.altId}`;
+      branch(Number(pick.dataset.at), Number(pick.dataset.altId), label);
+    } else if (retry) {
+      branch(Number(retry.dataset.retryAt), null, `#${retry.dataset.retryAt} ↻ retry`);
+    }
+  });
+  tip.addEventListener("keydown", (e) => {
+    if (e.key === "Enter" && e.target.closest(".pick")) e.target.click();
+  });
+  $("fields").addEventListener("click", (e) => {
+    const retry = e.target.closest("[data-retry-at]");
+    if (retry) branch(Number(retry.dataset.retryAt), null, `#${retry.dataset.retryAt} ↻ retry`);
+  });
+  tree.addEventListener("click", (e) => {
+    const b = e.target.closest("button[data-node]");
+    if (b) walk(Number(b.dataset.node));
+  });
+  $("back").addEventListener("click", () => walk(nodes[current] && nodes[current].parent));
+  $("forward").addEventListener("click", () => walk(nodes[current] && nodes[current].lastChild));
 
   // The completion endpoint takes no messages: the system prompt applies to chat only.
   const syncMode = () => { $("system").disabled = $("mode").value !== "chat"; };

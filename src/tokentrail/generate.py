@@ -23,8 +23,8 @@ from .branching import BranchSpec, ReplyMemory, check_branch, plan_branch
 from .detokenizer import mlx_lm_drops_first_space
 from .engines import Engine, engine_for, load_model
 from .engines.base import Step
-from .output.alarm import Alarm, checked_alarm
 from .errors import BranchError
+from .output.alarm import Alarm, checked_alarm
 from .output.processor import OutputProcessor
 from .prompting import aligner_for, eos_ids, prompt_ids, room, stop_matcher, vocab_for
 from .sampling import SamplingParams, check_max_tokens, make_params

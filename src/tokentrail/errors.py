@@ -16,9 +16,9 @@ Each class also subclasses the builtin callers caught before it existed, so
     ├── ConstraintError (ValueError)        a schema, regex, choice or grammar the grammar
     │                                       library cannot compile; `param` names the field
     ├── ActionError (ValueError)            an option that acts on confidence (alarm, ...)
-    │                                       out of range; `param` names the key
-    ├── BranchError (ValueError)            a branch from a token that cannot be taken;
-    │                                       `param` names the key (branch.ids, .at, .token)
+    │   │                                   out of range; `param` names the key
+    │   └── BranchError                     a branch from a token that cannot be taken
+    │                                       (branch.ids, .at, .token)
     ├── ModelNotAvailable (FileNotFoundError)  a named model that is not on this machine
     ├── EngineError (RuntimeError)          an engine failure with an HTTP meaning
     │   └── UpstreamError                   a remote upstream that failed
@@ -123,15 +123,17 @@ class ConstraintError(TokentrailError, ValueError):
 class ActionError(TokentrailError, ValueError):
     """An option that acts on confidence (an alarm, ...) with a bad value, or asked
     where it cannot act: `param` names the key (e.g. "alarm.below")."""
-class BranchError(TokentrailError, ValueError):
-    """A branch (`stream_generate(branch=...)`, the server's ``branch`` option) that
-    cannot be taken: ids the tokenizer cannot produce, a position past them, a prefix
-    whose logprobs cannot be replayed. `param` names the key ("branch.ids", "branch.at",
-    "branch.token")."""
 
     def __init__(self, message: str, param: str) -> None:
         super().__init__(message)
         self.param = param
+
+
+class BranchError(ActionError):
+    """A branch (`stream_generate(branch=...)`, the server's ``branch`` option) that
+    cannot be taken: ids the tokenizer cannot produce, a position past them, a prefix
+    whose logprobs cannot be replayed. `param` names the key ("branch.ids", "branch.at",
+    "branch.token")."""
 
 
 class ModelNotAvailable(TokentrailError, FileNotFoundError):

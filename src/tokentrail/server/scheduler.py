@@ -373,6 +373,11 @@ class Scheduler:
             job.post("error", 0, e)
             self.admission.finish(job, "failed")
             return
+        except Exception as e:  # a fault in preparing this request: a 500 for it alone
+            logger.exception("preparing request %s failed", job.id)
+            job.post("error", 0, e)
+            self.admission.finish(job, "failed")
+            return
         self.admission.start(job)
         job.outbox = self._outbox
         branch = ready.branch

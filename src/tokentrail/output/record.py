@@ -73,6 +73,9 @@ class TokenOutput:
     this token) and `parts` (the `ChannelSegment`s final now) with a reasoning format;
     `tool` (this step through the tool-call parser); `fields` (the JSON fields whose
     last character arrived now); `end` on the last record (`SequenceEnd`).
+
+    `stopped_by` names what ended the reply before the model did, on the last record
+    (``"early_stop"``: the scheduler's vote stopped it, `tokentrail.output.vote`).
     """
 
     index: int
@@ -99,6 +102,7 @@ class TokenOutput:
     tool: ToolStep | None = None
     fields: tuple[JsonField, ...] | None = None
     end: SequenceEnd | None = None
+    stopped_by: str | None = None
 
     @property
     def generation_tokens(self) -> int:

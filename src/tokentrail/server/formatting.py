@@ -361,6 +361,8 @@ class Formatter:
             token["allowed_mass"] = json_number(step.allowed_mass)
         ext: dict[str, Any] = {"token": token, "segments": self.segments(step)}
         self._structure(ext, step, whole=False)
+        if step.stopped_by is not None:
+            ext["stopped_by"] = step.stopped_by
         stop = self._stop(step)
         if stop is not None:
             ext["stop"] = stop
@@ -423,6 +425,8 @@ class Formatter:
             ext["stop"] = stop
         if steps:
             self._structure(ext, steps[-1], whole=True)
+            if steps[-1].stopped_by is not None:
+                ext["stopped_by"] = steps[-1].stopped_by
         finish = self.finish_reason or "stop"
         if self.req.kind == "chat":
             message = self._message(steps, text, ext)

@@ -24,13 +24,14 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from ..batch import open_sequence
 from ..errors import APIError
 from ..output.processor import OutputProcessor
+from ..output.vote import EarlyStop
 from ..prompting import eos_ids, vocab_for
 from ..vocab import Vocab
 from .admission import RECENT_JOBS, Admission
@@ -38,6 +39,7 @@ from .config import Loader, ServerConfig
 from .jobs import Courier, Job, Outbox
 from .metrics import Metrics
 from .prepare import prepare
+from .voting import STOPPED_BY
 
 logger = logging.getLogger("tokentrail.server")
 
@@ -57,6 +59,8 @@ class ChoiceState:
     cached: int | None = None
     #: When it joined the engine's batch (time.perf_counter), for the prefill metric.
     added: float = 0.0
+    #: The request's early stop, shared by its `n` choices (None: not asked for).
+    early: EarlyStop | None = None
 
 
 @dataclass(frozen=True)
@@ -145,6 +149,11 @@ class Scheduler:
     @property
     def vocab(self) -> Vocab | None:
         return None if self._loaded is None else self._loaded.vocab
+
+    @property
+    def calibration(self) -> Any:
+        """The checked calibration the replies' confidences go through (None: none)."""
+        return None if self._loaded is None else self._loaded.calibration
 
     @property
     def context_length(self) -> int | None:
@@ -367,6 +376,7 @@ class Scheduler:
             return
         self.admission.start(job)
         job.outbox = self._outbox
+        early = job.early_stop = EarlyStop(req.n) if req.early_stop else None
         try:
             for choice in range(req.n):
                 uid, state = open_sequence(
@@ -378,7 +388,9 @@ class Scheduler:
                 out = OutputProcessor(
                     state, calibration=loaded.calibration, **ready.outputs[choice]
                 )
-                self._seqs[uid] = ChoiceState(job, choice, out, last_step=now, added=now)
+                self._seqs[uid] = ChoiceState(
+                    job, choice, out, last_step=now, added=now, early=early
+                )
         except (ValueError, TypeError) as e:  # the engine refused the prompt or a setting
             logger.info("request %s refused by the engine: %s", job.id, e)
             job.post("error", 0, e)
@@ -400,8 +412,21 @@ class Scheduler:
             job.post("error", seq.choice, engine_step)
             self._leave(batch, seq, "failed")
             return
+        state = seq.out.state
+        limit = state.limit
+        # Early stop: this token is the choice's last (its limit lowered to it, so the
+        # output stage lets out what it holds back and ends the reply).
+        stopping = seq.early is not None and seq.early.observe(seq.choice, engine_step.logprob)
+        stopping = stopping and (limit is None or state.n + 1 < limit)
+        if stopping:
+            state.limit = state.n + 1
         try:
             step = seq.out.feed(engine_step, seq.cached)
+            if stopping and step.finish_reason == "length":
+                step = replace(step, finish_reason="stop", stopped_by=STOPPED_BY)
+                seq.early.stopped(seq.choice, (limit or state.n) - state.n)  # type: ignore[union-attr]
+            elif seq.early is not None and step.finish_reason == "stop":
+                seq.early.finished(seq.choice)
         except Exception as e:
             logger.exception("request %s failed", job.id)
             job.post("error", seq.choice, e)

@@ -108,6 +108,31 @@ def test_early_stop_needs_a_finished_reply_and_a_full_window() -> None:
     assert stop.usage() == {"early_stopped": 1, "saved_tokens_at_most": 7}
 
 
+def test_batch_generate_early_stop_cuts_the_same_replies() -> None:
+    """The library's early stop: the same seeds' replies, the stopped ones cut short."""
+    import tokentrail
+
+    model, tokenizer = tokentrail.load()
+    kw = {"n": 8, "temp": 1.0, "seed": 3}
+    full = tokentrail.batch_generate(model, tokenizer, [PROMPT], 64, **kw).completions
+    cut = tokentrail.batch_generate(model, tokenizer, [PROMPT], 64, early_stop=True,
+                                    **kw).completions  # fmt: skip
+    stopped = [i for i, c in enumerate(cut) if c.stopped_by == "early_stop"]
+    assert stopped, "no choice was stopped: pick another seed"
+    for i in stopped:
+        assert cut[i].finish_reason == "stop"
+        assert len(cut[i].token_ids) < len(full[i].token_ids)
+        assert cut[i].token_ids == full[i].token_ids[: len(cut[i].token_ids)]
+    assert all(c.stopped_by is None for c in full)
+    result = vote(cut)
+    assert list(result.stopped) == stopped
+    assert sorted(i for g in result.groups for i in g.choices) == [
+        i for i in range(8) if i not in stopped
+    ]
+    with pytest.raises(ValueError, match="early_stop"):
+        tokentrail.batch_generate(model, tokenizer, [PROMPT], 4, early_stop=True)
+
+
 # -- over HTTP ---------------------------------------------------------------------------------
 
 

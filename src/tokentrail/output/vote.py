@@ -37,12 +37,18 @@ import statistics
 import unicodedata
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..segment import Confidence, TokenSpan, confidence_of
+from .record import TokenOutput
+
+if TYPE_CHECKING:
+    from ..engines.base import Step
+    from .processor import OutputProcessor
 
 __all__ = [
+    "STOPPED_BY",
     "WINDOW",
     "Ballot",
     "EarlyStop",
@@ -50,6 +56,7 @@ __all__ = [
     "VoteGroup",
     "answer_of",
     "ballot_of",
+    "feed_early",
     "normalise",
     "reply_confidence",
     "tally",
@@ -63,6 +70,9 @@ RULES: tuple[str, ...] = ("confidence", "majority")
 #: Tokens in early stop's running window. DeepConf uses 2048 for long reasoning traces;
 #: short answers need a short window, or no reply would fill one before it ends.
 WINDOW = 16
+#: `TokenOutput.stopped_by` (and the wire's `tokentrail.stopped_by`) of a reply early
+#: stop ended.
+STOPPED_BY = "early_stop"
 #: A logprob below this counts as this (a masked token's -inf would poison the sums).
 _FLOOR = -100.0
 
@@ -256,17 +266,21 @@ def _library_ballot(index: int, reply: Any, json_reply: bool) -> Ballot:
     if segments is not None:  # batch_generate's Completion
         text = reply.content if getattr(reply, "content", None) is not None else reply.text
         tokens = [t for s in segments for t in s.tokens]
-        return ballot_of(index, text, tokens, json_reply=json_reply)
+        stopped = getattr(reply, "stopped_by", None) == STOPPED_BY
+        return ballot_of(index, text, tokens, json_reply=json_reply, stopped=stopped)
     steps = list(reply)  # stream_generate's responses
     text = "".join(r.text for r in steps)
+    last = steps[-1].output if steps else None
+    stopped = last is not None and last.stopped_by == STOPPED_BY
     return ballot_of(index, text, [t for r in steps for t in r.last_segment_tokens],
-                     json_reply=json_reply)  # fmt: skip
+                     json_reply=json_reply, stopped=stopped)  # fmt: skip
 
 
 def vote(replies: Sequence[Any], rule: str = "confidence", *, json_reply: bool = False) -> Vote:
     """Vote over `replies` to one prompt: each a `batch_generate` completion, the list of
     `stream_generate` responses of one reply, a `Ballot`, or a bare string (no
-    confidence). `json_reply`: the replies were JSON-constrained (compare any JSON
+    confidence). A reply early stop ended (`batch_generate(..., early_stop=True)`) does
+    not vote. `json_reply`: the replies were JSON-constrained (compare any JSON
     value, not only objects and arrays). ValueError for an unknown `rule`."""
     return tally((_library_ballot(i, r, json_reply) for i, r in enumerate(replies)), rule)
 
@@ -336,3 +350,24 @@ class EarlyStop:
             "early_stopped": len(self.saved_at_most),
             "saved_tokens_at_most": sum(self.saved_at_most.values()),
         }
+
+
+def feed_early(
+    early: EarlyStop, choice: int, out: OutputProcessor, step: Step, cached: int = 0
+) -> TokenOutput:
+    """`out.feed(step, cached)`, ending the reply with this token when `early` says so:
+    its limit is lowered to it, so the output stage lets out what it holds back and
+    closes the reply's structure as at any limit, and the record says ``"stop"`` with
+    `stopped_by` set. The caller removes the sequence, as for any finished one."""
+    state = out.state
+    limit = state.limit
+    stopping = early.observe(choice, step.logprob) and (limit is None or state.n + 1 < limit)
+    if stopping:
+        state.limit = state.n + 1
+    record = out.feed(step, cached)
+    if stopping and record.finish_reason == "length":
+        early.stopped(choice, 0 if limit is None else limit - state.n)
+        return replace(record, finish_reason="stop", stopped_by=STOPPED_BY)
+    if record.finish_reason == "stop":
+        early.finished(choice)
+    return record

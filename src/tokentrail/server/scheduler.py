@@ -24,14 +24,14 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..batch import open_sequence
 from ..errors import APIError
 from ..output.processor import OutputProcessor
-from ..output.vote import EarlyStop
+from ..output.vote import EarlyStop, feed_early
 from ..prompting import eos_ids, vocab_for
 from ..vocab import Vocab
 from .admission import RECENT_JOBS, Admission
@@ -39,7 +39,6 @@ from .config import Loader, ServerConfig
 from .jobs import Courier, Job, Outbox
 from .metrics import Metrics
 from .prepare import prepare
-from .voting import STOPPED_BY
 
 logger = logging.getLogger("tokentrail.server")
 
@@ -412,21 +411,11 @@ class Scheduler:
             job.post("error", seq.choice, engine_step)
             self._leave(batch, seq, "failed")
             return
-        state = seq.out.state
-        limit = state.limit
-        # Early stop: this token is the choice's last (its limit lowered to it, so the
-        # output stage lets out what it holds back and ends the reply).
-        stopping = seq.early is not None and seq.early.observe(seq.choice, engine_step.logprob)
-        stopping = stopping and (limit is None or state.n + 1 < limit)
-        if stopping:
-            state.limit = state.n + 1
         try:
-            step = seq.out.feed(engine_step, seq.cached)
-            if stopping and step.finish_reason == "length":
-                step = replace(step, finish_reason="stop", stopped_by=STOPPED_BY)
-                seq.early.stopped(seq.choice, (limit or state.n) - state.n)  # type: ignore[union-attr]
-            elif seq.early is not None and step.finish_reason == "stop":
-                seq.early.finished(seq.choice)
+            if seq.early is None:
+                step = seq.out.feed(engine_step, seq.cached)
+            else:  # early stop may make this token the choice's last
+                step = feed_early(seq.early, seq.choice, seq.out, engine_step, seq.cached)
         except Exception as e:
             logger.exception("request %s failed", job.id)
             job.post("error", seq.choice, e)

@@ -15,13 +15,10 @@ from typing import Any
 
 from ..errors import APIError
 from ..output.record import TokenOutput
-from ..output.vote import Ballot, ballot_of, tally
+from ..output.vote import STOPPED_BY, Ballot, ballot_of, tally
 from ..segment import TokenSpan
 
-__all__ = ["STOPPED_BY", "VoteBox", "check_vote"]
-
-#: `tokentrail.stopped_by` of a choice that early stop ended.
-STOPPED_BY = "early_stop"
+__all__ = ["VoteBox", "check_vote"]
 
 
 def check_vote(vote: str | None, early_stop: bool | None, n: int) -> None:

@@ -177,7 +177,20 @@ def run(args: argparse.Namespace, url: str, items: list[Item]) -> dict[str, Any]
 
 
 def _acc(rows: list[dict[str, Any]], key: str) -> str:
-    return f"{100 * statistics.fmean(bool(r[key]) for r in rows):.1f}%"
+    """The share of questions right (`key` a bool; "single": each one's share of the n)."""
+    return f"{100 * statistics.fmean(float(r[key]) for r in rows):.1f}%"
+
+
+def _run_argv() -> list[str]:
+    """This command's arguments without --from-json and its value."""
+    argv, out = sys.argv[1:], []
+    skip = False
+    for a in argv:
+        if skip or a == "--from-json":
+            skip = not skip
+            continue
+        out.append(a)
+    return out
 
 
 def _tokens(rows: list[dict[str, Any]]) -> int:
@@ -241,9 +254,12 @@ def report(args: argparse.Namespace, results: dict[str, Any], items: list[Item],
         "",
         "```sh",
         "flock /tmp/tt-bench.lock .venv/bin/python benchmarks/bench_actions.py "
-        + " ".join(sys.argv[1:]),
+        + " ".join(_run_argv()),
         "```",
     ]
+    if args.from_json:
+        lines += ["", f"(This report was written again from that run's JSON with "
+                      f"`--from-json {args.from_json.name}`.)"]  # fmt: skip
     if args.retry:
         attempts = sum(r["attempts"] for r in results["retry"])
         lines += ["", f"Field retry: {attempts} attempts reported in `fields[].attempts`."]
@@ -266,14 +282,25 @@ def main() -> None:
     p.add_argument("--retry-below", type=float, default=0.5)
     p.add_argument("--output", type=Path, help="write the markdown report here")
     p.add_argument("--json", type=Path, help="write the per-question results here")
+    p.add_argument("--from-json", type=Path,
+                   help="only write the report of a run's --json file (same other options)")
     args = p.parse_args()
     items = questions(args.questions)
+    if args.from_json:
+        results = json.loads(args.from_json.read_text())
+        text = report(args, results, items, results.get("seconds", 0.0))
+        print(text)
+        if args.output:
+            args.output.write_text(text)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         proc, url = start(args, Path(tmp) / "server.log")
         try:
             tic = time.perf_counter()
             results = run(args, url, items)
-            seconds = time.perf_counter() - tic
+            seconds = results["seconds"] = time.perf_counter() - tic
+            if args.json:
+                args.json.write_text(json.dumps(results, indent=1))
         finally:
             proc.terminate()
             proc.wait(30)

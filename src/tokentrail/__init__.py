@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and IDEs
     from .batch import batch_generate, stream_batch_generate
     from .detokenizer import StreamingDetokenizer
     from .generate import DEMO_MODEL, GenerationResponse, load, stream_generate
+    from .output.vote import vote
     from .realign import Realigner, RealignError
 
 __version__ = "0.1.0"
@@ -36,6 +37,7 @@ _LAZY = {
     "StreamingDetokenizer": ".detokenizer",
     "RealignError": ".realign",
     "Realigner": ".realign",
+    "vote": ".output.vote",
 }
 
 __all__ = [
@@ -58,6 +60,7 @@ __all__ = [
     "load_vocab",
     "stream_batch_generate",
     "stream_generate",
+    "vote",
 ]
 
 

@@ -21,6 +21,7 @@ from .engines import engine_for
 from .engines.batch import open_batch
 from .output.alarm import Alarm, checked_alarm
 from .output.processor import OutputProcessor
+from .output.vote import EarlyStop, feed_early
 from .prompting import aligner_for, eos_ids, prompt_ids, room, stop_matcher
 from .sampling import SamplingParams, check_max_tokens, for_choice, make_params
 from .segment import Segment
@@ -59,6 +60,8 @@ class Completion:
     logprobs: list[float] = field(default_factory=list)
     finish_reason: str | None = None
     stop_string: str | None = None
+    #: What ended it before the model did ("early_stop"), else None.
+    stopped_by: str | None = None
     #: With `tools`: the calls the reply made (`structure.ToolCall`s, with their
     #: fields) and its content around them (`text` keeps the whole reply).
     tool_calls: list[Any] = field(default_factory=list)
@@ -179,6 +182,7 @@ def stream_batch_generate(
     tool_choice: str | Mapping[str, Any] | None = None,
     tool_parser: str | None = None,
     alarm: Alarm | Mapping[str, Any] | None = None,
+    early_stop: bool = False,
 ) -> Iterator[tuple[int, GenerationResponse]]:
     """Generate from every prompt together; yield `(index, response)` per token.
 
@@ -193,15 +197,13 @@ def stream_batch_generate(
     with a common prefix finished reuses its KV cache. `tools`, `tool_choice` and
     `tool_parser` (one set for every prompt; the prompts are chat messages) parse tool
     calls as `stream_generate` does; `alarm` (one for every sequence) flags and stops
-    as `stream_generate`'s. Arguments are checked before any model work.
+    as `stream_generate`'s. `early_stop` (with `n` > 1) stops a choice whose
+    running confidence falls below that of its prompt's finished choices
+    (`tokentrail.output.vote.EarlyStop`): its last response says "stop" and its
+    `output.stopped_by` "early_stop". Arguments are checked before any model work.
     """
     engine = engine_for(model)
-    if isinstance(prompts, str) or not isinstance(prompts, Sequence):
-        raise TypeError("prompts must be a list of prompts (str, token ids or chat messages)")
-    if not prompts:
-        raise ValueError("prompts is empty")
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"n must be an int >= 1, got {n!r}")
+    _check_shape(prompts, n, early_stop)
     count = len(prompts)
     settings = {
         "temp": temp, "top_p": top_p, "top_k": top_k, "min_p": min_p,
@@ -230,7 +232,21 @@ def stream_batch_generate(
     # off when asked for (sequences that follow others with a common prefix).
     options = {"prompt_cache_bytes": 0 if prompt_cache_bytes is None else prompt_cache_bytes}
     output = (skip_special_tokens, parser, tools, alarm)
-    return _run(engine, tokenizer, jobs, max_batch, output, options)
+    early = {i * n: EarlyStop(n) for i in range(count)} if early_stop else {}
+    return _run(engine, tokenizer, jobs, max_batch, output, options, early)
+
+
+def _check_shape(prompts: Any, n: Any, early_stop: bool) -> None:
+    """TypeError / ValueError unless `prompts` is a non-empty list and `n` (with
+    `early_stop`) a count the call can run."""
+    if isinstance(prompts, str) or not isinstance(prompts, Sequence):
+        raise TypeError("prompts must be a list of prompts (str, token ids or chat messages)")
+    if not prompts:
+        raise ValueError("prompts is empty")
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be an int >= 1, got {n!r}")
+    if early_stop and n < 2:
+        raise ValueError("early_stop needs n > 1 (it compares a prompt's choices)")
 
 
 def _run(
@@ -240,10 +256,12 @@ def _run(
     max_batch: int,
     output: tuple[bool, str | None, Any, Alarm | None],
     options: dict[str, Any],
+    early: dict[int, EarlyStop] | None = None,
 ) -> Iterator[tuple[int, GenerationResponse]]:
     """The batch loop; `output`: (skip_special_tokens, the tool-call parser or None,
     the tools, whose schemas give the calls' arguments their allowed values, the
-    alarm)."""
+    alarm); `early`: each prompt's `EarlyStop`, by its first choice's index (none:
+    no early stop)."""
     skip_special_tokens, parser, tools, alarm = output
     batch = open_batch(engine, max_batch, **options)
     eos = eos_ids(tokenizer)
@@ -263,7 +281,9 @@ def _run(
                 if entry is None:
                     continue
                 job, seq = entry
-                response = GenerationResponse.of(seq.feed(step), step.logprobs)
+                stop = early.get(job.index - job.choice) if early else None
+                record = seq.feed(step) if stop is None else feed_early(stop, job.choice, seq, step)
+                response = GenerationResponse.of(record, step.logprobs)
                 if seq.done:
                     del live[uid]
                     batch.remove(uid)
@@ -308,6 +328,7 @@ def batch_generate(
             c.finish_reason = r.finish_reason
             c.stopped_by = r.stopped_by
             c.stop_string = r.stop_string
+            c.stopped_by = None if r.output is None else r.output.stopped_by
             c.tool_calls = r.all_tool_calls or []
             if r.all_tool_calls is not None:
                 c.content = r.content

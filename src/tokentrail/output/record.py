@@ -78,6 +78,8 @@ class TokenOutput:
     With an alarm (`tokentrail.output.alarm`): `alarms` lists the units final with this
     record whose confidence is below its threshold; `stopped_by` is "alarm" on the last
     record when an alarm's "stop" ended the reply there.
+    `stopped_by` is "early_stop" when the scheduler's vote stopped it
+    (`tokentrail.output.vote`).
     """
 
     index: int

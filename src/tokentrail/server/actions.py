@@ -5,7 +5,8 @@ They are declared here once, as pydantic models, so chat and completions, stream
 whole, read them the same way; a value out of range or of the wrong type is a 400 whose
 ``param`` names the key (for example ``alarm.below`` inside the ``tokentrail``
 object). What each one does lives with the stage that does it (alarms in the output
-stage, retry and branch in the engines and the scheduler, votes in the response); this module only says what may be asked.
+stage, retry and branch in the engines and the scheduler, votes in the response); this
+module only says what may be asked.
 
 - ``alarm``: ``{"below": P, "on": "segment" | "field" | "both", "action": "flag" | "stop"}``:
   flag each segment / JSON field whose confidence is below P; ``stop`` ends the reply

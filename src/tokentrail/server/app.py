@@ -24,10 +24,18 @@ from .formatting import Formatter, merge_responses, sse, usage
 from .guard import Guard
 from .jobs import ChatRunner, Job
 from .metrics import Metrics
-from .protocol import Kind, bad_request, json_type_name, parse_chat, parse_completion
+from .protocol import (
+    GenRequest,
+    Kind,
+    bad_request,
+    json_type_name,
+    parse_chat,
+    parse_completion,
+)
 from .scheduler import Scheduler
 from .sse import EventStream
 from .structured import CompileGate
+from .voting import VoteBox
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
@@ -214,23 +222,35 @@ class _Server:
                 handed_over = True
                 return EventStream(answer, job, watcher, self.scheduler.client_timeout)  # type: ignore[return-value]
             fmts = [Formatter(job.id, req, vocab, choice) for choice in range(req.n)]
+            box = self._vote_box(req)
             if req.stream:
                 handed_over = True
-                stream = self._stream(job, fmts, event)
+                stream = self._stream(job, fmts, event, box)
                 return EventStream(stream, job, watcher, self.scheduler.client_timeout)  # type: ignore[return-value]
-            return await self._collect(job, fmts, event)
+            return await self._collect(job, fmts, event, box)
         finally:
             if not handed_over:
                 watcher.cancel()
                 job.cancel("request ended")
 
-    async def _collect(self, job: Job, fmts: list[Formatter], event: Any) -> Response:
+    def _vote_box(self, req: GenRequest) -> VoteBox | None:
+        """The request's ballots (`server.voting`), None without ``tokentrail.vote``."""
+        if req.vote is None:
+            return None
+        json_reply = req.structure.json_constrained
+        return VoteBox(req.n, req.vote, json_reply, self.scheduler.calibration)
+
+    async def _collect(
+        self, job: Job, fmts: list[Formatter], event: Any, box: VoteBox | None = None
+    ) -> Response:
         steps: list[list[Any]] = [[] for _ in fmts]
         open_choices = len(fmts)
         while True:
             kind, choice, value = event
             if kind == "step":
                 steps[choice].append(value)
+                if box is not None:
+                    box.add(choice, value)
             elif kind == "done":
                 open_choices -= 1
                 if open_choices == 0:
@@ -241,14 +261,29 @@ class _Server:
                 return _empty_response(499)
             event = await job.next_event()
         responses = [f.response(s) for f, s in zip(fmts, steps, strict=True)]
-        return _json_response(merge_responses(responses))
+        if box is not None:
+            for choice, r in enumerate(responses):
+                r["tokentrail"]["ballot"] = box.ballot(choice)
+        merged = merge_responses(responses)
+        if box is not None:
+            merged["tokentrail"]["vote"] = box.result()
+            if job.early_stop is not None:
+                merged["usage"]["tokentrail"] = job.early_stop.usage()
+        return _json_response(merged)
 
-    async def _stream(self, job: Job, fmts: list[Formatter], event: Any) -> AsyncIterator[bytes]:
+    async def _stream(
+        self, job: Job, fmts: list[Formatter], event: Any, box: VoteBox | None = None
+    ) -> AsyncIterator[bytes]:
         open_choices = len(fmts)
         while True:
             kind, choice, value = event
             if kind == "step":
-                yield sse(fmts[choice].chunk(value))
+                chunk = fmts[choice].chunk(value)
+                if box is not None:
+                    box.add(choice, value)
+                    if value.finish_reason is not None:
+                        chunk["tokentrail"]["ballot"] = box.ballot(choice)
+                yield sse(chunk)
             elif kind == "done":
                 open_choices -= 1
                 if open_choices == 0:
@@ -260,11 +295,18 @@ class _Server:
             else:  # cancelled
                 return
             event = await job.next_event()
+        if box is not None:  # the vote, once every choice has ended: a chunk of its own
+            chunk = fmts[0].usage_chunk()
+            del chunk["usage"]
+            chunk["tokentrail"] = {"vote": box.result()}
+            yield sse(chunk)
         if fmts[0].req.include_usage:
             chunk = fmts[0].usage_chunk()
             chunk["usage"] = usage(
                 fmts[0].prompt_tokens, sum(f.n_tokens for f in fmts), fmts[0].cached_tokens
             )
+            if job.early_stop is not None:
+                chunk["usage"]["tokentrail"] = job.early_stop.usage()
             yield sse(chunk)
         yield b"data: [DONE]\n\n"
 

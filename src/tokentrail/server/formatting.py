@@ -437,6 +437,8 @@ class Formatter:
             ext["stop"] = stop
         if steps:
             self._structure(ext, steps[-1], whole=True)
+            if steps[-1].stopped_by is not None:
+                ext["stopped_by"] = steps[-1].stopped_by
         if self.req.structure.alarm is not None:
             self._alarms(ext, steps, whole=True)
         finish = self.finish_reason or "stop"

@@ -127,6 +127,9 @@ class Job:
     #: Run on the event loop, not in the engine's batch (``--upstream-chat``): admitted
     #: like any job, it holds one place in the batch until `Scheduler.release`.
     outside: bool = False
+    #: The request's `tokentrail.output.vote.EarlyStop` (None: not asked for), written by
+    #: the loop thread as its choices run, read for `usage` once they have all ended.
+    early_stop: Any = None
 
     def post(self, kind: EventKind, choice: int = 0, value: Any = None) -> None:
         """Hand an event to the reader (called from the loop thread): at once, or with

@@ -36,6 +36,7 @@ from ..errors import APIError
 from ..sampling import OPENAI_LIMITS, SamplingError, SamplingParams, is_int, make_params
 from .structured import Structure, StructuredFields, structure_of
 from .tool_calls import ToolSpec, template_messages, with_tools
+from .voting import check_vote
 
 DEFAULT_MAX_TOKENS = 256
 MAX_STOP_STRINGS = 16
@@ -396,6 +397,10 @@ class GenRequest:
     #: The sampling settings as validation built them (once; `params` adds the bound
     #: constraint). None until then.
     sampling: SamplingParams | None = None
+    #: ``tokentrail.vote`` ("confidence", "majority" or None) and ``tokentrail.early_stop``
+    #: (`tokentrail.server.voting`).
+    vote: str | None = None
+    early_stop: bool = False
 
     def params(
         self, vocab_size: int | None = None, constraint: Any = None
@@ -457,6 +462,9 @@ def _gen_request(
         top_logprobs=top,
         structure=structure_of(wire, kind == "chat"),
     )
+    if wire.tokentrail is not None:
+        check_vote(wire.tokentrail.vote, wire.tokentrail.early_stop, req.n)
+        req.vote, req.early_stop = wire.tokentrail.vote, bool(wire.tokentrail.early_stop)
     if isinstance(wire, ChatRequest):
         req.structure = with_tools(req.structure, wire.tools, wire.tool_choice)
         req.tools = [t.as_template() for t in wire.tools] if wire.tools else None

@@ -32,6 +32,7 @@ from ..batch import open_sequence
 from ..branching import Record, ReplyMemory, record_of
 from ..errors import APIError
 from ..output.processor import OutputProcessor
+from ..output.vote import EarlyStop, feed_early
 from ..prompting import eos_ids, vocab_for
 from ..vocab import Vocab
 from .admission import RECENT_JOBS, Admission
@@ -63,6 +64,8 @@ class ChoiceState:
     records: list[Record] | None = None
     prompt: list[int] | None = None
     params: Any = None
+    #: The request's early stop, shared by its `n` choices (None: not asked for).
+    early: EarlyStop | None = None
 
 
 @dataclass(frozen=True)
@@ -153,6 +156,11 @@ class Scheduler:
     @property
     def vocab(self) -> Vocab | None:
         return None if self._loaded is None else self._loaded.vocab
+
+    @property
+    def calibration(self) -> Any:
+        """The checked calibration the replies' confidences go through (None: none)."""
+        return None if self._loaded is None else self._loaded.calibration
 
     @property
     def context_length(self) -> int | None:
@@ -382,6 +390,7 @@ class Scheduler:
         job.outbox = self._outbox
         branch = ready.branch
         prefix = [] if branch is None else branch.engine_ids[len(ready.ids) :]
+        early = job.early_stop = EarlyStop(req.n) if req.early_stop else None
         try:
             for choice in range(req.n):
                 uid, state = open_sequence(
@@ -393,7 +402,9 @@ class Scheduler:
                 out = OutputProcessor(
                     state, calibration=loaded.calibration, **ready.outputs[choice]
                 )
-                seq = ChoiceState(job, choice, out, last_step=now, added=now)
+                seq = ChoiceState(
+                    job, choice, out, last_step=now, added=now, early=early
+                )
                 seq.records, seq.prompt, seq.params = [], ready.ids, ready.params
                 self._seqs[uid] = seq
                 if branch is not None:  # the kept prefix, as the original reply had it
@@ -425,7 +436,10 @@ class Scheduler:
         if seq.records is not None:
             seq.records.append(record_of(engine_step))
         try:
-            step = seq.out.feed(engine_step, seq.cached)
+            if seq.early is None:
+                step = seq.out.feed(engine_step, seq.cached)
+            else:  # early stop may make this token the choice's last
+                step = feed_early(seq.early, seq.choice, seq.out, engine_step, seq.cached)
         except Exception as e:
             logger.exception("request %s failed", job.id)
             job.post("error", seq.choice, e)

@@ -4,7 +4,7 @@ The rules are `tokentrail.output.vote`'s; this module checks the request (a vote
 `n` > 1, early stop needs a vote) and collects each choice's records into its ballot
 (`VoteBox`): the text of its answer (the content channel where there is a reasoning
 format) and the tokens behind it, its confidence calibrated with the server's
-calibration where it has one. The app writes each choice's ``tokentrail.ballot`` on
+calibration where it has one. The app writes each choice's ``ballot`` on
 its whole choice (or its last chunk), and ``tokentrail.vote`` on the response (or a
 final chunk with no choices, after every choice has ended).
 """
@@ -64,8 +64,9 @@ class VoteBox:
             )  # fmt: skip
 
     def ballot(self, choice: int) -> dict[str, Any]:
-        """`tokentrail.ballot` of an ended choice: its answer (normalised text or JSON
-        value; null when early stop ended it) and the confidence it votes with."""
+        """The ``ballot`` (in the choice's ``tokentrail`` extension) of an ended choice:
+        its answer (normalised text or JSON value; null when early stop ended it) and the
+        confidence it votes with."""
         b = self._ballots[choice]
         return {"answer": None if b.stopped else b.answer[1], "confidence": b.confidence}
 

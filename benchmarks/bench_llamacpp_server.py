@@ -21,6 +21,16 @@ it reports as cached (`usage.prompt_tokens_details.cached_tokens`).
     python benchmarks/bench_llamacpp_server.py --rounds 3 \\
         --output benchmarks/results/llamacpp-server.md
 
+`--setup defaults` is the comparison a user makes instead: each server at its own
+defaults with only the slots, context and threads given (`-np S -c N -t T`: llama-server
+with its default flash attention `auto`, its own KV cache layout and batch sizes;
+tokentrail with `--max-batch S --n-ctx N --n-threads T` and nothing else), and the
+clients ask what each server's user asks: plain streaming chat of llama-server (no
+logprobs), tokentrail with `logprobs` and 5 alternatives (its attribution is always on).
+
+    python benchmarks/bench_llamacpp_server.py --setup defaults --ctx 8192 --rounds 3 \\
+        --output /tmp/defaults.md
+
 The client code (requests, timing, summaries) is `bench_server.py`'s.
 """
 
@@ -84,13 +94,12 @@ def start(kind: str, args: argparse.Namespace, logs: Path) -> tuple[subprocess.P
             str(args.ctx),
             "-np",
             str(args.slots),
-            "--kv-unified",
-            "-fa",
-            "off",  # as tokentrail's llama-cpp-python context (its default, kept for exactness)
             "-t",
             str(args.threads),
             "--no-webui",
         ]
+        if args.setup == "like":  # one unified KV cache, flash attention off on both
+            cmd += ["--kv-unified", "-fa", "off"]
         env = None
     else:
         cmd = [
@@ -115,6 +124,8 @@ def start(kind: str, args: argparse.Namespace, logs: Path) -> tuple[subprocess.P
             "--log-level",
             "warning",
         ]
+        if args.setup == "like":
+            cmd += ["--flash-attn", "off"]
         env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
         if args.ggml_libs:  # the same ggml/llama libraries as llama-server's
             env["LLAMA_CPP_LIB_PATH"] = str(args.ggml_libs)
@@ -129,6 +140,38 @@ def cpu_seconds(pid: int) -> float:
     """User + system CPU time of process `pid` so far (all its threads), from /proc."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def plain(body: dict[str, Any]) -> dict[str, Any]:
+    """`body` as a plain llama-server user sends it: no logprobs asked."""
+    return {k: v for k, v in body.items() if k not in ("logprobs", "top_logprobs")}
+
+
+async def plain_level(
+    url: str,
+    model_name: str,
+    clients: int,
+    requests_each: int,
+    max_tokens: int,
+    bias: dict[str, int],
+    tag: str | None = None,
+) -> tuple[list[Any], float]:
+    """`bench_server.run_level` with plain bodies (no logprobs), for `--setup defaults`'s
+    llama-server clients."""
+    limits = httpx.Limits(max_connections=clients + 4)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+
+        async def worker(c: int) -> list[Any]:
+            out = []
+            for r in range(requests_each):
+                body = body_for(c * requests_each + r, model_name, max_tokens, bias, tag)
+                out.append(await one_request(client, url, plain(body)))
+            return out
+
+        t0 = time.perf_counter()
+        per_client = await asyncio.gather(*(worker(c) for c in range(clients)))
+        wall = time.perf_counter() - t0
+    return [r for rs in per_client for r in rs], wall
 
 
 def repeated(
@@ -182,8 +225,9 @@ def measure(
                     # distinct: a tag no earlier request had, on both servers alike
                     tag = f"r{r}c{c}" if mode == "distinct" else None
                     cpu = cpu_seconds(pids[kind])
+                    plain_user = args.setup == "defaults" and kind == "llama-server"
                     results, wall = asyncio.run(
-                        run_level(
+                        (plain_level if plain_user else run_level)(
                             urls[kind],
                             names[kind],
                             c,
@@ -202,6 +246,8 @@ def measure(
                         flush=True,
                     )
     bodies = {k: body_for(0, names[k], args.max_tokens, bias) for k in KINDS}
+    if args.setup == "defaults":
+        bodies["llama-server"] = plain(bodies["llama-server"])
     rep = repeated(urls, bodies, args.repeats)
     return {"levels": levels, "modes": modes, "runs": runs, "repeated": rep}
 
@@ -223,6 +269,26 @@ def row(c: int, a: list[dict[str, Any]], b: list[dict[str, Any]]) -> str:
     )
 
 
+def setup_lines(args: argparse.Namespace) -> list[str]:
+    """The report's lines saying how the two servers were started."""
+    if args.setup == "defaults":
+        return [
+            f"- model `{args.gguf.name}`; each server at its own defaults with {args.slots} "
+            f"slots, a context of {args.ctx} tokens and {args.threads} threads "
+            f"(`-np {args.slots} -c {args.ctx} -t {args.threads}` / `--max-batch "
+            f"{args.slots} --n-ctx {args.ctx} --n-threads {args.threads}`): flash attention "
+            "`auto` on both (on, on this CPU)",
+        ]
+    return [
+        f"- model `{args.gguf.name}`; both servers: {args.slots} slots, one unified KV cache of "
+        f"{args.ctx} tokens, {args.threads} threads (`-np {args.slots} -c {args.ctx} "
+        f"--kv-unified -t {args.threads}` / `--max-batch {args.slots} --n-ctx {args.ctx} "
+        f"--n-threads {args.threads}`)",
+        "- flash attention off on both (`-fa off` / `--flash-attn off`: llama-cpp-python's "
+        "own decode, exactly)",
+    ]
+
+
 def report(args: argparse.Namespace, data: dict[str, Any], load: tuple[float, ...]) -> str:
     import llama_cpp
 
@@ -237,12 +303,7 @@ def report(args: argparse.Namespace, data: dict[str, Any], load: tuple[float, ..
         f"{os.cpu_count()} CPUs (shared with the clients and other work; load average "
         f"{' '.join(f'{x:.2f}' for x in load)} at the end); Python {platform.python_version()}, "
         f"llama-cpp-python {llama_cpp.__version__}; llama-server from the same llama.cpp tree",
-        f"- model `{args.gguf.name}`; both servers: {args.slots} slots, one unified KV cache of "
-        f"{args.ctx} tokens, {args.threads} threads (`-np {args.slots} -c {args.ctx} "
-        f"--kv-unified -t {args.threads}` / `--max-batch {args.slots} --n-ctx {args.ctx} "
-        f"--n-threads {args.threads}`)",
-        "- flash attention off on both (`-fa off`; llama-cpp-python's default, which "
-        "tokentrail keeps so its logprobs equal llama-cpp-python's own decode)",
+        *setup_lines(args),
         "- ggml: "
         + (
             f"both sides load the same libllama/libggml (tokentrail with "
@@ -252,8 +313,14 @@ def report(args: argparse.Namespace, data: dict[str, Any], load: tuple[float, ..
             "its own build"
         ),
         f"- streaming chat requests, {args.requests} per client per level, max_tokens "
-        f"{args.max_tokens}, temperature 0, end-of-generation suppressed, `logprobs: true, "
-        "top_logprobs: 5` asked of both (tokentrail's attribution always on); "
+        f"{args.max_tokens}, temperature 0, end-of-generation suppressed, "
+        + (
+            "`logprobs: true, top_logprobs: 5` asked of both"
+            if args.setup == "like"
+            else "no logprobs asked of llama-server (a plain user), `logprobs: true, "
+            "top_logprobs: 5` of tokentrail"
+        )
+        + " (tokentrail's attribution always on); "
         f"{args.rounds} round(s), the server order alternating; medians over rounds",
         "- prompts: *cycled*, 4 fixed chat prompts in turn (after the first few, each "
         "server may have any of them cached: this measures its prompt cache too); "
@@ -315,6 +382,14 @@ def main() -> int:
         default="cycled,distinct",
         help="prompt modes, a comma list of cycled (4 fixed prompts in turn) and distinct "
         "(each request's message led by its own tag)",
+    )
+    ap.add_argument(
+        "--setup",
+        choices=("like", "defaults"),
+        default="like",
+        help="like: the same KV cache layout and flash attention off on both, logprobs asked "
+        "of both; defaults: each server at its defaults (slots, context, threads given), "
+        "llama-server's clients asking no logprobs",
     )
     ap.add_argument("--output", type=Path, default=None, help="write the markdown report here")
     ap.add_argument(

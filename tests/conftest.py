@@ -57,10 +57,11 @@ def smol(smollm2_gguf: Path) -> tuple[Any, Any]:
 
 @pytest.fixture(scope="session")
 def smol_ref(smollm2_gguf: Path) -> Any:
-    """llama-cpp-python's own `Llama` on SmolLM2, with every position's logits kept."""
+    """llama-cpp-python's own `Llama` on SmolLM2, with every position's logits kept and
+    flash attention on (what tokentrail's default "auto" is on the CPU backend)."""
     llama_cpp = need_llama_cpp()
     return llama_cpp.Llama(
-        model_path=str(smollm2_gguf), n_ctx=2048, logits_all=True, verbose=False
+        model_path=str(smollm2_gguf), n_ctx=2048, logits_all=True, flash_attn=True, verbose=False
     )
 
 
@@ -74,6 +75,9 @@ def demo(demo_gguf: Path) -> tuple[Any, Any]:
 
 @pytest.fixture(scope="session")
 def demo_ref(demo_gguf: Path) -> Any:
-    """llama-cpp-python's own `Llama` on the demo model's GGUF."""
+    """llama-cpp-python's own `Llama` on the demo model's GGUF, flash attention on (as
+    tokentrail's default "auto" on the CPU backend)."""
     llama_cpp = need_llama_cpp()
-    return llama_cpp.Llama(model_path=str(demo_gguf), n_ctx=512, logits_all=True, verbose=False)
+    return llama_cpp.Llama(
+        model_path=str(demo_gguf), n_ctx=512, logits_all=True, flash_attn=True, verbose=False
+    )

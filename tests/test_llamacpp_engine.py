@@ -357,12 +357,19 @@ def test_interleaved_generators_each_get_their_own_sequence(demo: Any) -> None:
 # -- llama.cpp's parallel sequences ------------------------------------------------------------
 
 
-def test_batch_of_parallel_sequences_equals_solo_runs(demo: Any) -> None:
+@pytest.mark.parametrize(("flash", "tol"), [("off", 1e-3), ("auto", 5e-3)])
+def test_batch_of_parallel_sequences_equals_solo_runs(
+    demo: Any, demo_gguf: Path, flash: str, tol: float
+) -> None:
     """Sequences joining at different steps, one with a prompt longer than a decode's
-    token budget, each give the tokens and logprobs of their solo run."""
+    token budget, each give the tokens and logprobs of their solo run. With flash
+    attention (the default "auto", on for the CPU backend) the kernel's f16 accumulation
+    depends on where a sequence's cells sit in the shared KV cache: measured up to 1.6e-3
+    on this model, against 1.1e-3 without it (docs/engines.md)."""
     from tokentrail.engines.batch import open_batch
+    from tokentrail.engines.llamacpp.engine import load
 
-    engine, tok = demo
+    engine, tok = demo if flash == "auto" else load(demo_gguf, flash_attn=flash)
     jobs = [
         (tok.encode(PROMPTS[0]), make_params(top_logprobs=3), 10),
         (tok.encode(PROMPTS[3]), make_params(temp=0.9, seed=7, top_logprobs=2), 8),
@@ -386,7 +393,7 @@ def test_batch_of_parallel_sequences_equals_solo_runs(demo: Any) -> None:
     for uid, want in zip(uids, solo, strict=True):
         assert [t for t, _, _ in got[uid]] == [t for t, _, _ in want]
         for (_, lp, top), (_, lp2, top2) in zip(got[uid], want, strict=True):
-            assert lp == pytest.approx(lp2, abs=1e-3)
+            assert lp == pytest.approx(lp2, abs=tol)
             assert [i for i, _ in top] == [i for i, _ in top2]
     batch.close()
 

@@ -171,9 +171,10 @@ def test_flags_that_conflict_exit_2_with_one_line(args: list[str], needle: str) 
 @pytest.mark.parametrize("flag", ENGINE_FLAGS, ids=lambda f: f.name)
 def test_engine_flags_go_to_their_engines_only(flag: Any) -> None:
     for engine in ENGINE_OPTIONS:
-        args = build_parser().parse_args(["serve", "--engine", engine, flag.name, "1"])
+        given = next(iter(flag.choices())) if flag.choices is not None else "1"
+        args = build_parser().parse_args(["serve", "--engine", engine, flag.name, given])
         if engine in flag.engines:
-            value = flag.type("1") if flag.type is not None else "1"
+            value = flag.type(given) if flag.type is not None else given
             assert engine_options(args) == {flag.dest: value}
         else:
             with pytest.raises(UsageError, match=re.escape(flag.name)):

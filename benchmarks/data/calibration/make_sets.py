@@ -3,8 +3,11 @@
 facts.jsonl: questions written for tokentrail (world capitals, chemical symbols, and
 capitals as a four-way choice), released under the project's MIT licence. The facts are
 common knowledge; the wording and selection are ours. arithmetic.jsonl: sums and
-products generated with a fixed seed, by digit count. Run `python make_sets.py` to
-rebuild both files byte for byte.
+products generated with a fixed seed, by digit count. generated.jsonl: a larger set
+(1,600 questions) of families with exact answers, generated with its own seed: sums,
+differences, products, the number after or before one, doubles (free text), and which
+of two numbers is larger or whether one is even or odd (two-way choices). Run `python
+make_sets.py` to rebuild all three files byte for byte.
 """
 
 from __future__ import annotations
@@ -122,6 +125,60 @@ def arithmetic(rng: random.Random) -> list[dict]:
     return items
 
 
+#: generated.jsonl's own seed (facts and arithmetic keep theirs, byte for byte).
+GENERATED_SEED = 3030
+
+
+def _numbers(rng: random.Random, digits: int) -> int:
+    return rng.randint(1 if digits == 1 else 10 ** (digits - 1), 10**digits - 1)
+
+
+def generated(rng: random.Random) -> list[dict]:
+    """Free-text families (200 each, by digit count where there is one) and two-way
+    choices (200 each): an exact answer for every question, in a range of difficulty
+    where SmolLM2-135M-Instruct is sometimes right. No free-text answer equals a number
+    in its question, so a reply that only echoes the question never matches."""
+    items: list[dict] = []
+
+    def add(kind: str, question: str, answer: str, choices: list[str] | None = None) -> None:
+        item: dict = {"id": f"{kind}-{len(items):04d}", "messages": chat(question),
+                      "answer": answer}
+        if choices is not None:
+            item["choices"] = choices
+        items.append(item)
+
+    for i in range(200):
+        a, b = _numbers(rng, 1 + i % 3), _numbers(rng, 1 + i % 3)
+        add(f"add{1 + i % 3}", f"What is {a} + {b}?", str(a + b))
+    for i in range(200):
+        a, b = sorted((_numbers(rng, 1 + i % 2), _numbers(rng, 1 + i % 2)), reverse=True)
+        while a in (b, 2 * b):  # the answer would be an operand: an echo would match
+            a += 1
+        add(f"sub{1 + i % 2}", f"What is {a} - {b}?", str(a - b))
+    for i in range(200):
+        a, b = max(2, _numbers(rng, 1 + i % 2)), rng.randint(2, 9)
+        add(f"mul{1 + i % 2}", f"What is {a} times {b}?", str(a * b))
+    for i in range(200):
+        n = _numbers(rng, 1 + i % 3)
+        add(f"next{1 + i % 3}", f"What number comes after {n}?", str(n + 1))
+    for i in range(200):
+        n = _numbers(rng, 1 + i % 3) + 1
+        add(f"prev{1 + i % 3}", f"What number comes before {n}?", str(n - 1))
+    for i in range(200):
+        n = _numbers(rng, 1 + i % 3)
+        add(f"double{1 + i % 3}", f"What is double {n}?", str(2 * n))
+    for i in range(200):
+        a, b = rng.sample(range(1, 10 ** (1 + i % 3)), 2)
+        add(f"larger{1 + i % 3}", f"Which is larger, {a} or {b}?", str(max(a, b)),
+            [str(a), str(b)])
+    for i in range(200):
+        n = _numbers(rng, 1 + i % 3)
+        add(f"parity{1 + i % 3}", f"Is {n} even or odd?", "even" if n % 2 == 0 else "odd",
+            ["even", "odd"])
+    rng.shuffle(items)  # so that alternate halves mix the families
+    return items
+
+
 def write(name: str, items: list[dict]) -> None:
     with (HERE / name).open("w", encoding="utf-8") as f:
         for item in items:
@@ -132,3 +189,4 @@ if __name__ == "__main__":
     rng = random.Random(SEED)
     write("facts.jsonl", facts(rng))
     write("arithmetic.jsonl", arithmetic(rng))
+    write("generated.jsonl", generated(random.Random(GENERATED_SEED)))

@@ -75,6 +75,9 @@ ENGINE_FLAGS: tuple[Flag, ...] = (
     Flag("--max-model-len", type=int, metavar="N", engines=("vllm",)),
     Flag("--n-ctx", "context length", type=int, metavar="N", engines=("llamacpp",)),
     Flag("--n-threads", "CPU threads", type=int, metavar="N", engines=("llamacpp",)),
+    Flag("--flash-attn", "llama.cpp's flash attention: {choices} (default: auto, as "
+         "llama-server's -fa; off: llama-cpp-python's exact logprobs)",
+         choices=lambda: ("auto", "on", "off"), engines=("llamacpp",)),
     Flag("--n-gpu-layers", "layers to offload", type=int, metavar="N", engines=("llamacpp",)),
 )
 #: Engine name -> the loader keywords (flag names with "_") it takes.

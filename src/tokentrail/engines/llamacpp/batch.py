@@ -138,6 +138,7 @@ class LlamaCppBatch(BaseBatch):
         params.n_ctx = n_ctx or engine.context_length or 4096
         params.n_seq_max = self.max_batch
         params.kv_unified = True
+        params.flash_attn_type = getattr(engine, "flash_attn_type", base.flash_attn_type)
         self.n_batch = int(params.n_batch)
         self._ctx = LlamaContext(model=engine.llama._model, params=params, verbose=False)
         self.n_ctx = int(llama_cpp.llama_n_ctx(self._ctx.ctx))  # as llama.cpp rounded it

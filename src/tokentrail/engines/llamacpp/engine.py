@@ -43,8 +43,22 @@ log = logging.getLogger(__name__)
 
 #: Default context when the model's own is larger (its KV cache is allocated up front).
 DEFAULT_N_CTX = 4096
+#: `load`'s `flash_attn` modes -> llama.cpp's `llama_flash_attn_type`.
+FLASH_ATTN_TYPES = {
+    "auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO,
+    "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+    "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+}
 
-__all__ = ["LlamaCppEngine", "LlamaCppTokenizer", "accepts", "load", "wrap"]
+__all__ = [
+    "FLASH_ATTN_TYPES",
+    "LlamaCppEngine",
+    "LlamaCppTokenizer",
+    "accepts",
+    "flash_attn_mode",
+    "load",
+    "wrap",
+]
 
 
 def load(
@@ -54,18 +68,22 @@ def load(
     n_threads: int | None = None,
     n_gpu_layers: int = 0,
     n_batch: int = 512,
-    flash_attn: bool = False,
+    flash_attn: bool | str = "auto",
 ) -> tuple[LlamaCppEngine, LlamaCppTokenizer]:
     """Load a `.gguf` model file (or a named model such as ``smollm2``) with llama.cpp.
 
     `n_ctx` defaults to the model's training context, at most 4096 tokens; `n_threads`
     (CPU threads for generation and for prompts, as llama-server's ``-t``) to
     llama-cpp-python's defaults; `n_gpu_layers` offloads layers where llama.cpp was
-    built with a GPU backend. `flash_attn` turns on llama.cpp's flash attention (off by
-    default, as in llama-cpp-python: on, logprobs move by about 1e-3 from its default
-    decode); the batch's context inherits it. Returns (engine, tokenizer) for
-    `stream_generate`.
+    built with a GPU backend. `flash_attn` is llama.cpp's flash attention: "auto" (the
+    default, as llama-server's ``-fa auto``: on where the backend has the kernel, which
+    the CPU backend does), "on"/True or "off"/False (llama-cpp-python's default: its
+    decode's logprobs exactly; flash attention moves them by about 1e-3, see
+    docs/engines.md). The batch's context inherits it (asking llama.cpp for "auto"
+    itself); llama-cpp-python can only say on or off for the `Llama`'s own context, so
+    "auto" is on there. Returns (engine, tokenizer) for `stream_generate`.
     """
+    mode = flash_attn_mode(flash_attn)
     p = gguf_source(path)
     if p is None:
         p = Path(path).expanduser()
@@ -76,8 +94,7 @@ def load(
             )
     check_magic(p)
     kwargs: dict[str, Any] = {"n_gpu_layers": n_gpu_layers, "n_batch": n_batch}
-    if flash_attn:
-        kwargs["flash_attn"] = True
+    kwargs["flash_attn"] = mode != "off"
     if n_threads is not None:  # for generation and prompts alike, as llama-server's -t
         kwargs["n_threads"] = kwargs["n_threads_batch"] = n_threads
     try:
@@ -92,7 +109,17 @@ def load(
             model_path=str(p), n_ctx=DEFAULT_N_CTX, verbose=False, logits_all=False, **kwargs
         )
     engine = LlamaCppEngine(llama)
+    engine.flash_attn_type = FLASH_ATTN_TYPES[mode]
     return engine, engine.tokenizer
+
+
+def flash_attn_mode(value: bool | str) -> str:
+    """`load`'s `flash_attn` as "auto", "on" or "off" (True: on, False: off)."""
+    if value is True or value is False:
+        return "on" if value else "off"
+    if isinstance(value, str) and value.lower() in FLASH_ATTN_TYPES:
+        return value.lower()
+    raise ValueError(f"flash_attn must be 'auto', 'on' or 'off' (or a bool), got {value!r}")
 
 
 def accepts(model: Any) -> bool:
@@ -254,6 +281,9 @@ class LlamaCppEngine:
         self.tokenizer = LlamaCppTokenizer(llama)
         self.vocab_size: int | None = self.tokenizer.vocab_size
         self.context_length: int | None = int(llama.n_ctx())
+        #: The flash attention a batch's context asks llama.cpp for (`load` sets "auto"
+        #: there; a wrapped `Llama` passes on its own setting).
+        self.flash_attn_type = int(llama.context_params.flash_attn_type)
         self.decodes = 0  # bumped at every decode: which logits the buffer holds
         self._owner: object = None  # the generator whose sequence is in the KV cache
         self._scratch = np.empty(self.vocab_size or 0, dtype=np.float32)

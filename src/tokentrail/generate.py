@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 from .detokenizer import mlx_lm_drops_first_space
 from .engines import Engine, engine_for, load_model
-from .engines.base import Step
+from .engines.base import Step, rewinder
 from .output.processor import OutputProcessor
+from .output.retry import FieldRetry, RetryPolicy, retry_policy
 from .prompting import aligner_for, eos_ids, prompt_ids, room, stop_matcher, vocab_for
 from .sampling import SamplingParams, check_max_tokens, make_params
 from .sequence import GenerationResponse, SequenceState
@@ -188,6 +189,7 @@ def stream_generate(
     tool_choice: str | Mapping[str, Any] | None = None,
     tool_parser: str | None = None,
     calibration: Any = None,
+    retry: Any = None,
     **mlx_options: Any,
 ) -> Iterator[GenerationResponse]:
     """Generate from `prompt`, one `GenerationResponse` per token; the last has
@@ -220,7 +222,11 @@ def stream_generate(
     model's own distribution, before the mask) or "processed" (what the token was drawn
     from). `calibration` (a `tokentrail.calibrate.Calibration` or its file, refused
     for another model by fingerprint) sets `confidence.calibrated`, and `level` follows
-    it. Arguments are checked here; generation starts on the first `next()`.
+    it. `retry` (a `tokentrail.output.retry.RetryPolicy` or {"below", "max",
+    "temperature"}), with a JSON constraint, samples again each leaf whose confidence is
+    below `below` and keeps the most confident attempt (`output.retry`; the field's
+    `attempts` list them). Arguments are checked here; generation starts on the first
+    `next()`.
     """
     engine = engine_for(model)
     limit = check_max_tokens(max_tokens)
@@ -244,14 +250,21 @@ def stream_generate(
     ids, n_prompt = _prompt(engine, tokenizer, prompt, mlx_options, tools)
     if cap_to_context:
         limit = _capped(engine, mlx, n_prompt, limit, mlx_options)
-    seq = _sequence(
-        engine, tokenizer, ids, n_prompt, limit, stop, align_to_prompt, skip_special_tokens,
-        whole_tokens,
-    )
-    steps = _steps(
-        engine, mlx, ids, params, limit, (draft_model, stream, sampler, logits_processors),
-        mlx_options,
-    )
+    def seq() -> SequenceState:
+        return _sequence(
+            engine, tokenizer, ids, n_prompt, limit, stop, align_to_prompt,
+            skip_special_tokens, whole_tokens,
+        )
+
+    if retry is None:
+        steps = _steps(
+            engine, mlx, ids, params, limit, (draft_model, stream, sampler, logits_processors),
+            mlx_options,
+        )
+    else:
+        retry = retry_policy(retry)
+        steps = _rewindable(engine, ids, params, limit, (draft_model, sampler),
+                            dict(mlx_options, logits_processors=logits_processors))
     schema = json_schema if isinstance(json_schema, Mapping) else None
     if calibration is not None:
         from .calibrate.fingerprint import calibration_for
@@ -259,7 +272,7 @@ def stream_generate(
         calibration = calibration_for(calibration, model, tokenizer)
     return _structured(
         engine, tokenizer, ids, (fmt, fields, schema, parser, tools, calibration), mlx_options,
-        seq, steps,
+        seq, steps, retry,
     )  # fmt: skip
 
 
@@ -348,8 +361,9 @@ def _structured(
         ReasoningFormat | None, bool, Mapping[str, Any] | None, str | None, Any, Any
     ],
     options: Mapping[str, Any],
-    seq: SequenceState,
+    seq: Callable[[], SequenceState],
     steps: Iterator[Step],
+    retry: RetryPolicy | None = None,
 ) -> Iterator[GenerationResponse]:
     """The responses of `steps` through the sequence's output stage
     (`output.processor.OutputProcessor`): channels, tool calls, fields with a scorer,
@@ -368,11 +382,16 @@ def _structured(
         scorer, why = scorer_for(engine, tokenizer, ids, output_ids, dict(options))
         if scorer is None:
             log.info("fields without alternatives: %s", why)
-    processor = OutputProcessor(
-        seq, reasoning=fmt, tool_parser=parser, tools=tools, fields=fields, scorer=scorer,
-        output_ids=output_ids, schema=schema, calibration=calibration,
-    )  # fmt: skip
-    return _run(processor, steps, engine.name)
+
+    def make() -> OutputProcessor:
+        return OutputProcessor(
+            seq(), reasoning=fmt, tool_parser=parser, tools=tools, fields=fields, scorer=scorer,
+            output_ids=output_ids, schema=schema, calibration=calibration,
+        )  # fmt: skip
+
+    if retry is not None:
+        return _run_retry(FieldRetry(steps, make, retry), steps, engine.name)
+    return _run(make(), steps, engine.name)
 
 
 def _prompt(
@@ -447,6 +466,42 @@ def _mlx_steps(
         engine.model, ids, sampler or own_sampler, params.top_logprobs, limit,
         draft_model, stream, **options,
     )
+
+
+def _rewindable(
+    engine: Any,
+    ids: list[int],
+    params: SamplingParams,
+    limit: int | None,
+    refused: tuple[Any, Any],
+    options: dict[str, Any],
+) -> Any:
+    """The engine's rewindable steps for field retry (`engines.base.RewindableSteps`);
+    ValueError where retry cannot run: no JSON constraint, an engine that cannot take
+    tokens back, a draft model or a sampler of the caller's."""
+    kind = None if params.constraint is None else params.constraint.kind
+    if kind not in ("json_schema", "json_object"):
+        raise ValueError("retry needs a JSON constraint: give json_schema")
+    make = rewinder(engine)
+    if make is None:
+        raise ValueError(f"retry: the {engine.name} engine cannot take tokens back")
+    if any(a is not None for a in refused):
+        raise ValueError("retry does not take a draft_model or a sampler")
+    if not getattr(engine, "mlx_options", False):
+        options = {}
+    return make(ids, params, limit, **options)
+
+
+def _run_retry(
+    retry: FieldRetry, steps: Any, name: str
+) -> Iterator[GenerationResponse]:
+    try:
+        for out, logprobs in retry:
+            yield GenerationResponse.of(out, logprobs)
+        if not retry.done:
+            raise RuntimeError(f"the {name} engine stopped before EOS or the token limit")
+    finally:
+        steps.close()
 
 
 def _run(

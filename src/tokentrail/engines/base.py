@@ -17,7 +17,15 @@ from ..errors import EngineError
 from ..prompting import check_ids
 from ..sampling import SamplingParams
 
-__all__ = ["Engine", "EngineError", "Step", "check_generate_args", "read_model_config"]
+__all__ = [
+    "Engine",
+    "EngineError",
+    "RewindableSteps",
+    "Step",
+    "check_generate_args",
+    "read_model_config",
+    "rewinder",
+]
 
 
 @dataclass(slots=True)
@@ -80,6 +88,42 @@ class Engine(Protocol):
     def peak_memory(self) -> float:
         """Peak device memory in use so far, in GB (0.0 if the engine cannot tell)."""
         ...
+
+
+class RewindableSteps(Protocol):
+    """A step stream that can take tokens back (field retry, issue #31).
+
+    An engine offers one with a method ``generate_rewindable(prompt_ids, params,
+    max_tokens, **options)`` (not a required member of `Engine`: find it with
+    `rewinder`). Besides yielding `Step`s as `Engine.generate` does:
+
+    - `rewind(n)` takes back the last `n` generated tokens: the KV cache, the grammar's
+      state (`constrain.guide.Guide.rollback`) and the ids are as they were before them,
+      so the next step samples where the first of them stood;
+    - `force(ids)` appends tokens as if they had been sampled, yielding no step (the
+      cache and the grammar move past them), to restore an earlier attempt;
+    - `temperature` can be set between steps (None: the request's own again);
+    - `generated` is how many generated tokens stand now; `close()` ends it.
+    """
+
+    generated: int
+    temperature: float | None
+
+    def __iter__(self) -> Iterator[Step]: ...
+
+    def __next__(self) -> Step: ...
+
+    def rewind(self, n: int) -> None: ...
+
+    def force(self, ids: Sequence[int]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def rewinder(engine: Any) -> Any:
+    """The engine's ``generate_rewindable`` method (see `RewindableSteps`), or None when
+    it cannot take tokens back."""
+    return getattr(engine, "generate_rewindable", None)
 
 
 def read_model_config(p: Path) -> dict[str, Any]:

@@ -1,0 +1,217 @@
+"""Field retry (issue #31): a JSON leaf below a confidence threshold is sampled again
+from its first token, and the most confident attempt is kept.
+
+Real parts: the demo model on MLX, real llguidance. Oracles: `jsonschema` validates
+the whole reply; the model itself, run once over the prompt and the final reply, gives
+each kept token's logprob (the KV cache after the rollbacks must be exactly the kept
+attempt's); a run without retry gives the reply up to the retried field's start.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from tests.helpers.env import require
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "ok": {"type": "boolean"},
+        "city": {"type": "string", "maxLength": 10},
+        "n": {"type": "integer"},
+    },
+    "required": ["ok", "city", "n"],
+    "additionalProperties": False,
+}
+MESSAGES = [{"role": "user", "content": "Describe a city as JSON."}]
+
+
+@pytest.fixture(scope="module")
+def demo():
+    require("mlx_lm", "the demo model's runtime")
+    import tokentrail
+
+    return tokentrail.load()
+
+
+def _run(demo, **kw):
+    from tokentrail import stream_generate
+
+    model, tok = demo
+    return list(stream_generate(model, tok, MESSAGES, max_tokens=60, json_schema=SCHEMA, **kw))
+
+
+def _score(field) -> float:
+    conf = field.confidence
+    return conf.calibrated if conf.calibrated is not None else conf.probability
+
+
+def _forward_logprobs(demo, ids: list[int], n_reply: int) -> list[float]:
+    """The model's own logprob of each of the last `n_reply` ids, in one forward pass."""
+    import mlx.core as mx
+
+    model, _ = demo
+    logits = model(mx.array(ids)[None])[0].astype(mx.float32)
+    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    start = len(ids) - n_reply
+    return [logprobs[i - 1, ids[i]].item() for i in range(start, len(ids))]
+
+
+@pytest.fixture(scope="module")
+def base(demo):
+    return _run(demo, top_logprobs=3)
+
+
+@pytest.fixture(scope="module")
+def below(base):
+    """A threshold the first field clears and a later one does not (the demo model's
+    greedy reply, so the same every run)."""
+    fields = base[-1].all_fields
+    first, later = _score(fields[0]), min(_score(f) for f in fields[1:])
+    assert first > later, "the demo model's reply no longer has a low field after a high one"
+    return math.sqrt(first * later)
+
+
+@pytest.fixture(scope="module")
+def retried(demo, below):
+    return _run(demo, retry={"below": below, "max": 3, "temperature": 1.0}, seed=7, top_logprobs=3)
+
+
+def test_reply_is_valid_and_emitted_once(retried):
+    jsonschema = require("jsonschema")
+    final = retried[-1]
+    text = "".join(r.text for r in retried)
+    assert final.finish_reason == "stop"
+    jsonschema.validate(json.loads(text), SCHEMA)
+    # each token once, in order: the retried attempts' tokens were never emitted
+    indexes = [r.generation_tokens - 1 for r in retried]
+    assert indexes == list(range(len(retried)))
+    spans = [t for r in retried for t in r.last_segment_tokens]
+    assert [t.index for t in spans] == sorted({t.index for t in spans})
+    assert [f.value for f in final.all_fields] == list(json.loads(text).values())
+
+
+def test_attempts_listed_and_most_confident_kept(retried, below):
+    fields = retried[-1].all_fields
+    tried = [f for f in fields if f.attempts is not None]
+    assert tried, "no field was retried"
+    for f in tried:
+        kept = [a for a in f.attempts if a.kept]
+        assert len(kept) == 1
+        assert kept[0].value == f.value and kept[0].text == f.text
+        best = max(a.confidence.probability for a in f.attempts)
+        assert kept[0].confidence.probability == best == _score(f)
+        assert len(f.attempts) >= 2
+        # retried because the first attempt was below; stopped at the first one above
+        assert f.attempts[0].confidence.probability < below
+        assert all(a.confidence.probability < below for a in f.attempts[:-1])
+        d = f.to_dict()
+        assert [a["value"] for a in d["attempts"]] == [a.value for a in f.attempts]
+    for f in fields:
+        if f.attempts is None:
+            assert _score(f) >= below or f is not fields[0]
+
+
+def test_kept_logprobs_equal_a_fresh_forward_pass(demo, retried):
+    from tokentrail.prompting import prompt_ids
+
+    _, tok = demo
+    ids = prompt_ids(tok, MESSAGES, None)
+    reply = [r.token for r in retried]
+    truth = _forward_logprobs(demo, ids + reply, len(reply))
+    got = [r.token_logprob for r in retried]
+    assert got == pytest.approx(truth, abs=2e-4)
+    # the fields' tokens carry the same logprobs
+    for f in retried[-1].all_fields:
+        for t in f.tokens:
+            assert t.logprob == pytest.approx(truth[t.index], abs=2e-4)
+
+
+def test_other_fields_untouched(base, retried):
+    fields = retried[-1].all_fields
+    first_tried = next(f for f in fields if f.attempts is not None)
+    start = first_tried.tokens[0].index
+    assert [r.token for r in retried[:start]] == [r.token for r in base[:start]]
+    assert [r.text for r in retried[:start]] == [r.text for r in base[:start]]
+    for mine, theirs in zip(fields, base[-1].all_fields, strict=False):
+        if mine is first_tried:
+            break
+        assert (mine.value, mine.text, mine.tokens) == (theirs.value, theirs.text, theirs.tokens)
+
+
+def test_no_retry_above_threshold_is_the_plain_run(demo, base):
+    same = _run(demo, retry={"below": 0.0, "max": 2}, top_logprobs=3)
+    assert [r.token for r in same] == [r.token for r in base]
+    assert all(f.attempts is None for f in same[-1].all_fields)
+
+
+def test_retry_needs_a_json_constraint(demo):
+    from tokentrail import stream_generate
+
+    model, tok = demo
+    with pytest.raises(ValueError, match="retry needs a JSON constraint"):
+        stream_generate(model, tok, "hi", retry={"below": 0.5})
+    with pytest.raises(ValueError, match=r"retry\.below"):
+        stream_generate(model, tok, "hi", json_schema=SCHEMA, retry={"below": 1.5})
+    with pytest.raises(ValueError, match=r"retry\.max"):
+        stream_generate(model, tok, "hi", json_schema=SCHEMA, retry={"below": 0.5, "max": 0})
+
+
+def test_rewind_then_greedy_repeats_and_force_restores(demo):
+    """The engine's rewind: after taking n tokens back, greedy decoding gives the same
+    tokens and logprobs again; after forcing them, the next step is the original's."""
+    from tokentrail.constrain import constraint_from
+    from tokentrail.engines import engine_for
+    from tokentrail.prompting import prompt_ids
+    from tokentrail.sampling import make_params
+
+    model, tok = demo
+    engine = engine_for(model)
+    constraint = constraint_from(json_schema=SCHEMA).bind(tok)
+    params = make_params(temp=0.0, top_logprobs=2, vocab_size=engine.vocab_size,
+                         constraint=constraint)  # fmt: skip
+    ids = prompt_ids(tok, MESSAGES, None)
+    steps = engine.generate_rewindable(ids, params, 30)
+    first = [next(steps) for _ in range(12)]
+    for n in (1, 4, 11, 12):
+        steps.rewind(n)
+        assert steps.generated == 12 - n
+        again = [next(steps) for _ in range(n)]
+        assert [s.token for s in again] == [s.token for s in first[12 - n :]]
+        assert [s.logprob for s in again] == pytest.approx([s.logprob for s in first[12 - n :]])
+        assert [s.allowed_mass for s in again] == pytest.approx(
+            [s.allowed_mass for s in first[12 - n :]]
+        )
+    nxt = next(steps)
+    steps.rewind(6)
+    steps.force([s.token for s in first[7:]])
+    assert steps.generated == 12
+    assert next(steps).token == nxt.token
+    steps.close()
+
+
+def test_guide_rollback_gives_the_same_masks(demo):
+    """llguidance's state after rollback(n) is the one n tokens earlier: the same
+    allowed ids come again."""
+    import numpy as np
+
+    from tokentrail.constrain import constraint_from
+
+    _, tok = demo
+    guide = constraint_from(json_schema=SCHEMA).bind(tok).guide()
+    text_ids = tok.encode('{"ok":true,"city":"Rome","n":3}', add_special_tokens=False)
+    masks = []
+    for t in text_ids:
+        masks.append(guide.allowed(guide.size).copy())
+        guide.advance(t)
+    for n in (1, 3, len(text_ids)):
+        guide.rollback(n)
+        assert np.array_equal(guide.allowed(guide.size), masks[len(text_ids) - n])
+        for t in text_ids[len(text_ids) - n :]:
+            guide.advance(t)
+    assert guide.rewindable == len(text_ids)
+    with pytest.raises(ValueError, match="cannot roll the grammar back"):
+        guide.rollback(len(text_ids) + 1)

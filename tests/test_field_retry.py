@@ -215,3 +215,114 @@ def test_guide_rollback_gives_the_same_masks(demo):
     assert guide.rewindable == len(text_ids)
     with pytest.raises(ValueError, match="cannot roll the grammar back"):
         guide.rollback(len(text_ids) + 1)
+
+
+# -- over HTTP: a real `tokentrail serve` and the official client --
+
+PROMPT = "A city as JSON: "
+RESPONSE_FORMAT = {
+    "type": "json_schema",
+    "json_schema": {"name": "c", "schema": SCHEMA, "strict": True},
+}
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory):
+    openai = require("openai", "the official client reads the server's responses")
+    require("mlx_lm", "the demo model's runtime")
+    from tests.helpers.servers import start_server
+
+    srv = start_server(None, tmp_path_factory.mktemp("logs") / "retry.log")
+    yield openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=300), srv
+    srv.stop()
+
+
+def _complete(client, below, **kw):
+    c, srv = client
+    return c.completions.create(
+        model=srv.model, prompt=PROMPT, max_tokens=60, seed=7, logprobs=3,
+        extra_body={"response_format": RESPONSE_FORMAT,
+                    "tokentrail": {"retry": {"below": below, "max": 3, "temperature": 1.0}}},
+        **kw,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def served_below(demo):
+    """A threshold between the fields' lowest and highest confidence, for PROMPT."""
+    from tokentrail import stream_generate
+
+    model, tok = demo
+    plain = list(stream_generate(model, tok, PROMPT, max_tokens=60, json_schema=SCHEMA))
+    scores = [_score(f) for f in plain[-1].all_fields]
+    assert min(scores) < max(scores)
+    return math.sqrt(min(scores) * max(scores))
+
+
+def test_server_whole_reply_retried(client, demo, served_below):
+    jsonschema = require("jsonschema")
+    from tokentrail import stream_generate
+    from tokentrail.prompting import prompt_ids
+
+    r = _complete(client, served_below)
+    text = r.choices[0].text
+    jsonschema.validate(json.loads(text), SCHEMA)
+    ext = r.model_extra["tokentrail"]
+    fields = ext["fields"]
+    tried = [f for f in fields if f.get("attempts")]
+    assert tried
+    for f in tried:
+        kept = [a for a in f["attempts"] if a["kept"]]
+        assert len(kept) == 1 and kept[0]["value"] == f["value"]
+        assert kept[0]["confidence"]["probability"] == max(
+            a["confidence"]["probability"] for a in f["attempts"]
+        )
+    # the kept tokens' logprobs are the model's own over the final text
+    model, tok = demo
+    tokens = sorted({t["index"]: t for s in ext["segments"] for t in s["tokens"]}.items())
+    ids = prompt_ids(tok, PROMPT, None)
+    reply = [t["id"] for _, t in tokens]
+    truth = _forward_logprobs(demo, ids + reply, len(reply))
+    assert [t["logprob"] for _, t in tokens] == pytest.approx(truth, abs=2e-4)
+    # the library does the same with the same seed
+    retry = {"below": served_below, "max": 3, "temperature": 1.0}
+    mine = list(stream_generate(model, tok, PROMPT, max_tokens=60, json_schema=SCHEMA, seed=7,
+                                top_logprobs=3, retry=retry))  # fmt: skip
+    assert "".join(m.text for m in mine) == text
+    assert [f.to_dict()["attempts"] if f.attempts else None for f in mine[-1].all_fields] == [
+        f.get("attempts") for f in fields
+    ]
+
+
+def test_server_stream_emits_each_token_once(client, served_below):
+    whole = _complete(client, served_below)
+    text, seen, indexes = "", [], []
+    for chunk in _complete(client, served_below, stream=True):
+        ext = chunk.model_extra["tokentrail"]
+        if chunk.choices:
+            text += chunk.choices[0].text or ""
+        indexes += [t["index"] for s in ext.get("segments", []) for t in s["tokens"]]
+        seen += ext.get("fields", [])
+    assert text == whole.choices[0].text
+    assert indexes == sorted(set(indexes))
+    assert seen == whole.model_extra["tokentrail"]["fields"]
+    assert any(f.get("attempts") for f in seen)
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"tokentrail": {"retry": {"below": 0.5}}}, "tokentrail.retry"),
+        ({"response_format": RESPONSE_FORMAT, "tokentrail": {"retry": {"below": 2}}},
+         "tokentrail.retry.below"),
+        ({"response_format": RESPONSE_FORMAT, "tokentrail": {"retry": {"below": 0.5, "max": 0}}},
+         "tokentrail.retry.max"),
+    ],
+)  # fmt: skip
+def test_server_refuses_retry_it_cannot_do(client, extra, param):
+    import openai
+
+    c, srv = client
+    with pytest.raises(openai.BadRequestError) as info:
+        c.completions.create(model=srv.model, prompt=PROMPT, max_tokens=5, extra_body=extra)
+    assert info.value.body["param"] == param

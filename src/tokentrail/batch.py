@@ -34,6 +34,7 @@ __all__ = [
     "Completion",
     "batch_generate",
     "open_sequence",
+    "sequence_state",
     "stream_batch_generate",
 ]
 
@@ -133,7 +134,21 @@ def open_sequence(
     Used by `stream_batch_generate` and the server's scheduler alike.
     """
     uid = batch.add(ids, for_choice(params, choice), limit)
-    state = SequenceState(
+    return uid, sequence_state(engine, tokenizer, ids, limit, stop, eos, skip_special_tokens)
+
+
+def sequence_state(
+    engine: Any,
+    tokenizer: Any,
+    ids: list[int],
+    limit: int | None,
+    stop: Any = None,
+    eos: frozenset[int] | None = None,
+    skip_special_tokens: bool = True,
+) -> SequenceState:
+    """A fresh `SequenceState` for a reply to prompt `ids` (what `open_sequence` gives
+    with its sequence; field retry makes one again each time it goes back)."""
+    return SequenceState(
         aligner_for(tokenizer, ids, skip_special_tokens),
         stop_matcher(stop),
         eos_ids(tokenizer) if eos is None else eos,
@@ -142,7 +157,6 @@ def open_sequence(
         engine.vocab_size,
         engine.peak_memory,
     )
-    return uid, state
 
 
 def stream_batch_generate(

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -133,21 +133,43 @@ class FieldRetry:
         return out
 
     def __iter__(self) -> Iterator[Held]:
+        for event in self._events():
+            if event is not None:
+                yield event
+
+    def ticks(self) -> Iterator[list[Held]]:
+        """One list per engine step: the records released with it (often none while a
+        leaf is held, several when one is decided). The server's scheduler steps a
+        retried sequence this way, one model step per pass of its loop."""
+        released: list[Held] = []
+        for event in self._events():
+            if event is None:
+                yield released
+                released = []
+            else:
+                released.append(event)
+        if released:
+            yield released
+
+    def _events(self) -> Iterator[Held | None]:
+        """Records in emission order, and None after each engine step."""
         for step in self.steps:
             out = self._feed(step)
             if not self.held and not (self.processor.open_field or out.fields):
                 yield out, step.logprobs
+                yield None
                 if self.processor.done:
                     return
                 continue
             self.held.append((out, step.logprobs))
             leaf = self._leaf_in(out)
             if leaf is not None:
-                self._decide(leaf)
+                yield from self._decide(leaf)
             if leaf is not None or self.processor.done or not self.processor.open_field:
                 yield from self._release()
-                if self.processor.done:
-                    return
+            yield None
+            if self.processor.done:
+                return
         yield from self._release(everything=True)
 
     def _leaf_in(self, out: TokenOutput, start: int | None = None) -> JsonField | None:
@@ -166,7 +188,7 @@ class FieldRetry:
         yield from out
 
     # long: one decision, the retries' loop and the restore of the kept attempt read as one.
-    def _decide(self, leaf: JsonField) -> None:
+    def _decide(self, leaf: JsonField) -> Iterator[None]:
         """Retry `leaf` if it is below the threshold and can be retried; leave the kept
         attempt's records in `held` and its state in the engine and the processor."""
         start = leaf.tokens[0].index
@@ -183,7 +205,7 @@ class FieldRetry:
             self._back_to(start)
             self.steps.temperature = policy.temperature
             try:
-                field, held = self._attempt(start, leaf.path)
+                field, held = yield from self._attempt(start, leaf.path)
             finally:
                 self.steps.temperature = None
             tries.append(_Attempt(field, held, self.history[start:]))
@@ -210,13 +232,16 @@ class FieldRetry:
         self.decided_to = self.held[-1][0].index
         log.debug("field %s: %d attempts, kept %d", kept.field.path, len(found), best)
 
-    def _attempt(self, start: int, path: str) -> tuple[JsonField | None, list[Held]]:
+    def _attempt(
+        self, start: int, path: str
+    ) -> Generator[None, None, tuple[JsonField | None, list[Held]]]:
         """Generate from token `start` until a leaf beginning there completes (None
         when the sequence ends first, or the leaf is not at `path`)."""
         held: list[Held] = []
         for step in self.steps:
             out = self._feed(step)
             held.append((out, step.logprobs))
+            yield None
             leaf = self._leaf_in(out, start)
             if leaf is not None:
                 return (leaf if leaf.path == path else None), held

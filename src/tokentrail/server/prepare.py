@@ -16,6 +16,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from ..engines.base import rewinder
 from ..errors import APIError, ConstraintError, ContextOverflow
 from ..prompting import prompt_ids, room, stop_matcher
 from ..sampling import SamplingError, SamplingParams, check_max_tokens
@@ -39,6 +40,9 @@ class Prepared:
     limit: int
     params: SamplingParams
     outputs: tuple[dict[str, Any], ...]
+    #: ``tokentrail.retry``: the choices run outside the batch on the engine's
+    #: rewindable steps (`server.solo`); None: in the batch.
+    retry: Any = None
 
 
 def prepare(req: GenRequest, engine: Any, tokenizer: Any, config: ServerConfig) -> Prepared:
@@ -54,7 +58,28 @@ def prepare(req: GenRequest, engine: Any, tokenizer: Any, config: ServerConfig) 
     except (SamplingError, ConstraintError) as e:
         # e.g. a logit_bias id past the engine's vocabulary; tools with no format
         raise APIError(400, str(e), param=e.param, code="invalid_value") from None
-    return Prepared(ids, limit, params, outputs)
+    retry = req.structure.retry
+    if retry is not None:
+        _check_retry(req, engine)
+    return Prepared(ids, limit, params, outputs, retry)
+
+
+def _check_retry(req: GenRequest, engine: Any) -> None:
+    """A 400 naming ``tokentrail.retry`` where field retry cannot run: an engine that
+    cannot take tokens back, or a tool call's constraint rather than the reply's."""
+    if rewinder(engine) is None:
+        raise APIError(
+            400,
+            f"'tokentrail.retry' is not supported on the {engine.name} engine (it cannot "
+            "take tokens back; see docs/acting-on-confidence.md)",
+            param="tokentrail.retry",
+            code="invalid_value",
+        )
+    if not req.structure.json_constrained:
+        raise APIError(
+            400, "'tokentrail.retry' retries the reply's JSON leaves, not a tool call's",
+            param="tokentrail.retry", code="invalid_value",
+        )
 
 
 def _limit(req: GenRequest, n_prompt: int, context_length: int | None) -> int:

@@ -103,6 +103,8 @@ class Structure:
     #: With `tools`: "auto", "none", "required" or "named" (a constraint for the last
     #: two, whose fields are the tool calls'); None without tools.
     tool_choice: str | None = None
+    #: ``tokentrail.retry`` (field retry, `output.retry`); None: off.
+    retry: RetryOptions | None = None
 
     @property
     def json_constrained(self) -> bool:
@@ -288,11 +290,20 @@ def structure_of(wire: StructuredFields, chat: bool) -> Structure:
         raise _bad("tokentrail", "'tokentrail.reasoning' is for chat completions only")
     constraint = _constraint(wire)
     reasoning = _reasoning(options.reasoning)
+    if options.retry is not None and (
+        constraint is None or constraint.kind not in ("json_schema", "json_object")
+    ):
+        raise _bad(
+            "tokentrail.retry",
+            "'tokentrail.retry' retries JSON leaves: it needs a JSON constraint "
+            "(response_format json_schema or json_object)",
+        )
     return Structure(
         constraint=constraint,
         logprobs_mode=options.logprobs or "raw",
         fields=bool(options.fields),
         reasoning=reasoning,
+        retry=options.retry,
     )
 
 

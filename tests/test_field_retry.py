@@ -30,17 +30,17 @@ MESSAGES = [{"role": "user", "content": "Describe a city as JSON."}]
 
 
 @pytest.fixture(scope="module")
-def demo():
+def mlx_demo():
     require("mlx_lm", "the demo model's runtime")
     import tokentrail
 
     return tokentrail.load()
 
 
-def _run(demo, **kw):
+def _run(mlx_demo, **kw):
     from tokentrail import stream_generate
 
-    model, tok = demo
+    model, tok = mlx_demo
     return list(stream_generate(model, tok, MESSAGES, max_tokens=60, json_schema=SCHEMA, **kw))
 
 
@@ -49,11 +49,11 @@ def _score(field) -> float:
     return conf.calibrated if conf.calibrated is not None else conf.probability
 
 
-def _forward_logprobs(demo, ids: list[int], n_reply: int) -> list[float]:
+def _forward_logprobs(mlx_demo, ids: list[int], n_reply: int) -> list[float]:
     """The model's own logprob of each of the last `n_reply` ids, in one forward pass."""
     import mlx.core as mx
 
-    model, _ = demo
+    model, _ = mlx_demo
     logits = model(mx.array(ids)[None])[0].astype(mx.float32)
     logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
     start = len(ids) - n_reply
@@ -61,8 +61,8 @@ def _forward_logprobs(demo, ids: list[int], n_reply: int) -> list[float]:
 
 
 @pytest.fixture(scope="module")
-def base(demo):
-    return _run(demo, top_logprobs=3)
+def base(mlx_demo):
+    return _run(mlx_demo, top_logprobs=3)
 
 
 @pytest.fixture(scope="module")
@@ -76,8 +76,9 @@ def below(base):
 
 
 @pytest.fixture(scope="module")
-def retried(demo, below):
-    return _run(demo, retry={"below": below, "max": 3, "temperature": 1.0}, seed=7, top_logprobs=3)
+def retried(mlx_demo, below):
+    retry = {"below": below, "max": 3, "temperature": 1.0}
+    return _run(mlx_demo, retry=retry, seed=7, top_logprobs=3)
 
 
 def test_reply_is_valid_and_emitted_once(retried):
@@ -115,13 +116,13 @@ def test_attempts_listed_and_most_confident_kept(retried, below):
             assert _score(f) >= below or f is not fields[0]
 
 
-def test_kept_logprobs_equal_a_fresh_forward_pass(demo, retried):
+def test_kept_logprobs_equal_a_fresh_forward_pass(mlx_demo, retried):
     from tokentrail.prompting import prompt_ids
 
-    _, tok = demo
+    _, tok = mlx_demo
     ids = prompt_ids(tok, MESSAGES, None)
     reply = [r.token for r in retried]
-    truth = _forward_logprobs(demo, ids + reply, len(reply))
+    truth = _forward_logprobs(mlx_demo, ids + reply, len(reply))
     got = [r.token_logprob for r in retried]
     assert got == pytest.approx(truth, abs=2e-4)
     # the fields' tokens carry the same logprobs
@@ -142,16 +143,16 @@ def test_other_fields_untouched(base, retried):
         assert (mine.value, mine.text, mine.tokens) == (theirs.value, theirs.text, theirs.tokens)
 
 
-def test_no_retry_above_threshold_is_the_plain_run(demo, base):
-    same = _run(demo, retry={"below": 0.0, "max": 2}, top_logprobs=3)
+def test_no_retry_above_threshold_is_the_plain_run(mlx_demo, base):
+    same = _run(mlx_demo, retry={"below": 0.0, "max": 2}, top_logprobs=3)
     assert [r.token for r in same] == [r.token for r in base]
     assert all(f.attempts is None for f in same[-1].all_fields)
 
 
-def test_retry_needs_a_json_constraint(demo):
+def test_retry_needs_a_json_constraint(mlx_demo):
     from tokentrail import stream_generate
 
-    model, tok = demo
+    model, tok = mlx_demo
     with pytest.raises(ValueError, match="retry needs a JSON constraint"):
         stream_generate(model, tok, "hi", retry={"below": 0.5})
     with pytest.raises(ValueError, match=r"retry\.below"):
@@ -160,7 +161,7 @@ def test_retry_needs_a_json_constraint(demo):
         stream_generate(model, tok, "hi", json_schema=SCHEMA, retry={"below": 0.5, "max": 0})
 
 
-def test_rewind_then_greedy_repeats_and_force_restores(demo):
+def test_rewind_then_greedy_repeats_and_force_restores(mlx_demo):
     """The engine's rewind: after taking n tokens back, greedy decoding gives the same
     tokens and logprobs again; after forcing them, the next step is the original's."""
     from tokentrail.constrain import constraint_from
@@ -168,7 +169,7 @@ def test_rewind_then_greedy_repeats_and_force_restores(demo):
     from tokentrail.prompting import prompt_ids
     from tokentrail.sampling import make_params
 
-    model, tok = demo
+    model, tok = mlx_demo
     engine = engine_for(model)
     constraint = constraint_from(json_schema=SCHEMA).bind(tok)
     params = make_params(temp=0.0, top_logprobs=2, vocab_size=engine.vocab_size,
@@ -193,14 +194,14 @@ def test_rewind_then_greedy_repeats_and_force_restores(demo):
     steps.close()
 
 
-def test_guide_rollback_gives_the_same_masks(demo):
+def test_guide_rollback_gives_the_same_masks(mlx_demo):
     """llguidance's state after rollback(n) is the one n tokens earlier: the same
     allowed ids come again."""
     import numpy as np
 
     from tokentrail.constrain import constraint_from
 
-    _, tok = demo
+    _, tok = mlx_demo
     guide = constraint_from(json_schema=SCHEMA).bind(tok).guide()
     text_ids = tok.encode('{"ok":true,"city":"Rome","n":3}', add_special_tokens=False)
     masks = []
@@ -248,18 +249,18 @@ def _complete(client, below, **kw):
 
 
 @pytest.fixture(scope="module")
-def served_below(demo):
+def served_below(mlx_demo):
     """A threshold between the fields' lowest and highest confidence, for PROMPT."""
     from tokentrail import stream_generate
 
-    model, tok = demo
+    model, tok = mlx_demo
     plain = list(stream_generate(model, tok, PROMPT, max_tokens=60, json_schema=SCHEMA))
     scores = [_score(f) for f in plain[-1].all_fields]
     assert min(scores) < max(scores)
     return math.sqrt(min(scores) * max(scores))
 
 
-def test_server_whole_reply_retried(client, demo, served_below):
+def test_server_whole_reply_retried(client, mlx_demo, served_below):
     jsonschema = require("jsonschema")
     from tokentrail import stream_generate
     from tokentrail.prompting import prompt_ids
@@ -278,11 +279,11 @@ def test_server_whole_reply_retried(client, demo, served_below):
             a["confidence"]["probability"] for a in f["attempts"]
         )
     # the kept tokens' logprobs are the model's own over the final text
-    model, tok = demo
+    model, tok = mlx_demo
     tokens = sorted({t["index"]: t for s in ext["segments"] for t in s["tokens"]}.items())
     ids = prompt_ids(tok, PROMPT, None)
     reply = [t["id"] for _, t in tokens]
-    truth = _forward_logprobs(demo, ids + reply, len(reply))
+    truth = _forward_logprobs(mlx_demo, ids + reply, len(reply))
     assert [t["logprob"] for _, t in tokens] == pytest.approx(truth, abs=2e-4)
     # the library does the same with the same seed
     retry = {"below": served_below, "max": 3, "temperature": 1.0}
@@ -326,3 +327,51 @@ def test_server_refuses_retry_it_cannot_do(client, extra, param):
     with pytest.raises(openai.BadRequestError) as info:
         c.completions.create(model=srv.model, prompt=PROMPT, max_tokens=5, extra_body=extra)
     assert info.value.body["param"] == param
+
+
+# -- llama.cpp: SmolLM2-135M-Instruct (GGUF) --
+
+
+def test_llamacpp_retry_keeps_the_most_confident_and_the_model_agrees(smol, smol_ref):
+    """On llama.cpp the KV cache is cut with the ids (llama_kv_cache_seq_rm at the next
+    decode) and the guide rolls back: the reply is valid, the kept tokens' logprobs are
+    llama-cpp-python's own over the final text, and the fields before the first retried
+    one are the plain run's."""
+    import numpy as np
+
+    jsonschema = require("jsonschema")
+    from tokentrail import stream_generate
+
+    engine, tok = smol
+    msgs = [{"role": "user", "content": "Describe a city in JSON with ok, city and n."}]
+    plain = list(stream_generate(engine, tok, msgs, max_tokens=60, json_schema=SCHEMA))
+    scores = [_score(f) for f in plain[-1].all_fields]
+    below = math.sqrt(min(scores) * max(scores))
+    retried = list(stream_generate(engine, tok, msgs, max_tokens=60, json_schema=SCHEMA, seed=5,
+                                   retry={"below": below, "max": 3}))  # fmt: skip
+    text = "".join(r.text for r in retried)
+    jsonschema.validate(json.loads(text), SCHEMA)
+    fields = retried[-1].all_fields
+    tried = [f for f in fields if f.attempts is not None]
+    assert tried
+    for f in tried:
+        (kept,) = [a for a in f.attempts if a.kept]
+        assert kept.value == f.value
+        assert kept.confidence.probability == max(a.confidence.probability for a in f.attempts)
+    start = tried[0].tokens[0].index
+    assert [r.token for r in retried[:start]] == [r.token for r in plain[:start]]
+    # the model's own logprobs over prompt + final reply, from an empty cache, the reply
+    # fed a token at a time as generation feeds it (llama.cpp's batch kernels give
+    # logits that differ by more than a tolerance from its one-token ones)
+    from tokentrail.prompting import prompt_ids
+
+    ids = prompt_ids(tok, msgs, None)
+    reply = [r.token for r in retried]
+    smol_ref.reset()
+    smol_ref.eval(ids)
+    for t in reply[:-1]:
+        smol_ref.eval([t])
+    logits = np.asarray(smol_ref.scores[len(ids) - 1 : len(ids) + len(reply) - 1], dtype=np.float64)
+    lse = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
+    truth = [float(logits[i, t] - lse[i]) for i, t in enumerate(reply)]
+    assert [r.token_logprob for r in retried] == pytest.approx(truth, abs=2e-4)

@@ -202,7 +202,14 @@ class FieldRetry:
         tries = [_Attempt(leaf, self.held[at:], self.history[start:])]
         best = 0
         for _ in range(policy.max):
-            self._back_to(start)
+            try:
+                self._back_to(start)
+            except ValueError as e:  # e.g. the grammar started inside the leaf's token
+                if len(tries) > 1:  # it went back there before: the engine is broken
+                    raise
+                log.debug("field %s not retried: %s", leaf.path, e)
+                self.decided_to = last
+                return
             self.steps.temperature = policy.temperature
             try:
                 field, held = yield from self._attempt(start, leaf.path)
@@ -250,7 +257,8 @@ class FieldRetry:
         return None, held
 
     def _back_to(self, start: int) -> None:
-        """Take back every token from `start` on, in the engine and the processor."""
+        """Take back every token from `start` on, in the engine and the processor (a
+        ValueError from the engine changes nothing)."""
         n = len(self.history) - start
         self.steps.rewind(n)
         self.discarded += n

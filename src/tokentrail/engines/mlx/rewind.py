@@ -120,7 +120,8 @@ class MLXRewindable:
 
     def rewind(self, n: int) -> None:
         """Take back the last `n` generated tokens: the cache, the guide and the ids are
-        as they were before them, and the next step samples position `generated - n`."""
+        as they were before them, and the next step samples position `generated - n`.
+        ValueError, with nothing changed, when they cannot all be taken back."""
         from mlx_lm.models.cache import trim_prompt_cache
 
         if n < 0 or n > self.generated:
@@ -132,9 +133,11 @@ class MLXRewindable:
         # not in it, the one before the rewound ones becomes pending again), the guide
         # as many, except the first generated token's (never advanced past).
         k = self.generated - 1
+        guide = self.rec.guide
+        if guide is not None and min(n, k) > guide.rewindable:
+            raise ValueError(f"cannot rewind {n} tokens: the grammar started after them")
         if self.cache is not None and trim_prompt_cache(self.cache, n) != n:
             raise RuntimeError("the model's cache could not be trimmed")
-        guide = self.rec.guide
         if guide is not None:
             guide.rollback(min(n, k))
         del self.ids[-n:]

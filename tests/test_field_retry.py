@@ -329,6 +329,36 @@ def test_server_refuses_retry_it_cannot_do(client, extra, param):
     assert info.value.body["param"] == param
 
 
+def test_torch_retry_matches_a_fresh_forward_pass():
+    """torch: the cache is cut with `DynamicCache.crop`; the kept tokens' logprobs are
+    the model's own over prompt + final reply in one forward pass."""
+    require("transformers")
+    torch = require("torch")
+    jsonschema = require("jsonschema")
+    import tokentrail
+    from tokentrail import stream_generate
+    from tokentrail.prompting import prompt_ids
+
+    model, tok = tokentrail.load(engine="torch")
+    plain = list(stream_generate(model, tok, PROMPT, max_tokens=60, json_schema=SCHEMA))
+    scores = [_score(f) for f in plain[-1].all_fields]
+    below = math.sqrt(min(scores) * max(scores))
+    out = list(stream_generate(model, tok, PROMPT, max_tokens=60, json_schema=SCHEMA, seed=3,
+                               retry={"below": below, "max": 3}))  # fmt: skip
+    jsonschema.validate(json.loads("".join(r.text for r in out)), SCHEMA)
+    tried = [f for f in out[-1].all_fields if f.attempts is not None]
+    assert tried
+    start = tried[0].tokens[0].index
+    assert [r.token for r in out[:start]] == [r.token for r in plain[:start]]
+    ids = prompt_ids(tok, PROMPT, None)
+    reply = [r.token for r in out]
+    with torch.inference_mode():
+        logits = model(input_ids=torch.tensor([ids + reply])).logits[0].float()
+    logprobs = torch.log_softmax(logits, dim=-1)
+    truth = [float(logprobs[len(ids) + i - 1, t]) for i, t in enumerate(reply)]
+    assert [r.token_logprob for r in out] == pytest.approx(truth, abs=2e-4)
+
+
 # -- llama.cpp: SmolLM2-135M-Instruct (GGUF) --
 
 

@@ -20,6 +20,7 @@ from ..sampling import SamplingParams
 __all__ = [
     "Engine",
     "EngineError",
+    "RewindableBase",
     "RewindableSteps",
     "Step",
     "check_generate_args",
@@ -118,6 +119,42 @@ class RewindableSteps(Protocol):
     def force(self, ids: Sequence[int]) -> None: ...
 
     def close(self) -> None: ...
+
+
+class RewindableBase:
+    """What every `RewindableSteps` shares: the ids standing (`ids`: the prompt, then
+    each token generated and not taken back), the token limit, the temperature (the
+    request's own `params.temp` unless set), and `_check_rewind`."""
+
+    def __init__(self, ids: Sequence[int], params: SamplingParams, max_tokens: int | None) -> None:
+        self.params = params
+        self.ids = list(ids)
+        self.n_prompt = len(self.ids)
+        self.limit = max_tokens
+        self.temp = params.temp
+
+    @property
+    def generated(self) -> int:
+        """How many generated tokens stand now."""
+        return len(self.ids) - self.n_prompt
+
+    @property
+    def temperature(self) -> float:
+        return self.temp
+
+    @temperature.setter
+    def temperature(self, value: float | None) -> None:
+        self.temp = self.params.temp if value is None else float(value)
+
+    def __iter__(self) -> Any:
+        return self
+
+    def _exhausted(self) -> bool:
+        return self.limit is not None and self.generated >= self.limit
+
+    def _check_rewind(self, n: int) -> None:
+        if n < 0 or n > self.generated:
+            raise ValueError(f"cannot rewind {n} tokens: {self.generated} were generated")
 
 
 def rewinder(engine: Any) -> Any:

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from ..sampling import SamplingParams
-from .base import Step, check_generate_args, read_model_config
+from .base import RewindableBase, Step, check_generate_args, read_model_config
 from .config import (
     CONTEXT_KEYS,
     PREFILL_STEP_SIZE,
@@ -351,7 +351,7 @@ class TorchEngine:
             token, info, logprobs = upcoming
 
 
-class TorchRewindable:
+class TorchRewindable(RewindableBase):
     """`engines.base.RewindableSteps` on a transformers model: one token per forward
     pass (not pipelined), able to go back: the KV cache is cut with `DynamicCache.crop`
     and the guide rolls back (`Guide.rollback`). Draws use the engine's samplers at the
@@ -361,11 +361,8 @@ class TorchRewindable:
         self, engine: TorchEngine, ids: list[int], params: SamplingParams,
         max_tokens: int | None,
     ) -> None:  # fmt: skip
+        super().__init__(ids, params, max_tokens)
         self.engine = engine
-        self.params = params
-        self.ids = list(ids)
-        self.n_prompt = len(ids)
-        self.limit = max_tokens
         self.cache: Any = None
         self.cached = 0  # ids the cache holds
         self.guide = params.constraint.guide() if params.constraint is not None else None
@@ -374,26 +371,10 @@ class TorchRewindable:
             self.generator = torch.Generator(device=engine.device)
             self.generator.manual_seed(params.seed)
         self.process = _make_processors(params, engine.device)
-        self.temp = params.temp
-
-    @property
-    def generated(self) -> int:
-        return len(self.ids) - self.n_prompt
-
-    @property
-    def temperature(self) -> float:
-        return self.temp
-
-    @temperature.setter
-    def temperature(self, value: float | None) -> None:
-        self.temp = self.params.temp if value is None else float(value)
-
-    def __iter__(self) -> TorchRewindable:
-        return self
 
     def __next__(self) -> Step:
         engine, p = self.engine, self.params
-        if self.limit is not None and self.generated >= self.limit:
+        if self._exhausted():
             raise StopIteration
         params = p if self.temp == p.temp else replace(p, temp=self.temp)
         with torch.inference_mode():
@@ -426,8 +407,7 @@ class TorchRewindable:
         return Step(token, lp, top, logprobs, False, p.logprobs_mode, mass)
 
     def rewind(self, n: int) -> None:
-        if n < 0 or n > self.generated:
-            raise ValueError(f"cannot rewind {n} tokens: {self.generated} were generated")
+        self._check_rewind(n)
         keep = len(self.ids) - n - 1  # the cache holds all but the last id standing
         if self.cached > keep and not hasattr(self.cache, "crop"):
             raise ValueError(f"this model's cache ({type(self.cache).__name__}) cannot be cut")

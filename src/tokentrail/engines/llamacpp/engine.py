@@ -33,7 +33,7 @@ import numpy as np
 
 from ...sampling import SamplingParams
 from ...vocab import Vocab
-from ..base import Step, check_generate_args
+from ..base import RewindableBase, Step, check_generate_args
 from ..gguf_models import GGUFError, check_magic, explain_llamacpp_failure, gguf_source
 from .batch import LlamaCppBatch
 from .guided import guided_chain, guided_step
@@ -376,7 +376,7 @@ class LlamaCppEngine:
             chain.close()
 
 
-class LlamaCppRewindable:
+class LlamaCppRewindable(RewindableBase):
     """`engines.base.RewindableSteps` on llama.cpp: the engine's own steps (its `_eval`,
     sampler chain and logits view), one at a time, able to go back.
 
@@ -391,28 +391,12 @@ class LlamaCppRewindable:
         self, engine: LlamaCppEngine, ids: list[int], params: SamplingParams,
         max_tokens: int | None,
     ) -> None:  # fmt: skip
+        super().__init__(ids, params, max_tokens)
         self.engine = engine
-        self.params = params
-        self.ids = list(ids)
-        self.n_prompt = len(ids)
-        self.limit = max_tokens
         self.sequence: list[int] = []  # the ids the KV cache holds for this stream
         self.owner = object()
         self.guided = guided_chain(params, engine.vocab_size or 0)
         self.chains: dict[float, Any] = {}
-        self.temp = params.temp
-
-    @property
-    def generated(self) -> int:
-        return len(self.ids) - self.n_prompt
-
-    @property
-    def temperature(self) -> float:
-        return self.temp
-
-    @temperature.setter
-    def temperature(self, value: float | None) -> None:
-        self.temp = self.params.temp if value is None else float(value)
 
     def _chain(self) -> Any:
         chain = self.chains.get(self.temp)
@@ -423,12 +407,9 @@ class LlamaCppRewindable:
             chain = self.chains[self.temp] = self.engine._sampler(p, self.ids, self.guided)
         return chain
 
-    def __iter__(self) -> LlamaCppRewindable:
-        return self
-
     def __next__(self) -> Step:
         engine, p = self.engine, self.params
-        if self.limit is not None and self.generated >= self.limit:
+        if self._exhausted():
             raise StopIteration
         if len(self.ids) >= (engine.context_length or 1 << 62):
             raise ValueError(f"the context of {engine.context_length} tokens is full")
@@ -443,8 +424,7 @@ class LlamaCppRewindable:
         return guided_step(self.guided, token, lp, top, full, p)
 
     def rewind(self, n: int) -> None:
-        if n < 0 or n > self.generated:
-            raise ValueError(f"cannot rewind {n} tokens: {self.generated} were generated")
+        self._check_rewind(n)
         if n == 0:
             return
         if self.guided is not None and self.guided.guide is not None:

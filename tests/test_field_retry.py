@@ -405,3 +405,28 @@ def test_llamacpp_retry_keeps_the_most_confident_and_the_model_agrees(smol, smol
     lse = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
     truth = [float(logits[i, t] - lse[i]) for i, t in enumerate(reply)]
     assert [r.token_logprob for r in retried] == pytest.approx(truth, abs=2e-4)
+
+
+def test_server_retry_beside_the_batch(client, served_below):
+    """A retried request (beside the batch) and plain streams (in it) at once: each
+    reply is what it is alone, with n = 2 retried choices too."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    c, srv = client
+
+    def plain():
+        return c.completions.create(model=srv.model, prompt="The capital of France is",
+                                    max_tokens=24).choices[0].text  # fmt: skip
+
+    alone_plain = plain()
+    alone_retry = _complete(client, served_below)
+    with ThreadPoolExecutor(3) as pool:
+        futures = [pool.submit(plain), pool.submit(_complete, client, served_below),
+                   pool.submit(plain)]  # fmt: skip
+        got = [f.result() for f in futures]
+    assert got[0] == got[2] == alone_plain
+    assert got[1].choices[0].text == alone_retry.choices[0].text
+    two = _complete(client, served_below, n=2)
+    assert [ch.index for ch in two.choices] == [0, 1]
+    for ch in two.choices:
+        json.loads(ch.text)

@@ -13,6 +13,8 @@ import json
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.helpers.env import require
 
@@ -191,6 +193,46 @@ def test_rewind_then_greedy_repeats_and_force_restores(mlx_demo):
     steps.force([s.token for s in first[7:]])
     assert steps.generated == 12
     assert next(steps).token == nxt.token
+    steps.close()
+
+
+@pytest.fixture(scope="module")
+def greedy_stream(mlx_demo):
+    """(a fresh rewindable greedy stream, the first 14 steps of one) on the demo model."""
+    from tokentrail.constrain import constraint_from
+    from tokentrail.engines import engine_for
+    from tokentrail.prompting import prompt_ids
+    from tokentrail.sampling import make_params
+
+    model, tok = mlx_demo
+    engine = engine_for(model)
+    constraint = constraint_from(json_schema=SCHEMA).bind(tok)
+    params = make_params(temp=0.0, vocab_size=engine.vocab_size, constraint=constraint)
+    ids = prompt_ids(tok, MESSAGES, None)
+
+    def fresh():
+        return engine.generate_rewindable(ids, params, 40)
+
+    ref = fresh()
+    return fresh, [next(ref).token for _ in range(14)]
+
+
+@settings(max_examples=25, deadline=None)
+@given(ops=st.lists(st.tuples(st.integers(0, 14), st.integers(0, 6)), min_size=1, max_size=6))
+def test_any_rewinds_and_forces_keep_the_greedy_run(greedy_stream, ops):
+    """Whatever tokens are taken back and forced again (the ones the greedy run took),
+    the next greedy step is the greedy run's: cache, guide and ids stay in step."""
+    fresh, ref = greedy_stream
+    steps = fresh()
+    for _ in range(4):
+        next(steps)
+    for back, forward in ops:
+        at = steps.generated - min(back, steps.generated)
+        steps.rewind(steps.generated - at)
+        upto = min(at + forward, len(ref) - 1)
+        steps.force(ref[at:upto])
+        assert steps.generated == upto
+        assert next(steps).token == ref[upto]
     steps.close()
 
 

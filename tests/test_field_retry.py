@@ -23,7 +23,7 @@ SCHEMA = {
     "properties": {
         "ok": {"type": "boolean"},
         "city": {"type": "string", "maxLength": 10},
-        "n": {"type": "integer"},
+        "n": {"type": "integer", "minimum": 0, "maximum": 999},
     },
     "required": ["ok", "city", "n"],
     "additionalProperties": False,

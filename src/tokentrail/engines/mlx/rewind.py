@@ -55,8 +55,8 @@ class MLXRewindable:
         guide = None if params.constraint is None else params.constraint.guide()
         self.model = model
         self.rec = GuidedRecorder(params, vocab_size, guide, params.top_logprobs, False)
-        if params.seed is not None and params.temp > 0:
-            self.rec.seed(params.seed, params.temp)
+        if params.seed is not None:  # its own key, at every temperature a retry draws at
+            self.rec.key = mx.random.key(params.seed)
         self.k = params.top_logprobs
         self.ids = list(prompt_ids)  # the prompt, then every token standing
         self.n_prompt = len(self.ids)
@@ -66,7 +66,6 @@ class MLXRewindable:
         self.cache: list[Any] | None = None
         self._graphs: dict[float, dict[Any, Any]] = {params.temp: self.rec.cache}
         self.base_temperature = params.temp
-        self.seed = params.seed
 
     @property
     def generated(self) -> int:
@@ -91,8 +90,6 @@ class MLXRewindable:
         from mlx_lm.models.cache import make_prompt_cache
 
         self.cache = make_prompt_cache(self.model)
-        if self.seed is not None:  # retries draw from MLX's generator: seeded as mlx-lm does
-            mx.random.seed(self.seed)
         head = self.ids[:-1]
         for i in range(0, len(head), self.prefill_step_size):
             self.model(mx.array(head[i : i + self.prefill_step_size])[None], cache=self.cache)

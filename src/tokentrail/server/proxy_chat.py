@@ -308,6 +308,11 @@ class UpstreamChat:
     def check(self, req: GenRequest) -> None:
         if req.n != 1:
             raise bad_request("n", "'n' must be 1 with --upstream-chat", "unsupported_value")
+        if req.structure.retry is not None:  # the upstream's chat cannot take tokens back
+            raise bad_request(
+                "tokentrail.retry", "'tokentrail.retry' is not supported with --upstream-chat",
+                "unsupported_value",
+            )
 
     def open(self) -> None:
         import httpx

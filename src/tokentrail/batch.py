@@ -36,6 +36,7 @@ __all__ = [
     "Completion",
     "batch_generate",
     "open_sequence",
+    "sequence_state",
     "stream_batch_generate",
 ]
 
@@ -147,7 +148,21 @@ def open_sequence(
     """
     engine_limit = None if limit is None else limit - len(prefix)
     uid = batch.add([*ids, *prefix], for_choice(params, choice), engine_limit)
-    state = SequenceState(
+    return uid, sequence_state(engine, tokenizer, ids, limit, stop, eos, skip_special_tokens)
+
+
+def sequence_state(
+    engine: Any,
+    tokenizer: Any,
+    ids: list[int],
+    limit: int | None,
+    stop: Any = None,
+    eos: frozenset[int] | None = None,
+    skip_special_tokens: bool = True,
+) -> SequenceState:
+    """A fresh `SequenceState` for a reply to prompt `ids` (what `open_sequence` gives
+    with its sequence; field retry makes one again each time it goes back)."""
+    return SequenceState(
         aligner_for(tokenizer, ids, skip_special_tokens),
         stop_matcher(stop),
         eos_ids(tokenizer) if eos is None else eos,
@@ -156,7 +171,6 @@ def open_sequence(
         engine.vocab_size,
         engine.peak_memory,
     )
-    return uid, state
 
 
 def stream_batch_generate(

@@ -22,10 +22,11 @@ from typing import TYPE_CHECKING, Any
 from .branching import BranchSpec, ReplyMemory, check_branch, plan_branch
 from .detokenizer import mlx_lm_drops_first_space
 from .engines import Engine, engine_for, load_model
-from .engines.base import Step
+from .engines.base import Step, rewinder
 from .errors import BranchError
 from .output.alarm import Alarm, checked_alarm
 from .output.processor import OutputProcessor
+from .output.retry import FieldRetry, RetryPolicy, retry_policy
 from .prompting import aligner_for, eos_ids, prompt_ids, room, stop_matcher, vocab_for
 from .sampling import SamplingParams, check_max_tokens, make_params
 from .sequence import GenerationResponse, SequenceState
@@ -193,6 +194,7 @@ def stream_generate(
     calibration: Any = None,
     alarm: Alarm | Mapping[str, Any] | None = None,
     branch: Mapping[str, Any] | None = None,
+    retry: Any = None,
     **mlx_options: Any,
 ) -> Iterator[GenerationResponse]:
     """Generate from `prompt`, one `GenerationResponse` per token; the last has
@@ -233,7 +235,11 @@ def stream_generate(
     continues an earlier reply `ids` of this prompt: its first N tokens are re-emitted
     with their logprobs from one forward pass (MLX, torch), ID is forced at N (left out:
     sampled there), and generation goes on after it; `max_tokens` counts the kept tokens.
-    Arguments are checked here; generation starts on the first `next()`.
+    `retry` (a `tokentrail.output.retry.RetryPolicy` or {"below", "max",
+    "temperature"}), with a JSON constraint, samples again each leaf whose confidence is
+    below `below` and keeps the most confident attempt (`output.retry`; the field's
+    `attempts` list them). Arguments are checked here; generation starts on the first
+    `next()`.
     """
     engine = engine_for(model)
     limit = check_max_tokens(max_tokens)
@@ -258,21 +264,30 @@ def stream_generate(
     ids, n_prompt = _prompt(engine, tokenizer, prompt, mlx_options, tools)
     if cap_to_context:
         limit = _capped(engine, mlx, n_prompt, limit, mlx_options)
-    seq = _sequence(
-        engine, tokenizer, ids, n_prompt, limit, stop, align_to_prompt, skip_special_tokens,
-        whole_tokens,
-    )
+    def seq() -> SequenceState:
+        return _sequence(
+            engine, tokenizer, ids, n_prompt, limit, stop, align_to_prompt,
+            skip_special_tokens, whole_tokens,
+        )
+
     replay, engine_ids, engine_limit = [], ids, limit
     if branch is not None:
+        if retry is not None:
+            raise BranchError("branch cannot be combined with retry yet", "branch")
         replay, engine_ids, engine_limit = _branch(
             engine, tokenizer, branch, ids, params, limit, mlx_options
         )
-    steps = _steps(
-        engine, mlx, engine_ids, params, engine_limit,
-        (draft_model, stream, sampler, logits_processors), mlx_options,
-    )  # fmt: skip
-    if replay:
-        steps = _replayed(replay, steps)
+    if retry is None:
+        steps = _steps(
+            engine, mlx, engine_ids, params, engine_limit,
+            (draft_model, stream, sampler, logits_processors), mlx_options,
+        )  # fmt: skip
+        if replay:
+            steps = _replayed(replay, steps)
+    else:
+        retry = retry_policy(retry)
+        steps = _rewindable(engine, ids, params, limit, (draft_model, sampler),
+                            dict(mlx_options, logits_processors=logits_processors))
     schema = json_schema if isinstance(json_schema, Mapping) else None
     if calibration is not None:
         from .calibrate.fingerprint import calibration_for
@@ -280,7 +295,7 @@ def stream_generate(
         calibration = calibration_for(calibration, model, tokenizer)
     return _structured(
         engine, tokenizer, ids, (fmt, fields, schema, parser, tools, calibration, alarm),
-        mlx_options, seq, steps,
+        mlx_options, seq, steps, retry,
     )  # fmt: skip
 
 
@@ -410,8 +425,9 @@ def _structured(
         Alarm | None,
     ],
     options: Mapping[str, Any],
-    seq: SequenceState,
+    seq: Callable[[], SequenceState],
     steps: Iterator[Step],
+    retry: RetryPolicy | None = None,
 ) -> Iterator[GenerationResponse]:
     """The responses of `steps` through the sequence's output stage
     (`output.processor.OutputProcessor`): channels, tool calls, fields with a scorer,
@@ -430,11 +446,16 @@ def _structured(
         scorer, why = scorer_for(engine, tokenizer, ids, output_ids, dict(options))
         if scorer is None:
             log.info("fields without alternatives: %s", why)
-    processor = OutputProcessor(
-        seq, reasoning=fmt, tool_parser=parser, tools=tools, fields=fields, scorer=scorer,
-        output_ids=output_ids, schema=schema, calibration=calibration, alarm=alarm,
-    )  # fmt: skip
-    return _run(processor, steps, engine.name)
+
+    def make() -> OutputProcessor:
+        return OutputProcessor(
+            seq(), reasoning=fmt, tool_parser=parser, tools=tools, fields=fields, scorer=scorer,
+            output_ids=output_ids, schema=schema, calibration=calibration, alarm=alarm,
+        )  # fmt: skip
+
+    if retry is not None:
+        return _run_retry(FieldRetry(steps, make, retry), steps, engine.name)
+    return _run(make(), steps, engine.name)
 
 
 def _prompt(
@@ -509,6 +530,42 @@ def _mlx_steps(
         engine.model, ids, sampler or own_sampler, params.top_logprobs, limit,
         draft_model, stream, **options,
     )
+
+
+def _rewindable(
+    engine: Any,
+    ids: list[int],
+    params: SamplingParams,
+    limit: int | None,
+    refused: tuple[Any, Any],
+    options: dict[str, Any],
+) -> Any:
+    """The engine's rewindable steps for field retry (`engines.base.RewindableSteps`);
+    ValueError where retry cannot run: no JSON constraint, an engine that cannot take
+    tokens back, a draft model or a sampler of the caller's."""
+    kind = None if params.constraint is None else params.constraint.kind
+    if kind not in ("json_schema", "json_object"):
+        raise ValueError("retry needs a JSON constraint: give json_schema")
+    make = rewinder(engine)
+    if make is None:
+        raise ValueError(f"retry: the {engine.name} engine cannot take tokens back")
+    if any(a is not None for a in refused):
+        raise ValueError("retry does not take a draft_model or a sampler")
+    if not getattr(engine, "mlx_options", False):
+        options = {}
+    return make(ids, params, limit, **options)
+
+
+def _run_retry(
+    retry: FieldRetry, steps: Any, name: str
+) -> Iterator[GenerationResponse]:
+    try:
+        for out, logprobs in retry:
+            yield GenerationResponse.of(out, logprobs)
+        if not retry.done:
+            raise RuntimeError(f"the {name} engine stopped before EOS or the token limit")
+    finally:
+        steps.close()
 
 
 def _run(

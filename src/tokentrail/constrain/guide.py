@@ -46,7 +46,7 @@ STEP_SECONDS = 2.0
 class Guide:
     """llguidance's matcher for one sequence of a bound `Constraint`."""
 
-    __slots__ = ("_bits", "_lead", "_open", "constraint", "gate", "matcher", "size")
+    __slots__ = ("_bits", "_lead", "_open", "_taken", "constraint", "gate", "matcher", "size")
 
     def __init__(self, constraint: BoundGrammar) -> None:
         if not constraint.bound:
@@ -72,6 +72,9 @@ class Guide:
         self.gate = ReasoningGate(after, constraint.tokenizer) if after else None
         self._open: np.ndarray | None = None
         self._lead = False  # after the reasoning, nothing taken yet: one blank token may come
+        #: Per model token advanced past since the grammar started: how many tokens the
+        #: matcher took for it (1, or 0 for a skipped leading blank), for `rollback`.
+        self._taken: list[int] = []
 
     @property
     def active(self) -> bool:
@@ -128,9 +131,34 @@ class Guide:
         if self._lead:
             self._lead = False
             if whitespace_ids(self.constraint.tokenizer)[token]:
-                self.matcher.try_consume_tokens([int(token)])  # taken, or skipped
+                # taken, or skipped
+                self._taken.append(self.matcher.try_consume_tokens([int(token)]))
                 return
         if not self.matcher.consume_token(int(token)):
+            self._raise_if_error()
+        self._taken.append(1)
+
+    @property
+    def rewindable(self) -> int:
+        """How many of the last tokens `rollback` can take back: those advanced past
+        since the grammar started (not the reasoning before it, nor the token that
+        ended it)."""
+        return len(self._taken)
+
+    def rollback(self, n: int) -> None:
+        """Take back the last `n` tokens `advance` moved past (field retry, issue #31):
+        the matcher is then where it was before them, so the same mask comes again.
+        ValueError when `n` reaches past `rewindable`."""
+        if n < 0 or n > len(self._taken):
+            raise ValueError(
+                f"cannot roll the grammar back {n} tokens: {len(self._taken)} were taken "
+                "since it started"
+            )
+        if n == 0:
+            return
+        undone = sum(self._taken[-n:])
+        del self._taken[-n:]
+        if undone and not self.matcher.rollback(undone):
             self._raise_if_error()
 
     def _begin(self, tail: bytes) -> None:

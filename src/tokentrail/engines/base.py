@@ -17,7 +17,16 @@ from ..errors import EngineError
 from ..prompting import check_ids
 from ..sampling import SamplingParams
 
-__all__ = ["Engine", "EngineError", "Step", "check_generate_args", "read_model_config"]
+__all__ = [
+    "Engine",
+    "EngineError",
+    "RewindableBase",
+    "RewindableSteps",
+    "Step",
+    "check_generate_args",
+    "read_model_config",
+    "rewinder",
+]
 
 
 @dataclass(slots=True)
@@ -80,6 +89,78 @@ class Engine(Protocol):
     def peak_memory(self) -> float:
         """Peak device memory in use so far, in GB (0.0 if the engine cannot tell)."""
         ...
+
+
+class RewindableSteps(Protocol):
+    """A step stream that can take tokens back (field retry, issue #31).
+
+    An engine offers one with a method ``generate_rewindable(prompt_ids, params,
+    max_tokens, **options)`` (not a required member of `Engine`: find it with
+    `rewinder`). Besides yielding `Step`s as `Engine.generate` does:
+
+    - `rewind(n)` takes back the last `n` generated tokens: the KV cache, the grammar's
+      state (`constrain.guide.Guide.rollback`) and the ids are as they were before them,
+      so the next step samples where the first of them stood;
+    - `force(ids)` appends tokens as if they had been sampled, yielding no step (the
+      cache and the grammar move past them), to restore an earlier attempt;
+    - `temperature` can be set between steps (None: the request's own again);
+    - `generated` is how many generated tokens stand now; `close()` ends it.
+    """
+
+    generated: int
+    temperature: float | None
+
+    def __iter__(self) -> Iterator[Step]: ...
+
+    def __next__(self) -> Step: ...
+
+    def rewind(self, n: int) -> None: ...
+
+    def force(self, ids: Sequence[int]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class RewindableBase:
+    """What every `RewindableSteps` shares: the ids standing (`ids`: the prompt, then
+    each token generated and not taken back), the token limit, the temperature (the
+    request's own `params.temp` unless set), and `_check_rewind`."""
+
+    def __init__(self, ids: Sequence[int], params: SamplingParams, max_tokens: int | None) -> None:
+        self.params = params
+        self.ids = list(ids)
+        self.n_prompt = len(self.ids)
+        self.limit = max_tokens
+        self.temp = params.temp
+
+    @property
+    def generated(self) -> int:
+        """How many generated tokens stand now."""
+        return len(self.ids) - self.n_prompt
+
+    @property
+    def temperature(self) -> float:
+        return self.temp
+
+    @temperature.setter
+    def temperature(self, value: float | None) -> None:
+        self.temp = self.params.temp if value is None else float(value)
+
+    def __iter__(self) -> Any:
+        return self
+
+    def _exhausted(self) -> bool:
+        return self.limit is not None and self.generated >= self.limit
+
+    def _check_rewind(self, n: int) -> None:
+        if n < 0 or n > self.generated:
+            raise ValueError(f"cannot rewind {n} tokens: {self.generated} were generated")
+
+
+def rewinder(engine: Any) -> Any:
+    """The engine's ``generate_rewindable`` method (see `RewindableSteps`), or None when
+    it cannot take tokens back."""
+    return getattr(engine, "generate_rewindable", None)
 
 
 def read_model_config(p: Path) -> dict[str, Any]:

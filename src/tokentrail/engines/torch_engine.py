@@ -17,13 +17,14 @@ import math
 import os
 import re
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..sampling import SamplingParams
-from .base import Step, check_generate_args, read_model_config
+from .base import RewindableBase, Step, check_generate_args, read_model_config
 from .config import (
     CONTEXT_KEYS,
     PREFILL_STEP_SIZE,
@@ -43,6 +44,7 @@ _EXACT_FLOAT_IDS = 2**24
 __all__ = [
     "PREFILL_STEP_SIZE",
     "TorchEngine",
+    "TorchRewindable",
     "accepts",
     "apply_min_p",
     "apply_top_k",
@@ -243,6 +245,14 @@ class TorchEngine:
             )
         return self._steps(ids, params, max_tokens)
 
+    def generate_rewindable(
+        self, prompt_ids: Sequence[int], params: SamplingParams, max_tokens: int | None
+    ) -> TorchRewindable:
+        """A step stream that can take tokens back (`engines.base.RewindableSteps`, for
+        field retry; see `TorchRewindable`)."""
+        ids = check_generate_args(prompt_ids, params, max_tokens, self.vocab_size)
+        return TorchRewindable(self, ids, params, max_tokens)
+
     # -- internals --
 
     def _forward(self, ids: torch.Tensor, cache: Any) -> tuple[torch.Tensor, Any]:
@@ -339,6 +349,85 @@ class TorchEngine:
             if not self._pipelined:
                 upcoming = step(token, False)
             token, info, logprobs = upcoming
+
+
+class TorchRewindable(RewindableBase):
+    """`engines.base.RewindableSteps` on a transformers model: one token per forward
+    pass (not pipelined), able to go back: the KV cache is cut with `DynamicCache.crop`
+    and the guide rolls back (`Guide.rollback`). Draws use the engine's samplers at the
+    current `temperature`, from one generator (seeded with the request's seed)."""
+
+    def __init__(
+        self, engine: TorchEngine, ids: list[int], params: SamplingParams,
+        max_tokens: int | None,
+    ) -> None:  # fmt: skip
+        super().__init__(ids, params, max_tokens)
+        self.engine = engine
+        self.cache: Any = None
+        self.cached = 0  # ids the cache holds
+        self.guide = params.constraint.guide() if params.constraint is not None else None
+        self.generator: torch.Generator | None = None
+        if params.seed is not None:
+            self.generator = torch.Generator(device=engine.device)
+            self.generator.manual_seed(params.seed)
+        self.process = _make_processors(params, engine.device)
+
+    def __next__(self) -> Step:
+        engine, p = self.engine, self.params
+        if self._exhausted():
+            raise StopIteration
+        params = p if self.temp == p.temp else replace(p, temp=self.temp)
+        with torch.inference_mode():
+            pending = torch.tensor(self.ids[self.cached :], dtype=torch.long, device=engine.device)
+            while pending.numel() > engine.prefill_step_size:
+                _, self.cache = engine._forward(pending[: engine.prefill_step_size], self.cache)
+                pending = pending[engine.prefill_step_size :]
+            logits, self.cache = engine._forward(pending, self.cache)
+            self.cached = len(self.ids)
+            logits = logits.float()
+            if self.process is not None:
+                history = torch.tensor(self.ids[-REPETITION_CONTEXT_SIZE:], device=engine.device)
+                logits = self.process(history, logits)
+            logprobs = torch.log_softmax(logits, dim=-1)
+            masked, log_mass = logprobs, None
+            if self.guide is not None:
+                masked, log_mass = _guide_mask(self.guide, logprobs, None)
+            token = int(_make_sampler(params, self.generator)(masked).item())
+            source = _processed(masked, params) if p.logprobs_mode == "processed" else logprobs
+            lp = float(source[token])
+            top: list[tuple[int, float]] = []
+            if p.top_logprobs:
+                best = torch.topk(source, p.top_logprobs)
+                top = [(int(i), float(v)) for i, v in zip(best.indices, best.values, strict=True)
+                       if float(v) > -math.inf or p.logprobs_mode == "raw"]  # fmt: skip
+        if self.guide is not None:
+            self.guide.advance(token)
+        self.ids.append(token)
+        mass = None if log_mass is None else math.exp(float(log_mass))
+        return Step(token, lp, top, logprobs, False, p.logprobs_mode, mass)
+
+    def rewind(self, n: int) -> None:
+        self._check_rewind(n)
+        keep = len(self.ids) - n - 1  # the cache holds all but the last id standing
+        if self.cached > keep and not hasattr(self.cache, "crop"):
+            raise ValueError(f"this model's cache ({type(self.cache).__name__}) cannot be cut")
+        if self.guide is not None:
+            self.guide.rollback(n)
+        del self.ids[len(self.ids) - n :]
+        if self.cached > keep:
+            self.cache.crop(keep - self.cached)  # negative: tokens to drop (every version)
+            self.cached = keep
+
+    def force(self, ids: Sequence[int]) -> None:
+        ids = [int(i) for i in ids]
+        if self.guide is not None:
+            for i in ids:
+                self.guide.advance(i)
+        self.ids += ids  # run with the next step
+
+    def close(self) -> None:
+        self.cache = None
+        self.limit = 0
 
 
 def _copy_to_host(info: torch.Tensor) -> tuple[torch.Tensor, Any]:

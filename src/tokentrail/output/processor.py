@@ -99,6 +99,12 @@ class OutputProcessor:
         return not (self.splitter is None and self.tools is None and self.fields is None)
 
     @property
+    def open_field(self) -> bool:
+        """Whether a JSON leaf value of the content has begun and is not complete (what
+        field retry holds back, `output.retry`)."""
+        return self.fields is not None and self.fields.open_leaf
+
+    @property
     def channel(self) -> str | None:
         """The channel the reply is in now (None without a reasoning format)."""
         return None if self.splitter is None else self.splitter.channel

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..branching import Branch, BranchSpec, ReplyMemory, check_branch, plan_branch
+from ..engines.base import rewinder
 from ..errors import ActionError, APIError, BranchError, ConstraintError, ContextOverflow
 from ..output.alarm import checked_alarm
 from ..prompting import eos_ids, prompt_ids, room, stop_matcher, vocab_for
@@ -43,6 +44,9 @@ class Prepared:
     params: SamplingParams
     outputs: tuple[dict[str, Any], ...]
     branch: Branch | None = None
+    #: ``tokentrail.retry``: the choices run outside the batch on the engine's
+    #: rewindable steps (`server.solo`); None: in the batch.
+    retry: Any = None
 
 
 def prepare(
@@ -68,7 +72,15 @@ def prepare(
     branch = None
     if req.structure.branch is not None:
         branch = _branch(req, ids, limit, params, engine, tokenizer, replies)
-    return Prepared(ids, limit, params, outputs, branch)
+    retry = req.structure.retry
+    if retry is not None:
+        if branch is not None:
+            raise APIError(
+                400, "'tokentrail.branch' cannot be combined with 'tokentrail.retry' yet",
+                param="tokentrail.branch", code="invalid_value",
+            )
+        _check_retry(req, engine)
+    return Prepared(ids, limit, params, outputs, branch, retry)
 
 
 def _branch(
@@ -114,6 +126,24 @@ def _room(limit: int, spec: BranchSpec) -> None:
             "tokens) and must leave room for at least one more",
             param="max_tokens",
             code="invalid_value",
+        )
+
+
+def _check_retry(req: GenRequest, engine: Any) -> None:
+    """A 400 naming ``tokentrail.retry`` where field retry cannot run: an engine that
+    cannot take tokens back, or a tool call's constraint rather than the reply's."""
+    if rewinder(engine) is None:
+        raise APIError(
+            400,
+            f"'tokentrail.retry' is not supported on the {engine.name} engine (it cannot "
+            "take tokens back; see docs/acting-on-confidence.md)",
+            param="tokentrail.retry",
+            code="invalid_value",
+        )
+    if not req.structure.json_constrained:
+        raise APIError(
+            400, "'tokentrail.retry' retries the reply's JSON leaves, not a tool call's",
+            param="tokentrail.retry", code="invalid_value",
         )
 
 

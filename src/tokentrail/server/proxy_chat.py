@@ -321,6 +321,11 @@ class UpstreamChat:
                 "in-process engine",
                 "unsupported_value",
             )
+        if req.structure.retry is not None:  # the upstream's chat cannot take tokens back
+            raise bad_request(
+                "tokentrail.retry", "'tokentrail.retry' is not supported with --upstream-chat",
+                "unsupported_value",
+            )
 
     def open(self) -> None:
         import httpx

@@ -40,6 +40,7 @@ from .config import Loader, ServerConfig
 from .jobs import Courier, Job, Outbox
 from .metrics import Metrics
 from .prepare import prepare
+from .solo import open_solo
 
 logger = logging.getLogger("tokentrail.server")
 
@@ -66,6 +67,8 @@ class ChoiceState:
     params: Any = None
     #: The request's early stop, shared by its `n` choices (None: not asked for).
     early: EarlyStop | None = None
+    #: A choice that runs beside the batch (field retry: `server.solo.Solo`), or None.
+    solo: Any = None
 
 
 @dataclass(frozen=True)
@@ -129,6 +132,7 @@ class Scheduler:
         self.model_name = config.model_name or served_name(config.model_path)
         self.created = int(time.time())
         self._seqs: dict[int, ChoiceState] = {}
+        self._solo_uid = 0  # the last uid given to a choice beside the batch (negative)
         self._stopping = False
         self._ready = threading.Event()
         self._load_error: BaseException | None = None
@@ -343,7 +347,13 @@ class Scheduler:
                 self._outbox.flush()
 
     def _step(self, batch: Any) -> None:
-        """One batch step, each sequence's token through its own output stage."""
+        """One batch step, each sequence's token through its own output stage; and one
+        step of each choice beside the batch."""
+        if any(s.solo is not None for s in self._seqs.values()):
+            self._step_solos(batch)
+            if all(s.solo is not None for s in self._seqs.values()):
+                self._outbox.flush()
+                return
         self.metrics.batch_size.set(len(self._seqs))
         tic = time.perf_counter()
         try:
@@ -393,6 +403,9 @@ class Scheduler:
         early = job.early_stop = EarlyStop(req.n) if req.early_stop else None
         try:
             for choice in range(req.n):
+                if ready.retry is not None:
+                    self._join_solo(job, ready, choice)
+                    continue
                 uid, state = open_sequence(
                     batch, loaded.engine, loaded.tokenizer, ready.ids, ready.params,
                     ready.limit, req.stop, choice=choice, eos=loaded.eos, prefix=prefix,
@@ -422,6 +435,35 @@ class Scheduler:
                 self.admission.finish(job, "failed")
         self.metrics.batch_size.set(len(self._seqs))
 
+    def _join_solo(self, job: Job, ready: Any, choice: int) -> None:
+        """Choice `choice` beside the batch, on the engine's rewindable steps (field
+        retry); its uid is negative, never one the batch gives."""
+        loaded = self._loaded
+        assert loaded is not None
+        solo = open_solo(
+            loaded.engine, loaded.tokenizer, ready, choice, job.request.stop, loaded.eos,
+            loaded.calibration,
+        )  # fmt: skip
+        job.live += 1
+        now = time.perf_counter()
+        self._solo_uid -= 1
+        self._seqs[self._solo_uid] = ChoiceState(
+            job, choice, solo.retry.processor, last_step=now, added=now, cached=0, solo=solo
+        )
+
+    def _step_solos(self, batch: Any) -> None:
+        """One model step of each choice beside the batch; post what it released."""
+        for seq in [s for s in self._seqs.values() if s.solo is not None]:
+            try:
+                records = seq.solo.advance()
+            except Exception as e:
+                logger.exception("request %s failed", seq.job.id)
+                seq.job.post("error", seq.choice, e)
+                self._leave(batch, seq, "failed")
+                continue
+            for record in records:
+                self._post(batch, seq, record)
+
     def _advance(self, batch: Any, uid: int, seq: ChoiceState, engine_step: Any) -> None:
         """Run one batch step through the sequence's output stage; post its record."""
         job = seq.job
@@ -445,6 +487,11 @@ class Scheduler:
             job.post("error", seq.choice, e)
             self._leave(batch, seq, "failed")
             return
+        self._post(batch, seq, step)
+
+    def _post(self, batch: Any, seq: ChoiceState, step: Any) -> None:
+        """Hand a sequence's record to its job (and take the sequence out on its last)."""
+        job = seq.job
         now = time.perf_counter()
         if seq.index == 0:
             self.metrics.ttft.observe(time.monotonic() - job.submitted)
@@ -487,7 +534,10 @@ class Scheduler:
         """Remove a sequence; when it was its job's last, record the job as `outcome`."""
         for uid, other in list(self._seqs.items()):
             if other is seq:
-                batch.remove(uid)
+                if seq.solo is None:
+                    batch.remove(uid)
+                else:
+                    seq.solo.close()
                 del self._seqs[uid]
                 break
         if outcome == "completed" and seq.records:

@@ -107,6 +107,8 @@ class Structure:
     alarm: AlarmOptions | None = None
     #: ``branch``: continue from inside an earlier reply (`tokentrail.branching`).
     branch: BranchOptions | None = None
+    #: ``tokentrail.retry`` (field retry, `output.retry`); None: off.
+    retry: RetryOptions | None = None
 
     @property
     def json_constrained(self) -> bool:
@@ -292,6 +294,14 @@ def structure_of(wire: StructuredFields, chat: bool) -> Structure:
         raise _bad("tokentrail", "'tokentrail.reasoning' is for chat completions only")
     constraint = _constraint(wire)
     reasoning = _reasoning(options.reasoning)
+    if options.retry is not None and (
+        constraint is None or constraint.kind not in ("json_schema", "json_object")
+    ):
+        raise _bad(
+            "tokentrail.retry",
+            "'tokentrail.retry' retries JSON leaves: it needs a JSON constraint "
+            "(response_format json_schema or json_object)",
+        )
     return Structure(
         constraint=constraint,
         logprobs_mode=options.logprobs or "raw",
@@ -299,6 +309,7 @@ def structure_of(wire: StructuredFields, chat: bool) -> Structure:
         reasoning=reasoning,
         alarm=options.alarm,
         branch=options.branch,
+        retry=options.retry,
     )
 
 

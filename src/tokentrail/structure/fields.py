@@ -34,6 +34,7 @@ __all__ = [
     "NO_SCORER",
     "AllowedValue",
     "ContinuationScorer",
+    "FieldAttempt",
     "FieldBuilder",
     "FieldStream",
     "JsonField",
@@ -98,6 +99,26 @@ class AllowedValue:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class FieldAttempt:
+    """One sampling of a leaf under field retry (issue #31): its `value`, `text` and
+    `confidence`, and whether it is the one `kept` in the output."""
+
+    value: Any
+    text: str
+    confidence: Confidence | None
+    kept: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        conf = self.confidence
+        return {
+            "value": self.value,
+            "text": self.text,
+            "confidence": None if conf is None else conf.to_dict(),
+            "kept": self.kept,
+        }
+
+
 @dataclass(slots=True)
 class JsonField:
     """One leaf value of JSON output with its tokens (see the module docstring).
@@ -113,6 +134,9 @@ class JsonField:
     end: int
     alternatives: tuple[AllowedValue, ...] | None = None
     reason: str | None = None
+    #: Under field retry, every sampling of the leaf in order (the kept one marked);
+    #: None when the leaf was not retried.
+    attempts: tuple[FieldAttempt, ...] | None = None
 
     @property
     def confidence(self) -> Confidence | None:
@@ -134,6 +158,8 @@ class JsonField:
         }
         if self.reason is not None:
             out["reason"] = self.reason
+        if self.attempts is not None:
+            out["attempts"] = [a.to_dict() for a in self.attempts]
         return out
 
 
@@ -408,6 +434,11 @@ class FieldStream:
     @property
     def error(self) -> str | None:
         return self._scanner.error
+
+    @property
+    def open_leaf(self) -> bool:
+        """Whether a leaf value has begun in the text fed so far and is not complete."""
+        return self._scanner.error is None and self._scanner.in_leaf
 
     def trailing_error(self) -> str | None:
         """Why the whole output is not one JSON value: `error`, or text after the value

@@ -71,6 +71,11 @@ class JsonScanner:
     def done(self) -> bool:
         return self._state == _DONE
 
+    @property
+    def in_leaf(self) -> bool:
+        """Whether a leaf value (not a key) has begun and is not complete yet."""
+        return self._state in (_NUM, _LIT) or (self._state == _STR and not self._is_key)
+
     def feed(self, text: str) -> list[JsonLeaf]:
         """Read more text; return the leaves it completed."""
         out: list[JsonLeaf] = []

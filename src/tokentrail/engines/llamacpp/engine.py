@@ -33,7 +33,7 @@ import numpy as np
 
 from ...sampling import SamplingParams
 from ...vocab import Vocab
-from ..base import Step, check_generate_args
+from ..base import RewindableBase, Step, check_generate_args
 from ..gguf_models import GGUFError, check_magic, explain_llamacpp_failure, gguf_source
 from .batch import LlamaCppBatch
 from .guided import guided_chain, guided_step
@@ -53,6 +53,7 @@ FLASH_ATTN_TYPES = {
 __all__ = [
     "FLASH_ATTN_TYPES",
     "LlamaCppEngine",
+    "LlamaCppRewindable",
     "LlamaCppTokenizer",
     "accepts",
     "flash_attn_mode",
@@ -320,6 +321,17 @@ class LlamaCppEngine:
             return params
         return replace(params, constraint=c.bind(self.tokenizer))
 
+    def generate_rewindable(
+        self, prompt_ids: Sequence[int], params: SamplingParams, max_tokens: int | None
+    ) -> LlamaCppRewindable:
+        """A step stream that can take tokens back (`engines.base.RewindableSteps`, for
+        field retry; see `LlamaCppRewindable`). A repeat penalty is refused: llama.cpp's
+        penalty sampler cannot forget the tokens taken back."""
+        ids = check_generate_args(prompt_ids, params, max_tokens, self.vocab_size)
+        if params.repetition_penalty not in (None, 1.0):
+            raise ValueError("field retry on llama.cpp does not take repetition_penalty")
+        return LlamaCppRewindable(self, ids, self.bound(params), max_tokens)
+
     def open_batch(self, max_batch: int, **options: Any) -> LlamaCppBatch:
         """A `Batch` over llama.cpp's parallel sequences (see `llamacpp.batch`)."""
         return LlamaCppBatch(self, max_batch, **options)
@@ -393,3 +405,73 @@ class LlamaCppEngine:
                 pending = [token]
         finally:
             chain.close()
+
+
+class LlamaCppRewindable(RewindableBase):
+    """`engines.base.RewindableSteps` on llama.cpp: the engine's own steps (its `_eval`,
+    sampler chain and logits view), one at a time, able to go back.
+
+    `rewind(n)` drops the ids; the next decode finds the KV cache longer than the ids
+    that stand and cuts it there (`Llama.eval` removes the cells past `n_tokens`:
+    llama.cpp's `llama_kv_cache_seq_rm`), and the guide rolls back (`Guide.rollback`).
+    Each temperature has its own sampler chain (so a retry's draws do not replay the
+    first attempt's random numbers); with a seed, retries draw from seed + 1.
+    """
+
+    def __init__(
+        self, engine: LlamaCppEngine, ids: list[int], params: SamplingParams,
+        max_tokens: int | None,
+    ) -> None:  # fmt: skip
+        super().__init__(ids, params, max_tokens)
+        self.engine = engine
+        self.sequence: list[int] = []  # the ids the KV cache holds for this stream
+        self.owner = object()
+        self.guided = guided_chain(params, engine.vocab_size or 0)
+        self.chains: dict[float, Any] = {}
+
+    def _chain(self) -> Any:
+        chain = self.chains.get(self.temp)
+        if chain is None:
+            p = self.params
+            if self.temp != p.temp:
+                p = replace(p, temp=self.temp, seed=None if p.seed is None else p.seed + 1)
+            chain = self.chains[self.temp] = self.engine._sampler(p, self.ids, self.guided)
+        return chain
+
+    def __next__(self) -> Step:
+        engine, p = self.engine, self.params
+        if self._exhausted():
+            raise StopIteration
+        if len(self.ids) >= (engine.context_length or 1 << 62):
+            raise ValueError(f"the context of {engine.context_length} tokens is full")
+        pending = self.ids[len(self.sequence) :]
+        engine._eval(self.owner, self.sequence, pending)
+        self.sequence = list(self.ids)
+        if self.guided is not None:
+            self.guided.prepare()
+        token = int(llama_cpp.llama_sampler_sample(self._chain().sampler, engine.llama.ctx, -1))
+        lp, top, full = engine._logprobs(token, p.top_logprobs, p.logit_bias, deque(), None)
+        self.ids.append(token)
+        return guided_step(self.guided, token, lp, top, full, p)
+
+    def rewind(self, n: int) -> None:
+        self._check_rewind(n)
+        if n == 0:
+            return
+        if self.guided is not None and self.guided.guide is not None:
+            self.guided.guide.rollback(n)
+        del self.ids[-n:]
+        self.sequence = self.ids[: min(len(self.sequence), len(self.ids) - 1)]
+
+    def force(self, ids: Sequence[int]) -> None:
+        ids = [int(i) for i in ids]
+        if self.guided is not None and self.guided.guide is not None:
+            for i in ids:
+                self.guided.guide.advance(i)
+        self.ids += ids  # decoded with the next step
+
+    def close(self) -> None:
+        for chain in self.chains.values():
+            chain.close()
+        self.chains.clear()
+        self.limit = 0

@@ -184,6 +184,31 @@ class MLXEngine:
             self.model, prompt_ids, sampler, params.top_logprobs, max_tokens, draft, **options
         )
 
+    def generate_rewindable(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        max_tokens: int | None,
+        **options: Any,
+    ) -> Any:
+        """A step stream that can take tokens back (`engines.base.RewindableSteps`, for
+        field retry): the model one token at a time on a cache of its own (see
+        `mlx.rewind`). Of mlx-lm's step options it takes `logits_processors` and
+        `prefill_step_size`; the others (a prompt cache, KV quantization, a draft
+        model...) are refused: a ValueError naming them."""
+        from .rewind import MLXRewindable
+
+        processors = list(options.pop("logits_processors", None) or [])
+        step = options.pop("prefill_step_size", None) or 2048
+        unused = sorted(k for k, v in options.items() if v is not None)
+        if unused:
+            raise ValueError(f"field retry does not take {', '.join(unused)} on MLX")
+        _, own = sampling_for(params, self.vocab_size)
+        return MLXRewindable(
+            self.model, prompt_ids, params, self.vocab_size, max_tokens, [*processors, *own],
+            step,
+        )
+
     def open_batch(self, max_batch: int, prompt_cache_bytes: int | None = None) -> Any:
         """A `Batch` on mlx-lm's `BatchGenerator` (see `tokentrail.engines.mlx.batch`)."""
         from .batch import MLXBatch

@@ -397,6 +397,23 @@ class GenRequest:
     #: constraint). None until then.
     sampling: SamplingParams | None = None
 
+    @property
+    def needs_logprobs(self) -> bool:
+        """Whether the reply needs its tokens' logprobs: the client asked for them, or
+        for a structure whose figures read them (a constraint, its fields, processed
+        logprobs, tools). Without, an upstream is asked for token ids only
+        (`SamplingParams.logprobs`), and the extension's logprobs and confidence are
+        null, as the OpenAI fields are."""
+        s = self.structure
+        return (
+            self.logprobs
+            or self.top_logprobs > 0
+            or s.constraint is not None
+            or s.fields
+            or s.logprobs_mode != "raw"
+            or bool(self.tools)
+        )
+
     def params(
         self, vocab_size: int | None = None, constraint: Any = None
     ) -> SamplingParams:
@@ -419,6 +436,7 @@ class GenRequest:
             logit_bias=self.logit_bias,
             seed=self.seed,
             top_logprobs=self.top_logprobs,
+            logprobs=self.needs_logprobs,
             vocab_size=vocab_size,
             limits=OPENAI_LIMITS,
             labels=_CHAT_LABELS if self.kind == "chat" else _COMPLETION_LABELS,

@@ -41,6 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import bench_proxy
 import httpx
 from bench_proxy import cpu_seconds, free_port, reader_cost, spawn, start_proxy, wait
 
@@ -306,8 +307,13 @@ def main() -> None:
     ap.add_argument(
         "--idle", action="store_true", help="(profile) all samples, not only the GIL holder's"
     )
+    ap.add_argument(
+        "--proxy-repo", type=Path, help="run the proxy from this checkout's src/ (before/after)"
+    )
     ap.add_argument("--output", type=Path, help="append the markdown report to this file")
     args = ap.parse_args()
+    if args.proxy_repo is not None:
+        bench_proxy.REPO = args.proxy_repo.resolve()
     if args.server is None:
         raise SystemExit("give --server or set TOKENTRAIL_LLAMA_SERVER")
     args.gguf = args.gguf or gguf_path()

@@ -100,6 +100,7 @@ class StepReader:
             skip_special_tokens=True,
             prompt_ids=prompt_ids,
             on_token=self._events.append,
+            alternatives=False,  # the output stage's aligner builds them from the steps
         )
         self._tail = b""
         self._n = 0

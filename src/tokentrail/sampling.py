@@ -56,6 +56,11 @@ class SamplingParams:
     logprob and top-k come from: "raw" (the model's, after logit bias and the repetition
     penalty, before the grammar mask, temperature and filters) or "processed" (the one
     the token was drawn from: after the mask, the filters and temperature).
+
+    `logprobs` False says that no step's logprob is wanted (a request that asked for
+    none and needs no confidence): an engine that pays for them per token, an upstream
+    server, may then leave them out, and its steps carry NaN. Engines that have them for
+    free report them anyway.
     """
 
     temp: float = 0.0
@@ -68,6 +73,7 @@ class SamplingParams:
     top_logprobs: int = 0
     constraint: Constraint | None = None
     logprobs_mode: Literal["raw", "processed"] = "raw"
+    logprobs: bool = True
 
 
 #: The values `SamplingParams.logprobs_mode` takes: which distribution a step's `logprob`
@@ -227,6 +233,7 @@ def make_params(
     labels: Mapping[str, str] | None = None,
     constraint: Constraint | None = None,
     logprobs_mode: str = "raw",
+    logprobs: bool = True,
 ) -> SamplingParams:
     """Check every sampling setting against `limits` (default: `RANGES`, the library's)
     and return them as `SamplingParams`.
@@ -235,8 +242,8 @@ def make_params(
     wrong type) naming the parameter and the accepted range. `vocab_size`, when known,
     bounds the ids in `logit_bias`. `labels` renames settings in errors (and their
     `param`) to the names the caller's users know, e.g. {"temp": "temperature"}.
-    `constraint` (a bound `Constraint`) and `logprobs_mode` ("raw" or "processed") are
-    passed through; see `SamplingParams`.
+    `constraint` (a bound `Constraint`), `logprobs_mode` ("raw" or "processed") and
+    `logprobs` are passed through; see `SamplingParams`.
     """
     names = labels or {}
     given = {"temp": temp, "top_p": top_p, "top_k": top_k, "min_p": min_p,
@@ -259,7 +266,8 @@ def make_params(
             f"{type(constraint).__name__}", "constraint",
         )
     return SamplingParams(  # type: ignore[arg-type]
-        **checked, logit_bias=bias, constraint=constraint, logprobs_mode=logprobs_mode
+        **checked, logit_bias=bias, constraint=constraint, logprobs_mode=logprobs_mode,
+        logprobs=bool(logprobs),
     )
 
 

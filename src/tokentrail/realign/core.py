@@ -51,7 +51,10 @@ class Realigner:
 
     `on_token`, when given, is called with a `TokenEvent` for every token given to the
     aligner, in stream order: identified ones, and the stand-ins for tokens the stream
-    did not identify (see `TokenEvent`).
+    did not identify (see `TokenEvent`). `alternatives` False leaves the alternatives
+    out of the realigner's own segments (the events still carry them): for a subscriber
+    that aligns the tokens again itself, as the proxy does, it saves a lookup of every
+    alternative per token.
     """
 
     def __init__(
@@ -62,6 +65,7 @@ class Realigner:
         choice: int = 0,
         prompt_ids: Sequence[int] | None = None,
         on_token: TokenHook | None = None,
+        alternatives: bool = True,
     ) -> None:
         from ..vocab import load_vocab
 
@@ -77,6 +81,7 @@ class Realigner:
             self.prompt_ids,
             warn=self._warn,
             on_token=on_token,
+            alternatives=alternatives,
         )
         self._n = 0  # tokens seen
         self._n_chunks = 0

@@ -45,7 +45,7 @@ class Feeder:
     and `finish` at the end. `skip_special_tokens` None follows the content. `warn`
     reports a problem in one line; `on_token` (optional) receives a `TokenEvent` for
     every token given to the aligner, in order, and for every refused token that had no
-    bytes.
+    bytes. `alternatives` False: the segments carry no alternatives (the events still do).
     """
 
     def __init__(
@@ -56,10 +56,13 @@ class Feeder:
         *,
         warn: Callable[[str], None],
         on_token: TokenHook | None = None,
+        alternatives: bool = True,
     ) -> None:
         self.vocab = vocab
         self.prompt_ids = tuple(prompt_ids)
         self.on_token = on_token
+        #: Whether the segments carry each token's alternatives (see `Realigner`).
+        self.alternatives = alternatives
         #: The stream was seen to send raw bytes (not UTF-8 on their own), so a U+FFFD it
         #: sends is a real U+FFFD; set by the reader.
         self.raw_seen = False
@@ -267,6 +270,8 @@ class Feeder:
             self._text_seen = True
         self._map.append(index)
         segments: list[Segment] = []
+        if not self.alternatives:
+            top = None
         for skip, aligner in self._aligners.items():  # two only until specials are decided
             out = aligner.push(tid, logprob, top)
             if skip == self._primary:

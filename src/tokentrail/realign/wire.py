@@ -128,8 +128,53 @@ def token_string_bytes(token: str) -> bytes:
     return token.encode("utf-8")
 
 
+_MISSING = object()
+
+
+def _plain_entry(e: dict[str, Any]) -> WireToken | None:
+    """`entry` for the shape llama.cpp streams (an integer ``id``, a string ``token``, a
+    finite float ``logprob``, a ``bytes`` list, plain entries in ``top_logprobs``),
+    without building the error locations `entry` names; None for anything else, which
+    `entry` then checks and reads (or says what is wrong with)."""
+    tid = e.get("id")
+    token = e.get("token")
+    lp = e.get("logprob")
+    raw = e.get("bytes")
+    if (
+        tid.__class__ is not int
+        or token.__class__ is not str
+        or lp.__class__ is not float
+        or raw.__class__ is not list
+        or not lp > WIRE_NEG_INF  # NaN or "minus infinity": `logprob` decides
+    ):
+        return None
+    try:
+        data = bytes(raw)
+    except (TypeError, ValueError):
+        return None
+    top_src = e.get("top_logprobs", _MISSING)
+    top = None
+    if top_src is _MISSING:
+        if "top_probs" in e or "probs" in e:
+            return None
+    elif top_src is not None:
+        if top_src.__class__ is not list:
+            return None
+        top = []
+        for t in top_src:
+            alt = _plain_entry(t) if t.__class__ is dict else None
+            if alt is None:
+                return None
+            top.append(alt)
+    return WireToken(tid, token, data, lp, top, "llama.cpp-ids")
+
+
 def entry(e: Any, where: str, source: str) -> WireToken:
     """A logprobs entry: OpenAI chat (token, logprob, bytes, top_logprobs) or llama.cpp."""
+    if e.__class__ is dict:
+        plain = _plain_entry(e)
+        if plain is not None:
+            return plain
     if not isinstance(e, Mapping):
         raise RealignError(f"{where}: expected an object, got {type_name(e)}")
     tid = e.get("id")

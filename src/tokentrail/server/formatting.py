@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
+from ..fastjson import dumps
 from ..output.record import TokenOutput
 from ..segment import WIRE_NEG_INF, Alternative, TokenSpan, json_number
 from ..vocab import Vocab
@@ -505,11 +505,8 @@ def merge_responses(responses: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _json(obj: Any) -> str:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-
-
 def sse(obj: Any) -> bytes:
-    """One server-sent event carrying `obj` as compact JSON (never NaN or Infinity)."""
-    return f"data: {_json(obj)}\n\n".encode()
+    """One server-sent event carrying `obj` as compact JSON (never NaN or Infinity;
+    `tokentrail.fastjson`: orjson where installed)."""
+    return b"data: " + dumps(obj) + b"\n\n"
 

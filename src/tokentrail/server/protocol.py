@@ -402,6 +402,27 @@ class GenRequest:
     vote: str | None = None
     early_stop: bool = False
 
+    @property
+    def needs_logprobs(self) -> bool:
+        """Whether the reply needs its tokens' logprobs: the client asked for them, or
+        for a structure whose figures read them (a constraint, its fields, processed
+        logprobs, tools, an action on confidence). Without, an upstream is asked for token ids only
+        (`SamplingParams.logprobs`), and the extension's logprobs and confidence are
+        null, as the OpenAI fields are."""
+        s = self.structure
+        return (
+            self.logprobs
+            or self.top_logprobs > 0
+            or s.constraint is not None
+            or s.fields
+            or s.logprobs_mode != "raw"
+            or bool(self.tools)
+            or s.alarm is not None  # the actions read the confidence (issue #31)
+            or s.retry is not None
+            or s.branch is not None
+            or self.vote is not None
+        )
+
     def params(
         self, vocab_size: int | None = None, constraint: Any = None
     ) -> SamplingParams:
@@ -424,6 +445,7 @@ class GenRequest:
             logit_bias=self.logit_bias,
             seed=self.seed,
             top_logprobs=self.top_logprobs,
+            logprobs=self.needs_logprobs,
             vocab_size=vocab_size,
             limits=OPENAI_LIMITS,
             labels=_CHAT_LABELS if self.kind == "chat" else _COMPLETION_LABELS,

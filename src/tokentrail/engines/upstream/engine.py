@@ -12,8 +12,12 @@ What each dialect is asked for:
 
 - ``vllm``: ``/v1/completions`` with ``return_token_ids`` and
   ``return_tokens_as_token_ids`` (exact ids, alternatives as ``token_id:N``);
-- ``llamacpp``: llama.cpp's ``/completion`` with ``n_probs`` (``tokens`` and
-  ``tokens_predicted`` in every frame: exact ids and counts);
+- ``llamacpp``: llama.cpp's ``/completion`` with ``return_tokens`` and ``n_probs``
+  (``tokens`` and ``tokens_predicted`` in every frame: exact ids and counts);
+
+For both, a request that wants no logprob (`SamplingParams.logprobs` False, no
+``top_logprobs``) asks for the ids alone (no ``n_probs``; no ``logprobs``): the segments
+stay exact, their logprobs and confidence are null.
 - ``tokentrail``: ``/v1/completions``; the ``tokentrail`` extension carries the ids;
 - ``mlx``: mlx_lm.server streams no logprobs and takes no token-id prompts, so the
   request is sent whole (``stream: false``, the prompt as text, which it re-tokenizes)
@@ -239,13 +243,16 @@ class UpstreamEngine:
             path, body = self.request(prompt_ids, plain, max_tokens)
             return path, {**body, **extra}
         k = max(1, params.top_logprobs)
+        # Token ids only where no logprob is wanted (`SamplingParams.logprobs`) and the
+        # dialect sends ids without logprobs: top-k costs the upstream a sort of its
+        # vocabulary per token, and both sides a larger frame.
+        ids_only = not params.logprobs and params.top_logprobs == 0
         d = self.dialect
         if d == "llamacpp":
             body: dict[str, Any] = {
                 "prompt": list(prompt_ids),
                 "n_predict": -1 if max_tokens is None else max_tokens,
                 "stream": True,
-                "n_probs": k,
                 "return_tokens": True,
                 "cache_prompt": True,
                 "temperature": params.temp,
@@ -254,6 +261,8 @@ class UpstreamEngine:
                 "min_p": params.min_p,
                 "repeat_penalty": params.repetition_penalty or 1.0,
             }
+            if not ids_only:
+                body["n_probs"] = k
             if params.seed is not None:
                 body["seed"] = params.seed
             if params.logit_bias:
@@ -285,7 +294,8 @@ class UpstreamEngine:
             if params.repetition_penalty:
                 body["repetition_penalty"] = params.repetition_penalty
             return "/v1/completions", body
-        body["logprobs"] = k
+        if not (ids_only and d == "vllm"):  # vLLM's token_ids need no logprobs
+            body["logprobs"] = k
         body["stream_options"] = {"include_usage": True}
         if d in ("vllm", "tokentrail"):
             body["top_k"] = params.top_k if d == "tokentrail" else (params.top_k or -1)

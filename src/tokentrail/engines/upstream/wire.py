@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ...errors import UpstreamError
+from ...fastjson import loads
 from ...realign.core import Realigner
 from ...realign.result import RealignError, TokenEvent
 from ...vocab import Vocab
@@ -99,6 +100,7 @@ class StepReader:
             skip_special_tokens=True,
             prompt_ids=prompt_ids,
             on_token=self._events.append,
+            alternatives=False,  # the output stage's aligner builds them from the steps
         )
         self._tail = b""
         self._n = 0
@@ -206,7 +208,7 @@ def _payload(line: bytes) -> bytes | None:
 
 def _loads(payload: bytes) -> Any:
     try:
-        return json.loads(payload)
+        return loads(payload)
     except ValueError as e:
         shown = payload[:80].decode("utf-8", "replace")
         raise UpstreamError(f"the upstream sent a line that is not JSON: {shown!r}") from e

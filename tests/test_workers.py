@@ -8,6 +8,7 @@ lists every worker.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -83,6 +84,15 @@ def _direct(upstream: Server, prompt: str) -> tuple[str, list[tuple[int, int]]]:
 def _worker_pids(server: Server) -> dict[int, int]:
     """/health's workers: index -> pid."""
     return {w["index"]: w["pid"] for w in server.health()["workers"]}
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, exited but not yet reaped by its new parent, does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def _counter(server: Server, sample: str) -> float:
@@ -205,3 +215,29 @@ def test_an_upstream_that_does_not_answer_exits_2_with_one_line() -> None:
     assert r.returncode == 2, r.stderr
     lines = r.stderr.splitlines()
     assert len(lines) == 1 and "cannot reach the upstream" in lines[0], lines
+
+
+def test_workers_stop_when_their_supervisor_is_killed(
+    upstream: Server, tmp_path: Path
+) -> None:
+    """SIGKILL leaves the supervisor no time to stop its workers: they notice it is gone
+    and stop themselves, freeing the port."""
+    args = ("--upstream", upstream.url, "--tokenizer", str(DEMO), "--workers", "2")
+    server = start_server(None, tmp_path / "proxy.log", *args, port=0, log_level="info")
+    pids: list[int] = []
+    try:
+        pids = list(_worker_pids(server).values())
+        assert len(pids) == 2
+        server.proc.kill()
+        server.proc.wait(30)
+        deadline = time.monotonic() + 30
+        while any(_running(pid) for pid in pids):
+            assert time.monotonic() < deadline, "orphaned workers kept running"
+            time.sleep(0.5)
+        with pytest.raises(httpx.TransportError):
+            httpx.get(server.url + "/health", timeout=5)
+    finally:
+        server.stop()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

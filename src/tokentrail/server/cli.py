@@ -75,8 +75,9 @@ def model_loader(args: argparse.Namespace) -> Loader:
     return lambda: generate.load(args.model, engine=args.engine, **options)
 
 
-def _bind(host: str, port: int) -> socket.socket:
-    """A socket bound to host:port (not listening yet), or UsageError saying why not."""
+def _bind(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
+    """A socket bound to host:port (not listening yet), or UsageError saying why not;
+    with `reuse_port`, others may bind the same address (`workers.listener_for`)."""
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as e:
@@ -84,6 +85,8 @@ def _bind(host: str, port: int) -> socket.socket:
     family, kind, proto, _, address = infos[0]
     sock = socket.socket(family, kind, proto)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port and hasattr(socket, "SO_REUSEPORT"):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind(address)
     except OSError as e:
@@ -189,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
                 f"--workers {listen.workers} needs --upstream: the {args.engine} engine's model "
                 "lives in one process (run it with --workers 1)"
             )
-        sock = _bind(listen.host, listen.port)
+        sock = _bind(listen.host, listen.port, reuse_port=listen.workers > 1)
     except UsageError as e:
         sys.stderr.write(f"tokentrail serve: error: {e}\n")
         return 2

@@ -1,10 +1,15 @@
 """`tokentrail serve --workers N`: N processes serving requests on one listening socket.
 
-The supervisor (`supervise`, in the process `tokentrail serve` started) has the socket
-bound once and a shared folder made, then starts the workers with multiprocessing's
-*spawn*: each gets its own copy of the socket and runs the app under uvicorn on it, so
-the kernel hands each new connection to whichever worker accepts it first, and a
-connection stays with the worker that took it. Worker 0 starts alone and proves the
+The supervisor (`supervise`, in the process `tokentrail serve` started) has the address
+bound once (which holds the port, `--port 0` included) and a shared folder made, then
+starts the workers with multiprocessing's *spawn*, each with a listening socket of its
+own bound to the same address (``SO_REUSEPORT``, `listener_for`): the kernel spreads new
+connections evenly over the workers' sockets, and a connection stays with the worker that
+took it. (One socket shared by all would do too, but an idle asyncio loop accepts every
+connection waiting at once: a burst of clients would land on one worker. Where the
+system has no ``SO_REUSEPORT`` the workers share the supervisor's socket.) The supervisor
+closes its copy of a worker's socket once the worker has it, so the socket dies with the
+worker. Worker 0 starts alone and proves the
 configuration (a tokenizer that does not load, an upstream that does not answer: the
 supervisor then exits with that worker's status, the worker having said why in one
 line); the others then start together, and the supervisor logs the URL once all serve.
@@ -21,9 +26,10 @@ A worker that exits while the server runs is logged and replaced under the same 
 its live gauges first marked dead (`prometheus_client.multiprocess.mark_process_dead`;
 its counters keep counting in the sums). The connections it held close with it: their
 clients see the stream end without ``[DONE]`` (a connection reset or an incomplete
-read) at once, not a hang; requests not yet accepted wait in the socket's queue for the
-other workers. A replacement that exits before it serves is retried after a delay that
-doubles up to `MAX_RETRY_DELAY`. A worker whose supervisor is gone stops by itself.
+read) at once, not a hang, and so do connections waiting in its socket's queue, not yet
+accepted; new connections go to the other workers. A replacement that exits before it
+serves is retried after a delay that doubles up to `MAX_RETRY_DELAY`. A worker whose
+supervisor is gone stops by itself.
 
 SIGTERM or SIGINT to the supervisor stops the workers (SIGTERM to each: uvicorn's
 graceful shutdown, up to its timeout), kills what is left after `STOP_GRACE` seconds,
@@ -62,6 +68,7 @@ __all__ = [
     "Heartbeat",
     "Seat",
     "WorkerBoard",
+    "listener_for",
     "supervise",
 ]
 
@@ -166,6 +173,25 @@ class Heartbeat:
                 logger.debug("worker %d: cannot write its state: %s", self.seat.index, e)
 
 
+def listener_for(bound: socket.socket) -> socket.socket:
+    """A socket for one worker: a new one bound to `bound`'s address where the system
+    lets several sockets listen on one port and spreads connections over them
+    (``SO_REUSEPORT``, which `bound` was bound with), else `bound` itself (shared)."""
+    if not hasattr(socket, "SO_REUSEPORT") or not bound.getsockopt(
+        socket.SOL_SOCKET, socket.SO_REUSEPORT
+    ):
+        return bound
+    sock = socket.socket(bound.family, bound.type, bound.proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind(bound.getsockname())
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 def _describe(code: int | None) -> str:
     if code is None:
         return "is running"
@@ -197,10 +223,15 @@ class _Supervisor:
 
     def start(self, index: int) -> None:
         seat = Seat(index, self.folder, os.getpid())
+        sock = listener_for(self.sock)
         proc = self.ctx.Process(
-            target=self.target, args=(self.args, self.sock, seat), name=f"tokentrail-worker-{index}"
+            target=self.target, args=(self.args, sock, seat), name=f"tokentrail-worker-{index}"
         )
-        proc.start()
+        try:
+            proc.start()
+        finally:
+            if sock is not self.sock:
+                sock.close()  # the worker has its own copy: the socket dies with it
         self.procs[index] = proc
         self.served.discard(index)
         logger.debug("worker %d started (pid %d)", index, proc.pid)
@@ -309,8 +340,9 @@ class _Supervisor:
 
 
 def supervise(target: Target, args: Any, sock: socket.socket, count: int, url: str) -> int:
-    """Serve on `sock` (bound, inheritable) with `count` worker processes each running
-    ``target(args, sock, seat)``, until SIGTERM or SIGINT; return the exit status."""
+    """Serve on `sock`'s address (bound, not listening, with ``SO_REUSEPORT`` where the
+    system has it) with `count` worker processes each running ``target(args, listener,
+    seat)``, until SIGTERM or SIGINT; return the exit status."""
     sup = _Supervisor(target, args, sock, count)
     previous_env = os.environ.get(MULTIPROC_ENV)
     os.environ[MULTIPROC_ENV] = sup.metrics_dir  # the spawned workers inherit it

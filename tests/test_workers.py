@@ -185,6 +185,19 @@ def test_a_killed_worker_drops_its_stream_and_is_replaced(proxy: Server) -> None
     assert seen == fresh
 
 
+def test_a_port_the_workers_serve_is_in_use_for_another_server(proxy: Server) -> None:
+    """The workers' sockets share their port with each other only: a second server with
+    workers on it is refused (exit 2, one line), as any server on a port in use."""
+    r = subprocess.run(
+        [sys.executable, "-m", "tokentrail", "serve", "--port", str(proxy.port), "--workers",
+         "2", "--upstream", "http://127.0.0.1:9", "--tokenizer", str(DEMO)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 2
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and "Address already in use" in lines[0], lines
+
+
 def test_workers_are_refused_for_an_engine_in_this_process() -> None:
     r = subprocess.run(
         [sys.executable, "-m", "tokentrail", "serve", "--port", "0", "--workers", "2",

@@ -27,7 +27,7 @@ from .config import (
     engine_options,
 )
 from .settings import add_flags, settings_of
-from .workers import Heartbeat, Seat, WorkerBoard
+from .workers import Heartbeat, Seat, WorkerBoard, shared_address
 
 __all__ = ["ENGINE_OPTIONS", "engine_options", "main", "model_loader", "register", "run"]
 
@@ -75,9 +75,8 @@ def model_loader(args: argparse.Namespace) -> Loader:
     return lambda: generate.load(args.model, engine=args.engine, **options)
 
 
-def _bind(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
-    """A socket bound to host:port (not listening yet), or UsageError saying why not;
-    with `reuse_port`, others may bind the same address (`workers.listener_for`)."""
+def _bind(host: str, port: int) -> socket.socket:
+    """A socket bound to host:port (not listening yet), or UsageError saying why not."""
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as e:
@@ -85,8 +84,6 @@ def _bind(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
     family, kind, proto, _, address = infos[0]
     sock = socket.socket(family, kind, proto)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    if reuse_port and hasattr(socket, "SO_REUSEPORT"):
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind(address)
     except OSError as e:
@@ -192,7 +189,9 @@ def run(args: argparse.Namespace) -> int:
                 f"--workers {listen.workers} needs --upstream: the {args.engine} engine's model "
                 "lives in one process (run it with --workers 1)"
             )
-        sock = _bind(listen.host, listen.port, reuse_port=listen.workers > 1)
+        sock = _bind(listen.host, listen.port)  # a port in use is refused here
+        if listen.workers > 1:
+            sock = shared_address(sock)
     except UsageError as e:
         sys.stderr.write(f"tokentrail serve: error: {e}\n")
         return 2

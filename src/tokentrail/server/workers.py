@@ -59,6 +59,7 @@ from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
+from ..errors import UsageError
 from .metrics import MULTIPROC_ENV
 
 __all__ = [
@@ -69,6 +70,7 @@ __all__ = [
     "Seat",
     "WorkerBoard",
     "listener_for",
+    "shared_address",
     "supervise",
 ]
 
@@ -173,14 +175,8 @@ class Heartbeat:
                 logger.debug("worker %d: cannot write its state: %s", self.seat.index, e)
 
 
-def listener_for(bound: socket.socket) -> socket.socket:
-    """A socket for one worker: a new one bound to `bound`'s address where the system
-    lets several sockets listen on one port and spreads connections over them
-    (``SO_REUSEPORT``, which `bound` was bound with), else `bound` itself (shared)."""
-    if not hasattr(socket, "SO_REUSEPORT") or not bound.getsockopt(
-        socket.SOL_SOCKET, socket.SO_REUSEPORT
-    ):
-        return bound
+def _port_sharer(bound: socket.socket) -> socket.socket:
+    """A new socket bound to `bound`'s address with ``SO_REUSEPORT`` (OSError if not)."""
     sock = socket.socket(bound.family, bound.type, bound.proto)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -190,6 +186,33 @@ def listener_for(bound: socket.socket) -> socket.socket:
         sock.close()
         raise
     return sock
+
+
+def shared_address(bound: socket.socket) -> socket.socket:
+    """`bound`'s address (its port chosen, and proved free, by a plain bind) held by a
+    socket bound with ``SO_REUSEPORT``, which every worker's socket then binds too;
+    `bound` is closed. Where the system has no ``SO_REUSEPORT``: `bound` itself."""
+    if not hasattr(socket, "SO_REUSEPORT"):
+        return bound
+    try:  # both have SO_REUSEADDR and neither listens: Linux lets both bind
+        sock = _port_sharer(bound)
+    except OSError as e:
+        raise UsageError(f"cannot share {bound.getsockname()[:2]} between workers: {e}") from None
+    finally:
+        bound.close()
+    sock.set_inheritable(True)
+    return sock
+
+
+def listener_for(bound: socket.socket) -> socket.socket:
+    """A socket for one worker: a new one bound to `bound`'s address where the system
+    lets several sockets listen on one port and spreads connections over them
+    (``SO_REUSEPORT``, which `bound` was bound with), else `bound` itself (shared)."""
+    if not hasattr(socket, "SO_REUSEPORT") or not bound.getsockopt(
+        socket.SOL_SOCKET, socket.SO_REUSEPORT
+    ):
+        return bound
+    return _port_sharer(bound)
 
 
 def _describe(code: int | None) -> str:

@@ -29,7 +29,7 @@ clients see the stream end without ``[DONE]`` (a connection reset or an incomple
 read) at once, not a hang, and so do connections waiting in its socket's queue, not yet
 accepted; new connections go to the other workers. A replacement that exits before it
 serves is retried after a delay that doubles up to `MAX_RETRY_DELAY`. A worker whose
-supervisor is gone stops by itself.
+supervisor is gone stops by itself (and removes the folder).
 
 SIGTERM or SIGINT to the supervisor stops the workers (SIGTERM to each: uvicorn's
 graceful shutdown, up to its timeout), kills what is left after `STOP_GRACE` seconds,
@@ -168,6 +168,9 @@ class Heartbeat:
             if os.getppid() != self.seat.supervisor:
                 logger.warning("worker %d: the supervisor is gone; stopping", self.seat.index)
                 self._on_orphaned()
+                # Nobody else will remove the shared folder; the files this worker has
+                # open (its metrics) stay readable to it until it exits.
+                shutil.rmtree(self.seat.folder, ignore_errors=True)
                 return
             try:
                 self.write()

@@ -208,8 +208,9 @@ def _valid(cls: type, s: Setting) -> tuple[list[str], Any]:
         return [flag.name, *words], cls(**{s.name: tuple(words)}).__getattribute__(s.name)
     if flag.choices is not None:
         word = [c for c in flag.choices() if c != s.default][-1]
-    elif flag.type in (int, float):
-        word = str(flag.type((s.range.lo if s.range and s.range.lo else 0) + 1))
+    elif s.range is not None:  # a count or a duration (--workers also takes "auto")
+        kind = int if s.range.kind == "int" else float
+        word = str(kind((s.range.lo or 0) + 1))
     else:
         word = "name.example"
     value = flag.type(word) if flag.type else word
@@ -292,6 +293,7 @@ STABLE_LIMITS = {
     "--max-connections": (1, 256),
     "--read-timeout": (1e-9, 10.0),
     "--keep-alive-timeout": (1e-9, 5.0),
+    "--workers": (1, 1),
 }
 
 

@@ -144,7 +144,12 @@ class _Server:
         return _json_response(self._model_card())
 
     async def health(self, request: Request) -> Response:
+        """This server's state; under ``serve --workers N`` the answering worker's, with
+        its pid (``worker``) and every worker's last state (``workers``)."""
         stats = self.scheduler.stats()
+        board = getattr(request.app.state, "workers", None)  # a `workers.WorkerBoard`
+        if board is not None:
+            stats = board.health(stats)
         return _json_response(stats, 200 if stats["status"] == "ok" else 503)
 
     async def metrics_page(self, request: Request) -> Response:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import socket
 import sys
 from typing import Any
@@ -26,6 +27,7 @@ from .config import (
     engine_options,
 )
 from .settings import add_flags, settings_of
+from .workers import Heartbeat, Seat, WorkerBoard, shared_address
 
 __all__ = ["ENGINE_OPTIONS", "engine_options", "main", "model_loader", "register", "run"]
 
@@ -158,9 +160,11 @@ def _missing_extra() -> str | None:
     return None
 
 
-def _log_at(level_name: str) -> None:
+def _log_at(level_name: str, who: str = "") -> None:
     level = level_name.upper()
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=level, format=f"%(asctime)s %(levelname)s {who}%(name)s: %(message)s"
+    )
     logging.getLogger("tokentrail").setLevel(level)  # also under `tokentrail -v serve`
 
 
@@ -169,8 +173,6 @@ def run(args: argparse.Namespace) -> int:
     missing = _missing_extra()
     if missing is not None:
         return fail(f"needs {missing}: pip install 'tokentrail[server]'", "tokentrail serve")
-    from .app import create_app
-
     _log_at(args.log_level)
     try:
         listen = ListenConfig.from_args(args)
@@ -182,44 +184,78 @@ def run(args: argparse.Namespace) -> int:
             check_upstream_arguments(args)
         elif getattr(args, "upstream_chat", False):
             raise UsageError("--upstream-chat needs --upstream URL (the upstream it forwards to)")
-        sock = _bind(listen.host, listen.port)
+        if listen.workers > 1 and not args.upstream:
+            raise UsageError(
+                f"--workers {listen.workers} needs --upstream: the {args.engine} engine's model "
+                "lives in one process (run it with --workers 1)"
+            )
+        sock = _bind(listen.host, listen.port)  # a port in use is refused here
+        if listen.workers > 1:
+            sock = shared_address(sock)
     except UsageError as e:
         sys.stderr.write(f"tokentrail serve: error: {e}\n")
         return 2
-    # model_name also travels on its own: the proxy's create_upstream_app reads it.
-    options: dict[str, Any] = {"config": config, "model_name": config.model_name}
-    if args.upstream:
-        from ..errors import UpstreamError
-        from .proxy import create_upstream_app
+    if listen.workers > 1:
+        from .workers import supervise
 
-        try:
-            app = create_upstream_app(
-                args.upstream,
-                args.tokenizer,
-                upstream_api_key=args.upstream_api_key,
-                upstream_model=args.upstream_model,
-                dialect=args.upstream_dialect,
-                timeout=args.upstream_timeout,
-                upstream_chat=getattr(args, "upstream_chat", False),
-                **options,
-            )
-        except UpstreamError as e:
-            sock.close()
-            sys.stderr.write(f"tokentrail serve: error: {' '.join(str(e).split())}\n")
-            return 2
-        except (OSError, ValueError, ImportError) as e:
-            sock.close()
-            sys.stderr.write(
-                f"tokentrail serve: error: cannot load the tokenizer: {' '.join(str(e).split())}\n"
-            )
-            return 2
-    else:
-        app = create_app(model_path=args.model, loader=loader, **options)
+        return supervise(_worker, args, sock, listen.workers, _url(sock))
+    app = _build_app(args, config, loader)
+    if isinstance(app, int):
+        sock.close()
+        return app
     return _serve(app, sock, listen)
 
 
-def _serve(app: Any, sock: socket.socket, listen: ListenConfig) -> int:
-    """Load the model, then run uvicorn on `sock` until interrupted."""
+def _worker(args: argparse.Namespace, sock: socket.socket, seat: Seat) -> None:
+    """One worker process of ``serve --workers N`` (`workers.supervise`): build the app
+    from the flags as `run` does and serve it on the shared `sock`; exit with the status."""
+    _log_at(args.log_level, f"worker {seat.index} ")
+    listen = ListenConfig.from_args(args)  # checked by the supervisor already
+    config = ServerConfig.from_args(args, None if args.upstream else engine_options(args))
+    app = _build_app(args, config, None if args.upstream else model_loader(args))
+    if isinstance(app, int):
+        sock.close()
+        raise SystemExit(app)
+    raise SystemExit(_serve(app, sock, listen, seat))
+
+
+def _build_app(args: argparse.Namespace, config: ServerConfig, loader: Loader | None) -> Any:
+    """The app the flags ask for, or the exit status (one line said why) when the
+    proxy's tokenizer or upstream check fails."""
+    from .app import create_app
+
+    # model_name also travels on its own: the proxy's create_upstream_app reads it.
+    options: dict[str, Any] = {"config": config, "model_name": config.model_name}
+    if not args.upstream:
+        return create_app(model_path=args.model, loader=loader, **options)
+    from ..errors import UpstreamError
+    from .proxy import create_upstream_app
+
+    try:
+        return create_upstream_app(
+            args.upstream,
+            args.tokenizer,
+            upstream_api_key=args.upstream_api_key,
+            upstream_model=args.upstream_model,
+            dialect=args.upstream_dialect,
+            timeout=args.upstream_timeout,
+            upstream_chat=getattr(args, "upstream_chat", False),
+            **options,
+        )
+    except UpstreamError as e:
+        sys.stderr.write(f"tokentrail serve: error: {' '.join(str(e).split())}\n")
+        return 2
+    except (OSError, ValueError, ImportError) as e:
+        sys.stderr.write(
+            f"tokentrail serve: error: cannot load the tokenizer: {' '.join(str(e).split())}\n"
+        )
+        return 2
+
+
+def _serve(app: Any, sock: socket.socket, listen: ListenConfig, seat: Seat | None = None) -> int:
+    """Load the model, then run uvicorn on `sock` until interrupted; as the worker at
+    `seat` of ``--workers N``, say so in `/health` and an ``x-tokentrail-worker`` header
+    (its pid), and keep its state file (`workers.Heartbeat`)."""
     import uvicorn
 
     engine = app.state.engine
@@ -230,11 +266,23 @@ def _serve(app: Any, sock: socket.socket, listen: ListenConfig) -> int:
         return fail(f"cannot load the model: {e}", "tokentrail serve")
     url = _url(sock)
 
+    heartbeat: Heartbeat | None = None
+
     class Server(uvicorn.Server):
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            nonlocal heartbeat
             await super().startup(sockets)
-            if self.started:
+            if not self.started:
+                return
+            if seat is None:
                 logger.info("serving %s on %s", engine.model_name, url)
+                return
+            logger.info("worker %d (pid %d) serving on %s", seat.index, os.getpid(), url)
+            heartbeat = Heartbeat(seat, engine.stats, self.stop_soon)
+            heartbeat.start()
+
+        def stop_soon(self) -> None:
+            self.should_exit = True
 
     logging.getLogger("uvicorn.error").addFilter(_QuietAbandon())
     config = uvicorn.Config(
@@ -246,10 +294,15 @@ def _serve(app: Any, sock: socket.socket, listen: ListenConfig) -> int:
         timeout_keep_alive=listen.keep_alive_timeout,  # type: ignore[arg-type]
         h11_max_incomplete_event_size=64 * 1024,
         timeout_graceful_shutdown=5,
+        headers=[] if seat is None else [("x-tokentrail-worker", str(os.getpid()))],
     )
+    if seat is not None:
+        app.state.workers = WorkerBoard(seat.folder)
     try:
         Server(config).run(sockets=[sock])
     finally:
+        if heartbeat is not None:
+            heartbeat.stop()
         engine.stop()
         sock.close()
     return 0

@@ -39,6 +39,8 @@ __all__ = [
     "Loader",
     "ServerConfig",
     "engine_options",
+    "usable_cores",
+    "worker_count",
 ]
 
 #: What loads a model: a function returning (model, tokenizer), run on the loop thread.
@@ -100,6 +102,26 @@ def engine_options(args: argparse.Namespace) -> dict[str, Any]:
             raise UsageError(f"{flag.name} does not apply to --engine {args.engine}")
         options[flag.dest] = value
     return options
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def worker_count(text: str) -> int:
+    """`--workers`' value: a count as written (its range is checked with the others'),
+    or the usable cores for "auto"."""
+    if text.strip().lower() == "auto":
+        return usable_cores()
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a number of processes or 'auto', got {text!r}"
+        ) from None
 
 
 def _tool_parsers() -> list[str]:
@@ -254,8 +276,10 @@ class ServerConfig:
 class ListenConfig:
     """How `tokentrail serve` listens and logs: the socket's `host` and `port` (0: any
     free port), uvicorn's `max_connections` (more get 503) and `keep_alive_timeout`, the
-    `read_timeout` a client has to send a whole request, and the `log_level`. Not part
-    of the app: an app from `create_app` runs under whatever ASGI server it is given."""
+    `read_timeout` a client has to send a whole request, the `log_level`, and the
+    `workers`: processes sharing the socket (`tokentrail.server.workers`; more than 1
+    only in front of an upstream). Not part of the app: an app from `create_app` runs
+    under whatever ASGI server it is given."""
 
     host: str = field(default="127.0.0.1", metadata=declare(Flag("--host", "address to listen on")))
     port: int = field(default=8080, metadata=declare(
@@ -279,6 +303,13 @@ class ListenConfig:
     ))
     log_level: str = field(default="info", metadata=declare(
         Flag("--log-level", "how much to log", choices=lambda: LOG_LEVELS),
+    ))
+    workers: int = field(default=1, metadata=declare(
+        Flag("--workers", "processes serving requests on the one socket, each with its own "
+             "event loop: for --upstream, whose cost is per token in this process ('auto': "
+             "the usable cores); an engine run here keeps its model in one process and takes "
+             "1 only", type=worker_count, metavar="N"),
+        range=at_least("int", 1),
     ))
 
     def __post_init__(self) -> None:

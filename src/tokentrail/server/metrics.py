@@ -2,10 +2,17 @@
 
 A registry per app (not prometheus_client's global one) lets several apps live in one
 process, as tests do. Everything here is safe to call from any thread.
+
+Under ``serve --workers N`` (`tokentrail.server.workers`) each worker process is started
+with ``PROMETHEUS_MULTIPROC_DIR`` set to a folder the supervisor made: prometheus_client
+then keeps every value in a file of that folder per process, and `exposition` sums them
+over the workers (`MultiProcessCollector`); gauges sum the live workers' values. The
+registry itself, which `/health` reads, still holds this process's own values.
 """
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -20,6 +27,9 @@ _WAIT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 #: Seconds compiling one request's constraint (llguidance, on the compile pool).
 _COMPILE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+#: The environment variable prometheus_client's multiprocess mode is switched on by.
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 #: Every outcome a generation request can have.
 OUTCOMES = ("completed", "cancelled", "failed", "rejected", "dropped")
@@ -52,11 +62,14 @@ class Metrics:
             ["outcome"],
             registry=r,
         )
+        # "livesum": across worker processes, the sum over the live ones.
         self.queue_depth = Gauge(
-            "tokentrail_queue_depth", "Requests waiting for room in the batch", registry=r
+            "tokentrail_queue_depth", "Requests waiting for room in the batch", registry=r,
+            multiprocess_mode="livesum",
         )
         self.batch_size = Gauge(
-            "tokentrail_batch_size", "Sequences in the batch now", registry=r
+            "tokentrail_batch_size", "Sequences in the batch now", registry=r,
+            multiprocess_mode="livesum",
         )
         self.generated_tokens = Counter(
             "tokentrail_generated_tokens", "Tokens generated, all sequences", registry=r
@@ -134,10 +147,18 @@ class Metrics:
         self.http_requests.labels(path=path, status=str(status)).inc()
 
     def exposition(self) -> tuple[bytes, str]:
-        """Every metric in Prometheus' text format, and that format's media type."""
-        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+        """Every metric in Prometheus' text format, and that format's media type: this
+        process's, or under ``--workers`` every worker's summed."""
+        from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        shared = os.environ.get(MULTIPROC_ENV)
+        if not shared:
+            return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        from prometheus_client.multiprocess import MultiProcessCollector
+
+        everyone = CollectorRegistry()
+        MultiProcessCollector(everyone, path=shared)
+        return generate_latest(everyone), CONTENT_TYPE_LATEST
 
     def __repr__(self) -> str:
         return f"Metrics({self.registry!r})"

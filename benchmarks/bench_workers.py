@@ -1,0 +1,236 @@
+"""`tokentrail serve --upstream --workers N`: the proxy's throughput with N workers vs 1.
+
+An upstream fast enough that the proxy's own per-token work is what limits: llama.cpp's
+`llama-server` on the demo model's GGUF (2.2M parameters; `scripts/demo_model_to_gguf.py`
+writes it), `--slots` slots. In front of it the proxy runs with `--workers 1` and with
+`--workers N`, one proxy up at a time, alternating, `--rounds` times. Each run: `--clients`
+concurrent clients, each streaming `--requests` completions one after the other
+(greedy, the end-of-text tokens barred with `logit_bias`, so each makes exactly
+`--max-tokens` tokens, `logprobs` 5). Reported, as medians over the rounds: throughput
+(completion tokens per second, all clients together), its ratio N workers / 1 worker, and
+CPU per completion token of the proxy (the supervisor and its workers) and of the
+upstream, read from /proc (Linux).
+
+The clients run in this process (one asyncio loop, raw SSE bytes, only the last chunk's
+usage parsed), so on a small machine the clients, the upstream and the proxy share the
+cores: say so next to the figures.
+
+    flock /tmp/tt-bench.lock python benchmarks/bench_workers.py \\
+        [--workers 2] [--clients 32] [--output benchmarks/results/workers.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO = REPO / "src" / "tokentrail" / "demo_model"
+CACHE = Path(os.environ.get("TOKENTRAIL_CACHE") or Path.home() / ".cache" / "tokentrail")
+SERVER = CACHE / "llama.cpp-0.3.36" / "build" / "bin" / "llama-server"
+PROMPTS = ["Once upon a time", "The cat sat", "In a hole in the ground", "Long ago"]
+EOS_IDS = (0, 2)  # the demo model's end-of-text tokens
+TOP = 5
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds of `pid` and its live children, plus its reaped children's (/proc)."""
+    total = 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += sum(int(f) for f in fields[11:15]) / TICK  # utime stime cutime cstime
+        kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return total
+    return total + sum(cpu_seconds(int(k)) for k in kids)
+
+
+def wait_ok(url: str, proc: subprocess.Popen[bytes], path: str = "/health") -> None:
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"{url}: the server exited")
+        try:
+            if httpx.get(url + path, timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.3)
+    raise SystemExit(f"{url} did not start")
+
+
+def spawn(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    return subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env)
+
+
+def start_llama(args: argparse.Namespace, logs: Path) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    cmd = [str(args.server), "-m", str(args.gguf), "--host", "127.0.0.1", "--port", str(port)]
+    cmd += ["-c", str(512 * args.slots), "-np", str(args.slots), "-t", str(args.threads)]
+    cmd += ["--no-webui"]
+    proc = spawn(cmd, logs / "llama.log")
+    url = f"http://127.0.0.1:{port}"
+    wait_ok(url, proc)
+    return proc, url
+
+
+def start_proxy(upstream: str, workers: int, logs: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """The proxy with `workers` workers, once all serve and their startup checks of the
+    upstream are over (their requests would share the upstream with measured ones)."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "tokentrail", "serve", "--upstream", upstream]
+    cmd += ["--tokenizer", str(DEMO), "--port", str(port), "--log-level", "info"]
+    cmd += ["--workers", str(workers)]
+    log = logs / f"proxy-{workers}.log"
+    proc = spawn(cmd, log)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 600
+    serving = re.compile(rf"serving \S+ on {re.escape(url)}")
+    while not serving.search(log.read_text(errors="replace")):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"the proxy did not start:\n{log.read_text()[-3000:]}")
+        time.sleep(0.3)
+    wait_ok(url, proc)
+    time.sleep(3)  # each worker's quick check of the upstream runs once it serves
+    return proc, url
+
+
+async def one(client: httpx.AsyncClient, url: str, prompt: str, n: int) -> int:
+    """Completion tokens of one streamed request (from its usage chunk)."""
+    body = {
+        "prompt": prompt, "max_tokens": n, "temperature": 0,
+        "stream": True, "logprobs": TOP, "stream_options": {"include_usage": True},
+        "logit_bias": {str(i): -100 for i in EOS_IDS},
+    }  # fmt: skip
+    tail = b""
+    async with client.stream("POST", url + "/v1/completions", json=body) as r:
+        if r.status_code != 200:
+            return 0
+        async for part in r.aiter_bytes():
+            tail = (tail + part)[-8192:]
+    for line in reversed(tail.split(b"\n")):
+        if line.startswith(b"data: {") and b'"usage"' in line:
+            usage = json.loads(line[6:]).get("usage") or {}
+            return int(usage.get("completion_tokens") or 0)
+    return 0
+
+
+async def load(url: str, args: argparse.Namespace) -> tuple[int, float]:
+    """(tokens, seconds) of `--clients` clients each making `--requests` requests."""
+    limits = httpx.Limits(max_connections=args.clients, max_keepalive_connections=args.clients)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+
+        async def user(i: int) -> int:
+            return sum([await one(client, url, PROMPTS[(i + k) % len(PROMPTS)], args.max_tokens)
+                        for k in range(args.requests)])  # fmt: skip
+
+        start = time.perf_counter()
+        counts = await asyncio.gather(*(user(i) for i in range(args.clients)))
+        return sum(counts), time.perf_counter() - start
+
+
+def run_once(upstream: tuple[subprocess.Popen[bytes], str], workers: int,
+             args: argparse.Namespace, logs: Path) -> dict[str, float]:  # fmt: skip
+    proxy, url = start_proxy(upstream[1], workers, logs)
+    try:
+        asyncio.run(load(url, argparse.Namespace(**{**vars(args), "requests": 1})))  # warm-up
+        cpu_proxy, cpu_up = cpu_seconds(proxy.pid), cpu_seconds(upstream[0].pid)
+        tokens, seconds = asyncio.run(load(url, args))
+        cpu_proxy = cpu_seconds(proxy.pid) - cpu_proxy
+        cpu_up = cpu_seconds(upstream[0].pid) - cpu_up
+    finally:
+        proxy.terminate()
+        proxy.wait(60)
+    return {"workers": workers, "tokens": tokens, "seconds": seconds,
+            "tokens_per_s": tokens / seconds, "proxy_us_per_token": 1e6 * cpu_proxy / tokens,
+            "upstream_us_per_token": 1e6 * cpu_up / tokens}  # fmt: skip
+
+
+def report(runs: list[dict[str, float]], args: argparse.Namespace) -> str:
+    def med(w: int, key: str) -> float:
+        return statistics.median(r[key] for r in runs if r["workers"] == w)
+
+    one_w, many = med(1, "tokens_per_s"), med(args.workers, "tokens_per_s")
+    lines = [
+        "# `serve --upstream --workers N`: throughput with N workers vs 1",
+        "",
+        f"Command: `flock /tmp/tt-bench.lock python {' '.join(sys.argv)}`",
+        f"Machine: {platform.platform()}, {os.cpu_count()} CPUs (usable: "
+        f"{len(os.sched_getaffinity(0))}), Python {platform.python_version()}",
+        f"Upstream: llama-server on `{Path(args.gguf).name}`, {args.slots} slots, "
+        f"{args.threads} thread(s). Load: {args.clients} clients x {args.requests} "
+        f"streamed completions of {args.max_tokens} tokens, logprobs {TOP}; "
+        f"medians of {args.rounds} alternating rounds.",
+        "",
+        "| workers | tokens/s | ratio to 1 worker | proxy CPU µs/token | upstream CPU µs/token |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    for w in (1, args.workers):
+        lines.append(
+            f"| {w} | {med(w, 'tokens_per_s'):,.0f} | {med(w, 'tokens_per_s') / one_w:.2f}x | "
+            f"{med(w, 'proxy_us_per_token'):,.0f} | {med(w, 'upstream_us_per_token'):,.0f} |"
+        )
+    lines += ["", f"Ratio {args.workers} workers / 1: **{many / one_w:.2f}x**.", "",
+              "Every round:", "", "```", *(json.dumps(r) for r in runs), "```", ""]  # fmt: skip
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    gguf = next(iter(sorted((CACHE / "gguf").glob("tokentrail-demo-*-f32.gguf"))), None)
+    parser.add_argument("--gguf", default=gguf, help="the demo model's GGUF")
+    parser.add_argument("--server", default=SERVER, help="llama-server binary")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--requests", type=int, default=4, help="requests per client")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--slots", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=1, help="llama-server's threads")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--output", type=Path)
+    parser.add_argument("--logs", type=Path, help="keep the servers' logs here")
+    args = parser.parse_args()
+    if args.gguf is None:
+        raise SystemExit("no demo GGUF: run scripts/demo_model_to_gguf.py (or give --gguf)")
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        logs = args.logs or Path(tmp)
+        logs.mkdir(parents=True, exist_ok=True)
+        upstream = start_llama(args, logs)
+        try:
+            for _ in range(args.rounds):
+                for workers in (1, args.workers):
+                    runs.append(run_once(upstream, workers, args, logs))
+                    print(json.dumps(runs[-1]), flush=True)
+        finally:
+            upstream[0].terminate()
+            upstream[0].wait(60)
+    text = report(runs, args)
+    print(text)
+    if args.output is not None:
+        args.output.write_text(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -48,9 +48,7 @@ class VLLMBatch(BaseBatch):
     `cached_tokens(uid)` is the prompt tokens vLLM found in its prefix cache.
     """
 
-    def __init__(
-        self, engine: Any, max_batch: int | None = None, wait: float = 0.02
-    ) -> None:
+    def __init__(self, engine: Any, max_batch: int | None = None, wait: float = 0.02) -> None:
         if max_batch is None:
             max_batch = engine.max_num_seqs or DEFAULT_CAPACITY
         super().__init__(max_batch)
@@ -59,6 +57,9 @@ class VLLMBatch(BaseBatch):
         self._live: dict[int, Future[None]] = {}
         self._cached: dict[int, int] = {}
         self._out: queue.SimpleQueue[tuple[int | None, Any]] = queue.SimpleQueue()
+        #: Requests removed before vLLM finished them (so aborted in vLLM): an end token or
+        #: stop string of tokentrail's, a client gone.
+        self.aborts = 0
 
     def add(self, prompt_ids: Sequence[int], params: SamplingParams, max_tokens: int | None) -> int:
         self._check_room()
@@ -72,7 +73,9 @@ class VLLMBatch(BaseBatch):
         put = self._out.put
         request_id = f"tokentrail-{uuid.uuid4().hex}"
         stream = self.engine.engine.generate({"prompt_token_ids": ids}, sampling, request_id)
+        finished = False
         try:
+            # To its end: the generator returns after vLLM's last output, with no abort.
             async for output in stream:
                 if uid not in self._cached and uid in self._live:
                     self._cached[uid] = int(getattr(output, "num_cached_tokens", 0) or 0)
@@ -80,9 +83,10 @@ class VLLMBatch(BaseBatch):
                     steps = steps_from_completion(completion, k)
                     if steps:
                         put((uid, steps))
-                if output.finished:
-                    break
+                finished = bool(output.finished)
         except asyncio.CancelledError:
+            if not finished:
+                self.aborts += 1  # on the loop thread only
             raise  # removed: closing the stream below aborts the request in vLLM
         except Exception as e:  # this sequence failed; the others go on
             put((uid, e))
@@ -118,12 +122,14 @@ class VLLMBatch(BaseBatch):
         return out
 
     def stats(self) -> dict[str, Any]:
-        """The batch's capacity, its live sequences and the requests vLLM has unfinished."""
+        """The batch's capacity, its live sequences, the requests it aborted in vLLM and
+        those vLLM has unfinished (its output processor's count)."""
         processor = getattr(self.engine.engine, "output_processor", None)
         count = getattr(processor, "get_num_unfinished_requests", None)
         return {
             "max_batch": self.max_batch,
             "live": len(self._live),
+            "aborts": self.aborts,
             "vllm_unfinished": count() if callable(count) else None,
         }
 

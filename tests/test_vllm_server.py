@@ -119,6 +119,7 @@ def ours(vpy: Path, model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
     port = free_port()
     cmd = [str(vpy), "-m", "tokentrail.server", "--engine", "vllm", "--model", str(model_dir)]
     cmd += ["--model-name", NAME, "--port", str(port), "--log-level", "info"]
+    cmd += ["--tensor-parallel-size", "1"]  # a vLLM flag of serve's, passed through
     cmd += ["--dtype", ENGINE_ARGS["dtype"], "--max-model-len", str(ENGINE_ARGS["max_model_len"])]
     env = {
         **VLLM_ENV,

@@ -11,10 +11,10 @@ warm-up, then `--rounds` rounds of C = 1, 4, 8 concurrent streaming chat clients
 (`--requests` each, greedy, max_tokens `--max-tokens`, the special tokens suppressed with
 logit_bias so every request makes exactly that many tokens). Ours always asks
 `logprobs: true, top_logprobs: 5` and adds its attribution, as our users get it; vLLM is
-asked for nothing more than a plain user asks (`--theirs top5` asks it for the same
-logprobs). The report gives medians over all rounds of each server: throughput
-(completion tokens from `usage` over wall time), TTFT p50 and ITL p50, and the ratios
-ours / vLLM's.
+asked, level by level, both for nothing more than a plain user asks and for the same
+logprobs (`--theirs none|top5` for one of them only). The report gives medians over
+all rounds of each server: throughput (completion tokens from `usage` over wall time),
+TTFT p50 and ITL p50, and the ratios ours / vLLM's.
 
     flock /tmp/tt-bench.lock .venv/bin/python benchmarks/bench_vllm_server.py \\
         --output benchmarks/results/vllm-server.md
@@ -95,24 +95,31 @@ def stop(proc: subprocess.Popen) -> None:
 
 def run_server(
     kind: str, args: argparse.Namespace, bias: dict[str, int], log: Path, cycle: int
-) -> dict[int, list[dict[str, Any]]]:
-    """Start `kind`, warm it up, run the rounds; its summaries by client count."""
+) -> dict[str, dict[int, list[dict[str, Any]]]]:
+    """Start `kind`, warm it up, run the rounds; its summaries by label (the server, and
+    for vLLM the logprobs asked: "vllm" none, "vllm-top5") and client count. With
+    `--theirs both`, vLLM runs each level both ways, one after the other."""
     levels = [int(c) for c in args.clients.split(",")]
+    if kind == "tokentrail":
+        labels = {"tokentrail": False}
+    else:
+        modes = ("none", "top5") if args.theirs == "both" else (args.theirs,)
+        labels = {("vllm" if m == "none" else "vllm-top5"): m == "none" for m in modes}
     proc, url = start(kind, args, log)
-    out: dict[int, list[dict[str, Any]]] = {c: [] for c in levels}
-    strip = kind == "vllm" and args.theirs == "none"
+    out = {label: {c: [] for c in levels} for label in labels}
     try:
-        asyncio.run(level(url, 2, 1, 8, bias, strip))  # warm-up
+        asyncio.run(level(url, 2, 1, 8, bias, False))  # warm-up
         for r in range(args.rounds):
             for c in levels:
-                results, wall = asyncio.run(
-                    level(url, c, args.requests, args.max_tokens, bias, strip)
-                )
-                s = summarize(results, wall)
-                out[c].append(s)
-                row = {k: v for k, v in s.items() if k != "error_kinds"}
-                line = {"cycle": cycle, "round": r, "server": kind, "clients": c, **row}
-                print(json.dumps(line), flush=True)
+                for label, strip in labels.items():
+                    results, wall = asyncio.run(
+                        level(url, c, args.requests, args.max_tokens, bias, strip)
+                    )
+                    s = summarize(results, wall)
+                    out[label][c].append(s)
+                    row = {k: v for k, v in s.items() if k != "error_kinds"}
+                    line = {"cycle": cycle, "round": r, "server": label, "clients": c, **row}
+                    print(json.dumps(line), flush=True)
     finally:
         stop(proc)
     return out
@@ -151,7 +158,12 @@ def report(args: argparse.Namespace, runs: dict[str, dict[int, list]], load: tup
         capture_output=True, text=True,
     ).stdout.strip()  # fmt: skip
     cmd = " ".join(["python benchmarks/bench_vllm_server.py", *sys.argv[1:]])
-    theirs = "no logprobs (as a plain vLLM user)" if args.theirs == "none" else "top-5 logprobs"
+    theirs = {
+        "none": "no logprobs (as a plain vLLM user): rows `vllm`",
+        "top5": "`logprobs: true, top_logprobs: 5`: rows `vllm-top5`",
+        "both": "each level twice, one after the other: no logprobs (as a plain vLLM user), "
+        "rows `vllm`, and `logprobs: true, top_logprobs: 5`, rows `vllm-top5`",
+    }[args.theirs]
     lines = [
         "# `tokentrail serve --engine vllm` vs vLLM's own OpenAI server",
         "",
@@ -170,15 +182,16 @@ def report(args: argparse.Namespace, runs: dict[str, dict[int, list]], load: tup
         f"- ours: `logprobs: true, top_logprobs: 5` and tokentrail's attribution; vLLM: {theirs}",
         "- TTFT and ITL: the first and following content-bearing chunks; ratios: ours / vLLM's",
         "",
-        "| clients | tok/s vLLM | tok/s tokentrail | ratio | TTFT p50 vLLM (ms) "
+        "| vs | clients | tok/s vLLM | tok/s tokentrail | ratio | TTFT p50 vLLM (ms) "
         "| TTFT p50 tokentrail (ms) | TTFT ratio | ITL p50 vLLM / tokentrail (ms) | errors |",
-        "|---:|---:|---:|---:|---:|---:|---:|---|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
-    for c in sorted(runs["vllm"]):
-        a, b = runs["vllm"][c], runs["tokentrail"][c]
+    pairs = [(lab, c) for lab in runs if lab != "tokentrail" for c in sorted(runs[lab])]
+    for label, c in pairs:
+        a, b = runs[label][c], runs["tokentrail"][c]
         errors = (sum(s["errors"] for s in a), sum(s["errors"] for s in b))
         lines.append(
-            f"| {c} | {med(a, 'tok_s'):.1f} | {med(b, 'tok_s'):.1f} | "
+            f"| {label} | {c} | {med(a, 'tok_s'):.1f} | {med(b, 'tok_s'):.1f} | "
             f"{med(b, 'tok_s') / med(a, 'tok_s'):.2f} | {med(a, 'ttft_p50') * 1e3:.0f} | "
             f"{med(b, 'ttft_p50') * 1e3:.0f} | {med(b, 'ttft_p50') / med(a, 'ttft_p50'):.2f} | "
             f"{med(a, 'itl_p50') * 1e3:.1f} / {med(b, 'itl_p50') * 1e3:.1f} | "
@@ -199,8 +212,8 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=2, help="rounds per server start")
     ap.add_argument("--cycles", type=int, default=1, help="starts of each server, alternating")
-    ap.add_argument("--theirs", choices=("none", "top5"), default="none",
-                    help="logprobs asked of vLLM's own server")  # fmt: skip
+    ap.add_argument("--theirs", choices=("none", "top5", "both"), default="both",
+                    help="logprobs asked of vLLM (both: each level twice)")  # fmt: skip
     ap.add_argument("--output", type=Path, default=None, help="write the markdown report here")
     args = ap.parse_args()
     if args.vllm_python is None:
@@ -208,12 +221,13 @@ def main() -> int:
     args.model = args.model or model_folder(args.vllm_python)
     bias = {str(i): -100 for i in special_ids(args.model)}
     logs = Path(tempfile.mkdtemp(prefix="bench-vllm-server-"))
-    runs: dict[str, dict[int, list]] = {k: {} for k in KINDS}
+    runs: dict[str, dict[int, list]] = {}
     for cycle in range(args.cycles):
         for kind in KINDS:
             got = run_server(kind, args, bias, logs / f"{kind}-{cycle}.log", cycle)
-            for c, rows in got.items():
-                runs[kind].setdefault(c, []).extend(rows)
+            for label, by_level in got.items():
+                for c, rows in by_level.items():
+                    runs.setdefault(label, {}).setdefault(c, []).extend(rows)
             time.sleep(1)
     text = report(args, runs, os.getloadavg())
     print(text)

@@ -17,7 +17,6 @@ once), so tokentrail queues no request that vLLM would run.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import queue
 import uuid
@@ -134,9 +133,6 @@ class VLLMBatch(BaseBatch):
         }
 
     def close(self) -> None:
-        """Remove every sequence and wait (a few seconds at most) for their aborts."""
-        tasks = list(self._live.values())
+        """Remove every sequence: each task is cancelled on the engine's loop, where
+        vLLM aborts its request (the engine's own `shutdown` stops vLLM)."""
         super().close()
-        for task in tasks:
-            with contextlib.suppress(BaseException):
-                task.result(timeout=5)

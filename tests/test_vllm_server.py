@@ -18,6 +18,8 @@ import json
 import math
 import os
 import subprocess
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -106,6 +108,27 @@ def proxy(vllm: Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Se
     args = ("--upstream", vllm.url, "--tokenizer", str(vllm.model_dir))
     server = start_server(None, log, *args, log_level="info")
     assert "speaks the vllm dialect" in log.read_text(), server.log_tail()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def ours(vpy: Path, model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """`tokentrail serve --engine vllm` (this tree, in the vLLM venv) on the same folder
+    and engine settings as the `vllm` fixture's server."""
+    port = free_port()
+    cmd = [str(vpy), "-m", "tokentrail.server", "--engine", "vllm", "--model", str(model_dir)]
+    cmd += ["--model-name", NAME, "--port", str(port), "--log-level", "info"]
+    cmd += ["--tensor-parallel-size", "1"]  # a vLLM flag of serve's, passed through
+    cmd += ["--dtype", ENGINE_ARGS["dtype"], "--max-model-len", str(ENGINE_ARGS["max_model_len"])]
+    env = {
+        **VLLM_ENV,
+        "PYTHONPATH": str(REPO / "src"),
+        "TOKENTRAIL_VLLM_ARGS": json.dumps({"enforce_eager": True}),
+    }
+    log = tmp_path_factory.mktemp("logs") / "ours.log"
+    server = launch(cmd, log, f"http://127.0.0.1:{port}", timeout=VLLM_STARTUP, env=env)
+    server.model, server.model_dir = NAME, model_dir
     yield server
     server.stop()
 
@@ -359,3 +382,165 @@ def test_generate_engine_vllm_prints_only_output_exits_clean_and_agrees_with_the
     tops = [vllm_top(e) for e in lps["top_logprobs"]]
     assert_same_tokens(tokens, theirs["token_ids"], lps["token_logprobs"], tops)
     assert "".join(r["text"] for r in lines) == theirs["text"]
+
+
+# -- tokentrail serve --engine vllm (in the vLLM venv): vLLM's own continuous batch ---------------
+
+#: Chat prompts for the concurrent streams, one per client.
+TOPICS = ["the sea", "a red bicycle", "Zürich in winter", "东京的夜晚"]
+#: SmolLM2's special tokens (<|endoftext|>, <|im_start|>, <|im_end|>) suppressed: every
+#: request makes exactly max_tokens tokens, so none ends before the others by itself.
+NO_END = {"0": -100, "1": -100, "2": -100}
+
+
+def chat_body(topic: str, max_tokens: int, **extra: Any) -> dict[str, Any]:
+    return {
+        "messages": [{"role": "user", "content": f"Write a few sentences about {topic}."}],
+        "max_tokens": max_tokens, "temperature": 0, "logit_bias": NO_END, "logprobs": True,
+        "top_logprobs": 3, **extra,
+    }  # fmt: skip
+
+
+def stream_tokens(chunks: Iterator[Any]) -> dict[str, Any]:
+    """A chat stream read to its end: text, finish reason and the extension's tokens."""
+    got = list(chunks)
+    exts = [ext(c) for c in got if c.model_extra.get("tokentrail")]
+    return {
+        "text": "".join(c.choices[0].delta.content or "" for c in got if c.choices),
+        "finish": next(c.choices[0].finish_reason for c in got[::-1] if c.choices),
+        "tokens": ext_tokens(exts),
+    }
+
+
+def engine_batch(server: Server) -> dict[str, Any]:
+    """`/health`'s counts, with the vLLM batch's own (`engine_batch`) merged in."""
+    health = server.health()
+    assert health["batch_kind"] == "VLLMBatch", health
+    return {**health, **health["engine_batch"]}
+
+
+def settled(server: Server, bound: float = 120.0) -> dict[str, Any]:
+    """`/health` once nothing runs in tokentrail or in vLLM (a bound, not a timing test)."""
+    deadline = time.monotonic() + bound
+    while True:
+        health = engine_batch(server)
+        if health["active"] == 0 and health["live"] == 0 and health["vllm_unfinished"] == 0:
+            return health
+        assert time.monotonic() < deadline, f"still running after {bound} s: {health}"
+        time.sleep(0.2)
+
+
+def test_serve_engine_vllm_batches_concurrent_streams_each_as_it_is_alone(ours: Server) -> None:
+    client = openai.OpenAI(base_url=ours.url + "/v1", api_key="x", max_retries=0, timeout=600)
+    health = engine_batch(ours)
+    assert health["max_batch"] > 1 and health["max_batch"] == health["engine_batch"]["max_batch"]
+    alone = {}
+    for topic in TOPICS:
+        chunks = client.chat.completions.create(model=NAME, stream=True, **chat_body(topic, 40))
+        alone[topic] = stream_tokens(chunks)
+    # The same four requests at once. Each client reads its first token, then waits until
+    # all four have one: with one request at a time on vLLM the first would have ended
+    # (40 tokens, no end token) before the second began.
+    first = threading.Barrier(len(TOPICS) + 1, timeout=600)
+    resume = threading.Barrier(len(TOPICS) + 1, timeout=600)
+    together: dict[str, dict[str, Any]] = {}
+    failures: list[BaseException] = []
+
+    def work(topic: str) -> None:
+        try:
+            chunks = iter(
+                client.chat.completions.create(model=NAME, stream=True, **chat_body(topic, 40))
+            )
+            head = [next(chunks)]
+            while not any(ext(c).get("segments") for c in head if c.model_extra.get("tokentrail")):
+                head.append(next(chunks))
+            first.wait()
+            resume.wait()
+            together[topic] = stream_tokens(iter([*head, *chunks]))
+        except BaseException as e:
+            failures.append(e)
+            first.abort()
+            resume.abort()
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in TOPICS]
+    for t in threads:
+        t.start()
+    try:
+        first.wait()
+        during = engine_batch(ours)  # every stream has a token, none has its 40
+    finally:
+        if not failures:
+            resume.wait()
+        for t in threads:
+            t.join(timeout=600)
+    assert not failures, failures
+    # All four in tokentrail's batch and running in vLLM at once.
+    assert during["active"] == len(TOPICS) and during["live"] == len(TOPICS), during
+    assert during["vllm_unfinished"] == len(TOPICS), during
+    for topic in TOPICS:
+        a, b = alone[topic], together[topic]
+        assert (b["text"], b["finish"]) == (a["text"], "length"), topic
+        assert [t["index"] for t in b["tokens"]] == list(range(40))
+        assert_same_tokens(
+            b["tokens"],
+            [t["id"] for t in a["tokens"]],
+            [t["logprob"] for t in a["tokens"]],
+            [[x["id"] for x in t["top_logprobs"]] for t in a["tokens"]],
+        )
+    settled(ours)
+
+
+def test_serve_engine_vllm_frees_vllms_slot_on_disconnect_and_stop_string(ours: Server) -> None:
+    """A client gone mid-stream and a stop string (tokentrail's) abort their vLLM requests
+    at once; two streams beside them finish whole, ended by vLLM itself (no abort)."""
+    client = openai.OpenAI(base_url=ours.url + "/v1", api_key="x", max_retries=0, timeout=600)
+    before = settled(ours)["aborts"]
+    results: dict[str, dict[str, Any]] = {}
+    failures: list[BaseException] = []
+    read_some = threading.Event()
+
+    def gone() -> None:  # reads a few chunks of a 1900-token answer, then hangs up
+        try:
+            body = {"model": NAME, "stream": True, **chat_body(TOPICS[0], 1900)}
+            with httpx.stream("POST", ours.url + "/v1/chat/completions", json=body,
+                              timeout=600) as r:  # fmt: skip
+                assert r.status_code == 200
+                for i, _ in enumerate(r.iter_lines()):
+                    if i == 6:
+                        break
+            read_some.set()
+        except BaseException as e:
+            failures.append(e)
+            read_some.set()
+
+    def whole(key: str, topic: str, max_tokens: int, **extra: Any) -> None:
+        try:
+            body = chat_body(topic, max_tokens, **extra)
+            results[key] = stream_tokens(
+                client.chat.completions.create(model=NAME, stream=True, **body)
+            )
+        except BaseException as e:
+            failures.append(e)
+
+    threads = [
+        threading.Thread(target=gone),
+        threading.Thread(target=whole, args=("stop", TOPICS[1], 1900), kwargs={"stop": [" "]}),
+        threading.Thread(target=whole, args=("a", TOPICS[2], 12)),
+        threading.Thread(target=whole, args=("b", TOPICS[3], 12)),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    assert not failures, failures
+    assert read_some.is_set()
+    assert results["stop"]["finish"] == "stop" and " " not in results["stop"]["text"]
+    assert len(results["stop"]["tokens"]) < 50  # the stop string came long before 1900
+    for key in ("a", "b"):
+        assert results[key]["finish"] == "length" and len(results[key]["tokens"]) == 12
+    # Nothing left running in vLLM long before 1900 tokens could have been made, and
+    # exactly the two requests tokentrail ended were aborted in vLLM.
+    health = settled(ours, bound=60.0)
+    assert health["aborts"] - before == 2, health
+    recent = {r["outcome"] for r in health["recent"][-4:]}
+    assert "cancelled" in recent or "dropped" in recent, health["recent"][-4:]

@@ -20,7 +20,7 @@ ENGINES: dict[str, str] = {
     "llamacpp": "tokentrail.engines.llamacpp.engine",
     "mlx": "tokentrail.engines.mlx.engine",
     "torch": "tokentrail.engines.torch_engine",
-    "vllm": "tokentrail.engines.vllm_engine",
+    "vllm": "tokentrail.engines.vllm.engine",
 }
 #: Top-level packages whose classes each engine can run: `engine_for` imports an engine
 #: (torch is slow to import) only for a model whose class comes from one of them.

@@ -260,6 +260,31 @@ def arrived(q: queue.SimpleQueue[Any], wait: float) -> list[Any]:
             return items
 
 
+#: What a pushed sequence's task puts on its batch's queue once its stream has ended.
+PUSH_END = object()
+
+
+def drain_pushed(
+    q: queue.SimpleQueue[Any], wait: float, live: dict[int, Any]
+) -> list[tuple[int, Outcome]]:
+    """One step of a batch whose sequences push onto `q` (the upstream's streams, vLLM's
+    `AsyncLLM`): each item is ``(uid, [steps])``, ``(uid, PUSH_END)`` or ``(uid,
+    exception)``. Items of a uid no longer in `live` are dropped (removed, or a `WAKE`);
+    a sequence that ended, by its end or its exception, leaves `live`."""
+    out: list[tuple[int, Outcome]] = []
+    for uid, item in arrived(q, wait):
+        if uid not in live:
+            continue
+        if item.__class__ is list:
+            out.extend([(uid, s) for s in item])
+        elif item is PUSH_END:
+            del live[uid]
+        else:  # the exception that ended it
+            out.append((uid, item))
+            del live[uid]
+    return out
+
+
 def open_batch(engine: Engine, max_batch: int | None = None, **options: Any) -> Batch:
     """The engine's own batch if it has one, else a `SerialBatch` over it.
 

@@ -140,6 +140,8 @@ class Scheduler:
         #: The batch's `wake` (None until it is open, or where it has none): a request that
         #: arrives while a step waits for I/O (an upstream's next token) joins at once.
         self._wake: Any = None
+        #: The batch's own `stats` (None where it has none), for `/health`'s `engine_batch`.
+        self._batch_stats: Any = None
         #: Events of the jobs in the batch, handed over once per pass of the loop; with
         #: `_deferred`, the batch hands them over itself (`before_compute`).
         self._outbox = Outbox()
@@ -237,6 +239,7 @@ class Scheduler:
             **self.admission.stats(),
             "batch_size": len(self._seqs),
             "batch_kind": self.batch_kind,
+            **({"engine_batch": self._batch_stats()} if self._batch_stats else {}),
         }
 
     def release(self, job: Job, outcome: str, ttft: float | None = None) -> None:
@@ -317,6 +320,7 @@ class Scheduler:
             # from the courier thread, which runs during that call (`jobs.Courier`).
             self._outbox.courier = Courier()
         self._wake = getattr(batch, "wake", None)
+        self._batch_stats = getattr(batch, "stats", None)
         return batch
 
     def _pass(self, batch: Any) -> bool:

@@ -93,7 +93,7 @@ def _constraint_fields(constraint: Any, dialect: str) -> dict[str, Any]:
 
 def vllm_structured_outputs(kind: str, source: str) -> dict[str, Any]:
     """vLLM's ``structured_outputs`` fields for one constraint (the proxy sends them as
-    JSON; `tokentrail.engines.vllm_engine` builds vLLM's params object from them)."""
+    JSON; `tokentrail.engines.vllm.engine` builds vLLM's params object from them)."""
     if kind == "json_object":
         return {"json_object": True}
     if kind == "json_schema":

@@ -26,10 +26,8 @@ from concurrent.futures import Future
 from typing import Any
 
 from ...sampling import SamplingParams
-from ..batch import WAKE, BaseBatch, Outcome, arrived
+from ..batch import PUSH_END, WAKE, BaseBatch, Outcome, drain_pushed
 from .wire import ReadCost, StepReader, status_error
-
-_END = object()
 
 
 class AsyncUpstreamBatch(BaseBatch):
@@ -94,7 +92,7 @@ class AsyncUpstreamBatch(BaseBatch):
             put((uid, e))
         finally:
             self.cost.add(reader.cost)  # on the loop thread only
-            put((uid, _END))
+            put((uid, PUSH_END))
 
     def remove(self, uid: int) -> None:
         task = self._live.pop(uid, None)
@@ -105,19 +103,7 @@ class AsyncUpstreamBatch(BaseBatch):
         self._out.put(WAKE)
 
     def step(self) -> list[tuple[int, Outcome]]:
-        out: list[tuple[int, Outcome]] = []
-        live = self._live
-        for uid, item in arrived(self._out, self.wait):
-            if uid not in live:
-                continue  # removed (what it still sent is dropped), or a `wake`
-            if item.__class__ is list:
-                out.extend([(uid, s) for s in item])
-            elif item is _END:
-                del live[uid]
-            else:  # the exception that ended it
-                out.append((uid, item))
-                del live[uid]
-        return out
+        return drain_pushed(self._out, self.wait, self._live)
 
     def stats(self) -> dict[str, Any]:
         """The batch's capacity, live sequences and reading cost (`ReadCost.to_dict`)."""

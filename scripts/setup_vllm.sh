@@ -40,9 +40,6 @@ if [ ! -f "$STAMP" ]; then
   # PyPI's torchvision / torchaudio / torchcodec do not load against the CPU torch, and
   # vLLM serves text models without them.
   "${pip[@]}" uninstall -q -y torchvision torchaudio torchcodec >&2 || true
-  # What `tokentrail generate --engine vllm` needs (transformers), and gguf/accelerate
-  # for making the model folder below.
-  "${pip[@]}" install -q -c "$constraints" -e ".[hf,gguf]" >&2
   "$VENV/bin/python" - <<'EOF' >&2
 import torch, vllm
 print(f"setup_vllm: torch {torch.__version__}, vllm {vllm.__version__}")
@@ -51,6 +48,11 @@ EOF
   touch "$STAMP"
   say "installed in $((SECONDS - start)) s ($(du -sh "$VENV" | cut -f1))"
 fi
+# tokentrail itself, every time (quick when nothing changed, and a checkout whose
+# dependencies grew gets them): what `tokentrail generate --engine vllm` needs
+# (transformers), `serve --engine vllm` (the server extra), and gguf/accelerate for
+# making the model folder below.
+"$VENV/bin/python" -m pip install -q -c "$VENV/constraints.txt" -e ".[hf,gguf,server]" >&2
 
 # The model: SmolLM2-135M-Instruct as a float32 Hugging Face folder, dequantized from the
 # GGUF by transformers, with rope_theta at the config's top level (cached under

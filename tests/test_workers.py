@@ -127,6 +127,18 @@ def test_two_workers_serve_concurrent_streams_exactly(proxy: Server, upstream: S
     assert served == set(pids.values())  # both workers served streams
 
 
+def test_a_reply_that_ends_on_the_models_second_end_token_ends_there(
+    proxy: Server, upstream: Server
+) -> None:
+    """The demo model ends on id 2 as well as on its tokenizer's ``eos_token`` (id 0):
+    its generation config lists both. "She said" ends on id 2 upstream, so the proxy's
+    reply ends there too, with the same ids and no end token of its own added after."""
+    text, ids = _direct(upstream, "She said")
+    assert len(ids) < 24  # the upstream ended on an end token, not the limit
+    _, proxied_text, proxied_ids = _stream(proxy.url, proxy.model, "She said")
+    assert (proxied_text, proxied_ids) == (text, ids)
+
+
 def test_metrics_sum_the_workers_and_health_reports_each(proxy: Server) -> None:
     sample = 'tokentrail_http_requests_total{path="/v1/completions",status="200"}'
     before = _counter(proxy, sample)

@@ -19,11 +19,14 @@ Its `serve` flags are defined (`add_arguments`) and checked (`check_arguments`) 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+from ..engines.config import attach_eos_ids, config_eos_ids
 from ..engines.upstream.engine import DIALECTS, UpstreamEngine
 from ..errors import UsageError
 from ..prompting import eos_ids
@@ -48,10 +51,28 @@ def load_tokenizer(path: str | Path) -> Any:
             raise ValueError(f"--tokenizer {p}: transformers cannot build a tokenizer from it")
         return tok
     if p.is_dir():
-        return AutoTokenizer.from_pretrained(str(p), local_files_only=True)
+        tok = AutoTokenizer.from_pretrained(str(p), local_files_only=True)
+        return attach_eos_ids(tok, _folder_eos_ids(p))
     if (p.parent / "tokenizer_config.json").is_file():
-        return AutoTokenizer.from_pretrained(str(p.parent), local_files_only=True)
+        tok = AutoTokenizer.from_pretrained(str(p.parent), local_files_only=True)
+        return attach_eos_ids(tok, _folder_eos_ids(p.parent))
     return PreTrainedTokenizerFast(tokenizer_file=str(p))
+
+
+def _folder_eos_ids(folder: Path) -> list[int]:
+    """The ids the model ends on, from the generation config and model config beside the
+    tokenizer (where the upstream's engine reads them: a model stops on each, not only on
+    the tokenizer's ``eos_token``), so the proxy takes the upstream's end token as the end
+    and does not add its own after it."""
+    configs = []
+    for name in ("generation_config.json", "config.json"):
+        try:
+            data = json.loads((folder / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict):
+            configs.append(SimpleNamespace(eos_token_id=data.get("eos_token_id")))
+    return config_eos_ids(*configs)
 
 
 def create_upstream_app(

@@ -1,6 +1,6 @@
 """A choice that runs beside the batch rather than in it: field retry's sequences.
 
-Field retry (``tokentrail.retry``, `output.retry.FieldRetry`) takes tokens back, which
+Field retry (the request's ``retry`` option, `output.retry.FieldRetry`) takes tokens back, which
 a batch's rows cannot do; such a choice runs on the engine's rewindable steps
 (`engines.base.RewindableSteps`) instead, on the model thread, one model step per pass
 of the scheduler's loop, between the batch's steps. Its records reach the client as a

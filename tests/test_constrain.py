@@ -140,8 +140,9 @@ def test_regex_choice_and_json_object_outputs_match(rig: Rig, seed: int) -> None
     assert re.fullmatch(r"(yes|no) [0-9]", rig.text(rig.run(ids, gbnf, **kw)))
     lark = constraint_from(grammar='start: /[ab]{1,6}/ "."\n%llguidance {}\n')
     assert re.fullmatch(r"[ab]{1,6}\.", rig.text(rig.run(ids, lark, **kw)))
-    # any object: unbounded, so greedy and asked for a short one (small models ramble on)
-    short = chat_ids(rig.tok, 'Return the JSON object {"city": "Paris"} and nothing else.')
+    # any object: unbounded, so greedy and asked for a short one (small models ramble on:
+    # SmolLM2 under llama.cpp's flash attention goes on listing keys after "Paris")
+    short = chat_ids(rig.tok, 'Return the JSON object {"ok": true} and nothing else.')
     obj = json.loads(rig.text(rig.run(short, constraint_from(json_object=True), 160)))
     assert isinstance(obj, dict)
 

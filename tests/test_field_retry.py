@@ -227,7 +227,8 @@ def test_any_rewinds_and_forces_keep_the_greedy_run(greedy_stream, ops):
     for _ in range(4):
         next(steps)
     for back, forward in ops:
-        at = steps.generated - min(back, steps.generated)
+        # (never past the reference run's last token: its next one must be known)
+        at = min(steps.generated - min(back, steps.generated), len(ref) - 1)
         steps.rewind(steps.generated - at)
         upto = min(at + forward, len(ref) - 1)
         steps.force(ref[at:upto])

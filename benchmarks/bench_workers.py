@@ -27,7 +27,6 @@ import json
 import os
 import platform
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -36,6 +35,8 @@ import time
 from pathlib import Path
 
 import httpx
+from bench_proxy import free_port, spawn, wait
+from bench_proxy_cpu import start_llama
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "src" / "tokentrail" / "demo_model"
@@ -45,12 +46,6 @@ PROMPTS = ["Once upon a time", "The cat sat", "In a hole in the ground", "Long a
 EOS_IDS = (0, 2)  # the demo model's end-of-text tokens
 TOP = 5
 TICK = os.sysconf("SC_CLK_TCK")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def cpu_seconds(pid: int) -> float:
@@ -65,36 +60,6 @@ def cpu_seconds(pid: int) -> float:
     return total + sum(cpu_seconds(int(k)) for k in kids)
 
 
-def wait_ok(url: str, proc: subprocess.Popen[bytes], path: str = "/health") -> None:
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"{url}: the server exited")
-        try:
-            if httpx.get(url + path, timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.3)
-    raise SystemExit(f"{url} did not start")
-
-
-def spawn(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    return subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env)
-
-
-def start_llama(args: argparse.Namespace, logs: Path) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    cmd = [str(args.server), "-m", str(args.gguf), "--host", "127.0.0.1", "--port", str(port)]
-    cmd += ["-c", str(512 * args.slots), "-np", str(args.slots), "-t", str(args.threads)]
-    cmd += ["--no-webui"]
-    proc = spawn(cmd, logs / "llama.log")
-    url = f"http://127.0.0.1:{port}"
-    wait_ok(url, proc)
-    return proc, url
-
-
 def start_proxy(upstream: str, workers: int, logs: Path) -> tuple[subprocess.Popen[bytes], str]:
     """The proxy with `workers` workers, once all serve and their startup checks of the
     upstream are over (their requests would share the upstream with measured ones)."""
@@ -103,7 +68,7 @@ def start_proxy(upstream: str, workers: int, logs: Path) -> tuple[subprocess.Pop
     cmd += ["--tokenizer", str(DEMO), "--port", str(port), "--log-level", "info"]
     cmd += ["--workers", str(workers)]
     log = logs / f"proxy-{workers}.log"
-    proc = spawn(cmd, log)
+    proc = spawn(cmd, log, {"PYTHONPATH": str(REPO / "src")})
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 600
     serving = re.compile(rf"serving \S+ on {re.escape(url)}")
@@ -111,7 +76,7 @@ def start_proxy(upstream: str, workers: int, logs: Path) -> tuple[subprocess.Pop
         if proc.poll() is not None or time.monotonic() > deadline:
             raise SystemExit(f"the proxy did not start:\n{log.read_text()[-3000:]}")
         time.sleep(0.3)
-    wait_ok(url, proc)
+    wait(url, proc)
     time.sleep(3)  # each worker's quick check of the upstream runs once it serves
     return proc, url
 

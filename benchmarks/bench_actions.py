@@ -45,9 +45,10 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_proxy import wait
+from bench_retry import ANSWER_SCHEMA, questions
 from bench_server import free_port
 
-from tokentrail.calibrate.data import Item, read_items
+from tokentrail.calibrate.data import Item
 from tokentrail.calibrate.match import is_correct
 from tokentrail.output.vote import Ballot, tally
 
@@ -56,26 +57,6 @@ DATA = REPO / "benchmarks" / "data" / "calibration"
 GGUF = Path.home() / ".cache/tokentrail/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 #: The id prefixes of the questions in arithmetic.jsonl.
 ARITHMETIC = ("add1", "add2", "add3", "mul1", "mul2")
-ANSWER_SCHEMA = {
-    "type": "object",
-    "properties": {"answer": {"type": "string", "maxLength": 40}},
-    "required": ["answer"],
-    "additionalProperties": False,
-}
-
-
-def questions(count: int) -> list[Item]:
-    """`count` questions, half facts and half arithmetic, spread evenly over each file,
-    taken in turn (so a run cut short by --budget-s still has both kinds)."""
-    picked: list[list[Item]] = []
-    for name, share in (("facts.jsonl", count - count // 2), ("arithmetic.jsonl", count // 2)):
-        items = read_items(DATA / name)
-        step = max(1, len(items) // max(share, 1))
-        picked.append(items[::step][:share])
-    out = [it for pair in zip(*picked, strict=False) for it in pair]
-    return out + picked[0][len(picked[1]):]
-
-
 def start(args: argparse.Namespace, log: Path) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     cmd = [

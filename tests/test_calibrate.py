@@ -19,7 +19,7 @@ from hypothesis import strategies as st  # noqa: E402
 from sklearn.metrics import brier_score_loss, roc_auc_score  # noqa: E402
 
 from tokentrail.calibrate import Calibration, is_correct, normalize, read_items  # noqa: E402
-from tokentrail.calibrate.apply import check_fingerprint  # noqa: E402
+from tokentrail.calibrate.apply import apply_map, check_fingerprint  # noqa: E402
 from tokentrail.calibrate.fit import fit_calibration, fit_map, log_loss  # noqa: E402
 from tokentrail.calibrate.measures import (  # noqa: E402
     TokenRecord,
@@ -251,6 +251,49 @@ def test_fit_map_picks_by_cross_validated_log_loss() -> None:
     c2 = rng.uniform(0.01, 0.99, 400)
     y2 = (rng.random(400) < c2).astype(int)
     assert fit_map(c2, y2)["kind"] == "temperature"
+
+
+def _mixed(n: int, seed: int) -> list[dict]:
+    """Free-text answers whose geo_prob is overconfident (true p = geo_prob ** 3) and
+    constrained choices whose forced tokens are near-certain (prob 0.9-1) while they are
+    right 30% of the time, whatever their `field_prob` says."""
+    rng = np.random.default_rng(seed)
+    rows = _rows(n, seed)
+    for i in range(n):
+        f = float(rng.uniform(0.3, 1.0))
+        rows.append({"id": f"c{i}", "output": "", "correct": bool(rng.random() < 0.3),
+                     "measures": {"geo_prob": float(rng.uniform(0.9, 1.0)),
+                                  "prob": float(rng.uniform(0.9, 1.0)), "field_prob": f},
+                     "calibrated": None})
+    return rows
+
+
+def test_choices_and_free_text_get_maps_of_their_own() -> None:
+    train, test = _mixed(400, 11), _mixed(400, 12)
+    cal = fit_calibration(train, FP, {"data": "synthetic"})
+    assert cal.maps["field_prob"]["rows"] == "choice"
+    assert cal.maps["geo_prob"]["rows"] == cal.maps["prob"]["rows"] == "free"
+    # field_prob says nothing about being right here: the cross-validation picks the rate
+    assert cal.maps["field_prob"]["kind"] == "constant"
+    assert abs(cal.maps["field_prob"]["p"] - 0.3) < 0.08
+    assert cal.segment_measure in ("geo_prob", "prob")
+    for kind in (True, False):
+        rows = [r for r in test if (r["measures"].get("field_prob") is not None) == kind]
+        got = [cal.answer(r["measures"]) for r in rows]
+        assert {m for _, m in got} <= ({"field_prob"} if kind else {"geo_prob", "prob"})
+        assert ece([p for p, _ in got], [r["correct"] for r in rows]) < 0.07
+    # one map over both kinds mistakes the choices' forced tokens for confidence: the
+    # free-text answers it calls near-certain are pulled towards the choices' rate
+    pooled = fit_map([r["measures"]["geo_prob"] for r in train], [r["correct"] for r in train])
+    y = [r["correct"] for r in test]
+    split = log_loss([cal.answer(r["measures"])[0] for r in test], y)
+    one = log_loss([apply_map(pooled, r["measures"]["geo_prob"]) for r in test], y)
+    sure = [r for r in test if "field_prob" not in r["measures"]
+            and r["measures"]["geo_prob"] > 0.9]
+    sure_y = [r["correct"] for r in sure]
+    assert split < one
+    assert ece([apply_map(pooled, r["measures"]["geo_prob"]) for r in sure], sure_y) > 0.15
+    assert ece([cal.answer(r["measures"])[0] for r in sure], sure_y) < 0.1
 
 
 def test_one_class_gives_a_constant_map() -> None:

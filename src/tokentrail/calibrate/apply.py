@@ -8,7 +8,11 @@ nothing beyond the standard library (no numpy, no scikit-learn), so `generate` a
   shift, i.e. Platt scaling on the measure's logit);
 - ``isotonic``: a monotone step function, linearly interpolated between its points and
   flat past its ends (scikit-learn's `IsotonicRegression` with out_of_bounds="clip");
-- ``constant``: one probability (a set whose answers were all right or all wrong).
+- ``constant``: one probability (the base rate: a measure that carried nothing the
+  cross-validation could use, or a set whose answers were all right or all wrong).
+
+A map's ``rows`` says which answers it was fitted on and applies to: ``free`` (free
+text), ``choice`` (a constrained choice, which has ``field_prob``) or ``all``.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from .measures import MEASURES, SEGMENT_MEASURES, segment_measures
 
 log = logging.getLogger(__name__)
 
-__all__ = ["FORMAT", "Calibration", "apply_map", "check_fingerprint"]
+__all__ = ["FORMAT", "Calibration", "apply_map", "check_fingerprint", "is_choice"]
 
 #: The `format` field of a calibration file.
 FORMAT = "tokentrail-calibration"
@@ -71,8 +75,18 @@ def apply_map(spec: Mapping[str, Any], value: float) -> float:
     raise CalibrationError(f"unknown calibration map kind {kind!r}")
 
 
+def is_choice(measures: Mapping[str, float | None]) -> bool:
+    """Whether an answer with these measures was a constrained choice."""
+    return measures.get("field_prob") is not None
+
+
+def _applies(spec: Mapping[str, Any], choice: bool) -> bool:
+    rows = spec.get("rows", "all")
+    return rows == "all" or rows == ("choice" if choice else "free")
+
+
 def _check_map(name: str, spec: Any) -> None:
-    ok = isinstance(spec, dict)
+    ok = isinstance(spec, dict) and spec.get("rows", "all") in ("all", "free", "choice")
     if ok and spec.get("kind") == "temperature":
         t = spec.get("temperature")
         ok = isinstance(t, (int, float)) and t > 0 and isinstance(spec.get("bias"), (int, float))
@@ -151,7 +165,8 @@ class Calibration:
             _check_map(name, spec)
         ranking = [m for m in data.get("ranking", []) if m in maps] or sorted(maps)
         seg = data.get("segment_measure")
-        if seg is not None and (seg not in maps or seg not in SEGMENT_MEASURES):
+        if seg is not None and (seg not in maps or seg not in SEGMENT_MEASURES
+                                or maps[seg].get("rows", "all") == "choice"):
             raise CalibrationError(f"{where}segment_measure {seg!r} has no usable map")
         return cls(maps, ranking, seg, dict(data.get("fingerprint") or {}),
                    dict(data.get("fitted_on") or {}), source)
@@ -191,8 +206,12 @@ class Calibration:
 
     def answer(self, measures: Mapping[str, float | None]) -> tuple[float | None, str | None]:
         """(probability, measure used) for an answer's measures: the best-ranked measure
-        it has; (None, None) when it has none of them."""
+        it has whose map was fitted on answers of its kind (free text or choice);
+        (None, None) when it has none of them."""
+        choice = is_choice(measures)
         for name in self.ranking:
+            if not _applies(self.maps[name], choice):
+                continue
             v = measures.get(name)
             if v is not None and math.isfinite(v):
                 return self.map(name, v), name

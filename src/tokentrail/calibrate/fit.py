@@ -1,5 +1,13 @@
-"""Fitting calibration maps: per measure, temperature scaling and isotonic regression,
-the one with the lower cross-validated log loss kept.
+"""Fitting calibration maps: per measure, temperature scaling, isotonic regression or a
+constant (the base rate), the one with the lowest cross-validated log loss kept.
+
+Answers decoded as a constrained choice (they carry ``field_prob``) and free-text
+answers are different tasks to the model: a choice's tokens are forced to be one of a
+few strings, so their probability is high whether or not the choice is right. Each
+measure is therefore fitted on the free-text answers alone and ``field_prob`` on the
+choices alone (a set that is all choices fits every measure on the choices); each map
+records which answers it was fitted on (``rows``) and applies only to answers of that
+kind (`tokentrail.calibrate.apply.Calibration.answer`).
 
 Temperature scaling here is logistic regression on the measure's logit (a temperature
 and a shift: Platt scaling); isotonic regression is scikit-learn's, its output kept
@@ -17,15 +25,19 @@ from typing import Any
 import numpy as np
 
 from ..errors import CalibrationError
-from .apply import EPS, FORMAT, Calibration, apply_map
+from .apply import EPS, FORMAT, Calibration, apply_map, is_choice
 from .measures import MEASURES, SEGMENT_MEASURES
 
 __all__ = ["fit_calibration", "fit_map", "log_loss"]
 
 #: Isotonic outputs are kept within [ISO_FLOOR, 1 - ISO_FLOOR].
 ISO_FLOOR = 0.01
-#: Folds of the cross-validation that picks the kind of map.
+#: Folds of the cross-validation that picks the kind of map, and how many times it is
+#: repeated with another shuffle (a choice made on a hundred answers is noisy).
 FOLDS = 5
+REPEATS = 4
+#: The kinds of map the cross-validation chooses among.
+KINDS = ("temperature", "isotonic", "constant")
 #: Fewest answers a measure needs to be fitted.
 MIN_ITEMS = 10
 
@@ -56,7 +68,7 @@ def _logits(c: np.ndarray) -> np.ndarray:
 
 def _fit_kind(kind: str, c: np.ndarray, y: np.ndarray) -> dict[str, Any]:
     iso_cls, lr_cls, _ = _sklearn()
-    if y.min() == y.max():  # one class: nothing to map, only a rate to state
+    if y.min() == y.max() or kind == "constant":  # only a rate to state (Laplace)
         return {"kind": "constant", "p": (float(y.sum()) + 1.0) / (len(y) + 2.0)}
     if kind == "temperature":
         lr = lr_cls(C=1e4, max_iter=1000).fit(_logits(c)[:, None], y.astype(int))
@@ -76,27 +88,40 @@ def _cv_loss(kind: str, c: np.ndarray, y: np.ndarray, seed: int) -> float | None
     if folds < 2:
         return None
     losses = []
-    for train, test in kfold(n_splits=folds, shuffle=True, random_state=seed).split(c, y):
-        spec = _fit_kind(kind, c[train], y[train])
-        p = [apply_map(spec, float(v)) for v in c[test]]
-        losses.append(log_loss(p, y[test]) * len(test))
-    return float(sum(losses) / len(y))
+    for r in range(REPEATS):
+        split = kfold(n_splits=folds, shuffle=True, random_state=seed + r).split(c, y)
+        for train, test in split:
+            spec = _fit_kind(kind, c[train], y[train])
+            p = [apply_map(spec, float(v)) for v in c[test]]
+            losses.append(log_loss(p, y[test]) * len(test))
+    return float(sum(losses) / (len(y) * REPEATS))
 
 
 def fit_map(
     conf: Sequence[float], correct: Sequence[int | bool], seed: int = 0
 ) -> dict[str, Any]:
-    """The better of temperature scaling and isotonic regression for one measure (by
-    cross-validated log loss), fitted on all of it; with `cv_log_loss` per kind and `n`."""
+    """The best of temperature scaling, isotonic regression and a constant for one
+    measure (by repeated cross-validated log loss), fitted on all of it; with
+    `cv_log_loss` per kind and `n`."""
     c = np.asarray(conf, dtype=np.float64)
     y = np.asarray(correct, dtype=np.float64)
-    losses = {kind: _cv_loss(kind, c, y, seed) for kind in ("temperature", "isotonic")}
+    losses = {kind: _cv_loss(kind, c, y, seed) for kind in KINDS}
     scored = {k: v for k, v in losses.items() if v is not None}
     kind = min(scored, key=lambda k: scored[k]) if scored else "temperature"
     spec = _fit_kind(kind, c, y)
     spec["cv_log_loss"] = {k: None if v is None else round(v, 6) for k, v in losses.items()}
     spec["n"] = len(c)
     return spec
+
+
+def _rows_for(name: str, rows: Sequence[Mapping[str, Any]]) -> tuple[str, list[Any]]:
+    """(kind, answers) a measure is fitted on: ``field_prob`` on the choices, the others
+    on the free-text answers, or on every answer where either kind is too rare."""
+    choice = [r for r in rows if is_choice(r["measures"])]
+    free = [r for r in rows if not is_choice(r["measures"])]
+    if min(len(choice), len(free)) < MIN_ITEMS:
+        return "all", list(rows)
+    return ("choice", choice) if name == "field_prob" else ("free", free)
 
 
 def fit_calibration(
@@ -109,11 +134,13 @@ def fit_calibration(
     `measures`) carry; rank the measures by cross-validated log loss."""
     maps: dict[str, dict[str, Any]] = {}
     for name in MEASURES:
-        pairs = [(r["measures"].get(name), bool(r["correct"])) for r in rows]
+        kind, subset = _rows_for(name, rows)
+        pairs = [(r["measures"].get(name), bool(r["correct"])) for r in subset]
         pairs = [(v, ok) for v, ok in pairs if v is not None and math.isfinite(v)]
         if len(pairs) < MIN_ITEMS:
             continue
         maps[name] = fit_map([v for v, _ in pairs], [ok for _, ok in pairs], seed)
+        maps[name]["rows"] = kind
     if not maps:
         raise CalibrationError(
             f"too few scored answers to fit a calibration (at least {MIN_ITEMS} per measure)"
@@ -124,7 +151,8 @@ def fit_calibration(
         return min(got) if got else math.inf
 
     ranking = sorted(maps, key=best_loss)
-    segment = next((m for m in ranking if m in SEGMENT_MEASURES), None)
+    segment = next((m for m in ranking if m in SEGMENT_MEASURES
+                    and maps[m]["rows"] in ("free", "all")), None)
     return Calibration.from_dict({
         "format": FORMAT, "fingerprint": dict(fingerprint), "fitted_on": dict(fitted_on),
         "ranking": ranking, "segment_measure": segment, "maps": maps,

@@ -36,8 +36,8 @@ ISO_FLOOR = 0.01
 #: repeated with another shuffle (a choice made on a hundred answers is noisy).
 FOLDS = 5
 REPEATS = 4
-#: The kinds of map the cross-validation chooses among.
-KINDS = ("temperature", "isotonic", "constant")
+#: The kinds of map the cross-validation chooses among, simplest first.
+KINDS = ("constant", "temperature", "isotonic")
 #: Fewest answers a measure needs to be fitted.
 MIN_ITEMS = 10
 
@@ -81,33 +81,57 @@ def _fit_kind(kind: str, c: np.ndarray, y: np.ndarray) -> dict[str, Any]:
             "y": [float(v) for v in iso.y_thresholds_]}
 
 
-def _cv_loss(kind: str, c: np.ndarray, y: np.ndarray, seed: int) -> float | None:
+def _item_losses(p: Sequence[float], y: np.ndarray) -> np.ndarray:
+    q = np.clip(np.asarray(p, dtype=np.float64), EPS, 1 - EPS)
+    return -(y * np.log(q) + (1 - y) * np.log(1 - q))
+
+
+def _cv_losses(kind: str, c: np.ndarray, y: np.ndarray, seed: int) -> np.ndarray | None:
+    """Each answer's held-out log loss under `kind`, averaged over the repeats (None:
+    too few of the rarer outcome to cross-validate)."""
     _, _, kfold = _sklearn()
     minority = int(min(y.sum(), len(y) - y.sum()))
     folds = min(FOLDS, minority)
     if folds < 2:
         return None
-    losses = []
+    total = np.zeros(len(y))
     for r in range(REPEATS):
         split = kfold(n_splits=folds, shuffle=True, random_state=seed + r).split(c, y)
         for train, test in split:
             spec = _fit_kind(kind, c[train], y[train])
-            p = [apply_map(spec, float(v)) for v in c[test]]
-            losses.append(log_loss(p, y[test]) * len(test))
-    return float(sum(losses) / (len(y) * REPEATS))
+            total[test] += _item_losses([apply_map(spec, float(v)) for v in c[test]], y[test])
+    return total / REPEATS
+
+
+def _choose(losses: Mapping[str, np.ndarray]) -> str:
+    """The simplest kind (in `KINDS`' order: constant, temperature, isotonic) whose
+    cross-validated loss is within one standard error of the best one's, the error taken
+    over the answers' paired differences (the one-standard-error rule of Breiman et
+    al., 1984): on a hundred answers a more flexible map must win by more than the
+    noise to be kept."""
+    best = min(losses, key=lambda k: float(losses[k].mean()))
+    for kind in KINDS:
+        if kind not in losses:
+            continue
+        diff = losses[kind] - losses[best]
+        se = float(diff.std(ddof=1)) / math.sqrt(len(diff)) if len(diff) > 1 else 0.0
+        if float(diff.mean()) <= se:
+            return kind
+    return best
 
 
 def fit_map(
     conf: Sequence[float], correct: Sequence[int | bool], seed: int = 0
 ) -> dict[str, Any]:
-    """The best of temperature scaling, isotonic regression and a constant for one
-    measure (by repeated cross-validated log loss), fitted on all of it; with
+    """Temperature scaling, isotonic regression or a constant for one measure, chosen
+    by repeated cross-validated log loss (`_choose`), fitted on all of it; with
     `cv_log_loss` per kind and `n`."""
     c = np.asarray(conf, dtype=np.float64)
     y = np.asarray(correct, dtype=np.float64)
-    losses = {kind: _cv_loss(kind, c, y, seed) for kind in KINDS}
-    scored = {k: v for k, v in losses.items() if v is not None}
-    kind = min(scored, key=lambda k: scored[k]) if scored else "temperature"
+    per_item = {kind: _cv_losses(kind, c, y, seed) for kind in KINDS}
+    scored = {k: v for k, v in per_item.items() if v is not None}
+    losses = {k: None if v is None else float(v.mean()) for k, v in per_item.items()}
+    kind = _choose(scored) if scored else "temperature"
     spec = _fit_kind(kind, c, y)
     spec["cv_log_loss"] = {k: None if v is None else round(v, 6) for k, v in losses.items()}
     spec["n"] = len(c)

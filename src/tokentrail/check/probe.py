@@ -13,6 +13,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from ..engines.upstream.dialects import DIALECTS, UpstreamDialect, model_owners, pick_dialect
 from ..errors import UpstreamError
 from ..realign.dialects import parse_chunk
 from ..realign.result import RealignError
@@ -24,27 +25,12 @@ from .report import Report
 
 log = logging.getLogger("tokentrail.check")
 
-#: How /v1/models' ``owned_by`` names the server, and the dialect the proxy then uses
-#: (`tokentrail.engines.upstream.engine.DIALECTS`; mlx_lm.server answers on Python's
-#: http.server, whose Server header starts with "BaseHTTP").
-OWNERS = {"llamacpp": "llamacpp", "vllm": "vllm", "tokentrail": "tokentrail"}
-#: Dialects no server of that kind has been run against here.
-UNTESTED: dict[str, str] = {}
-#: What each dialect's streams are asked for beyond OpenAI's fields, as the proxy asks
-#: (`tokentrail.engines.upstream.engine`): vLLM lists each chunk's token ids only when asked.
-ASK_IDS: dict[str, dict[str, Any]] = {"vllm": {"return_token_ids": True}}
-
 
 def proxy_dialect(models: Any, server_header: str) -> str:
-    """The dialect `serve --upstream` would pick (``auto``) from /v1/models."""
-    owners = set()
-    for m in (models or {}).get("data") or () if isinstance(models, Mapping) else ():
-        if isinstance(m, Mapping):
-            owners.add(str(m.get("owned_by", "")))
-    for owner, dialect in OWNERS.items():
-        if owner in owners:
-            return dialect
-    return "mlx" if server_header.startswith("BaseHTTP") else "openai"
+    """The name of the dialect `serve --upstream` would pick (``auto``) from /v1/models
+    and the Server header: the proxy's own choice
+    (`tokentrail.engines.upstream.dialects.pick_dialect`)."""
+    return pick_dialect(models, server_header).name
 
 
 def _sse(text: str) -> list[Any]:
@@ -93,6 +79,9 @@ class Checker:
         self.quick = quick
         self.chat = True
         self.report = Report(url=self.url, quick=quick)
+        #: The dialect the proxy would speak to this server (set by discovery): what the
+        #: probes ask for beyond OpenAI's fields, as the proxy asks.
+        self.dialect: UpstreamDialect = DIALECTS[self.report.dialect]
         self.streams: dict[str, tuple[Stream, list[Any]]] = {}
 
     # -- HTTP --
@@ -122,7 +111,7 @@ class Checker:
         """Send `probe` (chat, or completions for a server without chat)."""
         body: dict[str, Any] = {
             "max_tokens": probe.max_tokens,
-            **ASK_IDS.get(self.report.dialect or "", {}),
+            **self.dialect.chat_fields(),
             **probe.settings,
             **extra,
         }
@@ -168,11 +157,11 @@ class Checker:
             self.model = str(data[0].get("id"))
         rep.model = self.model
         rep.server = a.headers.get("server", "")
-        owners = {str(m.get("owned_by", "")) for m in data or () if isinstance(m, Mapping)}
-        rep.owned_by = sorted(owners)
-        rep.dialect = proxy_dialect(models, rep.server)
-        if rep.dialect in UNTESTED:
-            rep.notes.append(UNTESTED[rep.dialect])
+        rep.owned_by = sorted(model_owners(models))
+        self.dialect = pick_dialect(models, rep.server)
+        rep.dialect = self.dialect.name
+        if self.dialect.check_note:
+            rep.notes.append(self.dialect.check_note)
         first = self.ask(prompts.EOS, stream=False, logprobs=False)
         if not first.ok:
             self.chat = False

@@ -27,7 +27,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from ..engines.config import attach_eos_ids, config_eos_ids
-from ..engines.upstream.engine import DIALECTS, UpstreamEngine
+from ..engines.upstream.engine import DIALECT_CHOICES, UpstreamEngine
 from ..errors import UsageError
 from ..prompting import eos_ids
 from .app import create_app
@@ -169,7 +169,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--upstream-dialect",
         default="auto",
-        choices=DIALECTS,
+        choices=DIALECT_CHOICES,
         help="how to ask the upstream for token data (default: ask it what it is)",
     )
     g.add_argument(

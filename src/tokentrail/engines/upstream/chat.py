@@ -2,9 +2,10 @@
 
 In this mode the proxy forwards a chat request to the upstream's
 ``/v1/chat/completions`` (its chat template, its reasoning parser, its tool-call parser,
-its constrained decoding), asking for logprobs (and vLLM's ``return_token_ids``) in the
-upstream's dialect; `tokentrail.realign.chat.ChannelTracker` reads the answer back into
-tokens labelled with their channel.
+its constrained decoding), asking for logprobs (and what its dialect adds: its
+``chat_fields``, `tokentrail.engines.upstream.dialects`);
+`tokentrail.realign.chat.ChannelTracker` reads the answer back into tokens labelled
+with their channel.
 """
 
 from __future__ import annotations
@@ -12,19 +13,25 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from .dialects import UpstreamDialect, dialect_named
+
 __all__ = ["chat_body"]
 
 #: Client fields not forwarded: this proxy's own, and those it sets itself.
 _OWN = ("tokentrail", "stream", "stream_options", "logprobs", "top_logprobs", "model")
 
 
-def chat_body(payload: Mapping[str, Any], dialect: str, model: str | None) -> dict[str, Any]:
+def chat_body(
+    payload: Mapping[str, Any], dialect: str | UpstreamDialect, model: str | None
+) -> dict[str, Any]:
     """The body sent to the upstream's /v1/chat/completions for the client's `payload`:
     every field of the client's as given (messages, tools, tool_choice,
     response_format, reasoning settings, sampling), streamed, with logprobs (at least
-    one alternative) and, for vLLM, ``return_token_ids``. llama-server refuses logprobs
-    on a streamed request with tools, so such a request is sent whole (``stream``
-    false) and its answer read as one chunk."""
+    one alternative) and what the `dialect` (its name or object) adds (vLLM:
+    ``return_token_ids``). A request the dialect sends whole (llama-server refuses
+    logprobs on a streamed request with tools) goes with ``stream`` false and its answer
+    is read as one chunk."""
+    spec = dialect_named(dialect)
     body = {k: v for k, v in payload.items() if k not in _OWN}
     top = payload.get("top_logprobs")
     body["logprobs"] = True
@@ -33,10 +40,9 @@ def chat_body(payload: Mapping[str, Any], dialect: str, model: str | None) -> di
     )
     if model is not None:
         body["model"] = model
-    whole = dialect == "llamacpp" and bool(payload.get("tools"))
+    whole = spec.whole_chat(payload)
     body["stream"] = not whole
     if not whole:
         body["stream_options"] = {"include_usage": True}
-    if dialect == "vllm":
-        body["return_token_ids"] = True
+    body.update(spec.chat_fields())
     return body

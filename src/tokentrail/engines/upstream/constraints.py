@@ -2,25 +2,28 @@
 
 In front of another server tokentrail applies no mask of its own: the upstream decodes
 under its own structured outputs, and tokentrail attributes the tokens it sends and
-computes the fields. `request_fields` maps a `Constraint` (any kind
-`tokentrail.constrain.constraint_from` makes) and a `logprobs_mode` to the fields the
-upstream's dialect reads, merged into the body `UpstreamEngine.request` builds:
+computes the fields. Each dialect (`tokentrail.engines.upstream.dialects`) says which of
+these forms it takes for a `Constraint` (any kind `tokentrail.constrain.constraint_from`
+makes) and a ``logprobs_mode`` (its ``request_fields``):
 
 - ``vllm`` (``/v1/completions``): ``structured_outputs`` with one of ``json`` (the
   schema), ``json_object``, ``regex``, ``choice`` or ``grammar`` (vLLM's
-  `StructuredOutputsParams`, passed as given: vLLM's backend compiles it);
+  `StructuredOutputsParams`, passed as given: vLLM's backend compiles it):
+  `vllm_structured_outputs`;
 - ``tokentrail`` (``/v1/completions``): the same ``structured_outputs`` (tokentrail reads
   vLLM's form);
 - ``llamacpp`` (``/completion``): ``json_schema`` (llama-server turns the schema into a
   grammar itself; ``json_object`` is the schema ``{"type": "object"}``) or ``grammar``
-  (GBNF); a choice becomes the GBNF alternation of its strings as literals.
+  (GBNF); a choice becomes the GBNF alternation of its strings as literals:
+  `llamacpp_fields`.
 
 What a dialect cannot express is a `ConstraintError` naming the request field (the
 constraint's `param`, e.g. ``response_format``, or ``tokentrail`` for the logprobs mode):
 a regex or a Lark grammar on llama.cpp; any constraint on mlx_lm.server and plain OpenAI
 upstreams; ``processed`` logprobs on every dialect (vLLM's ``--logprobs-mode`` is one
 setting for the whole server; llama.cpp's ``n_probs`` are the model's own; a tokentrail
-upstream's distribution is not passed on yet). A request is never answered with
+upstream's distribution is not passed on yet); a constraint after tokentrail's reasoning
+format on every dialect (`check_sendable`). A request is never answered with
 unconstrained output.
 """
 
@@ -31,19 +34,13 @@ from typing import Any
 
 from ...errors import ConstraintError
 
-__all__ = ["gbnf_literal", "request_fields", "vllm_structured_outputs"]
-
-#: Dialects that take vLLM's ``structured_outputs`` on ``/v1/completions``.
-_STRUCTURED_OUTPUTS = ("vllm", "tokentrail")
+__all__ = ["check_sendable", "gbnf_literal", "llamacpp_fields", "vllm_structured_outputs"]
 
 
-def request_fields(constraint: Any, logprobs_mode: str, dialect: str) -> dict[str, Any]:
-    """The body fields asking the `dialect` upstream for `constraint` (a
-    `tokentrail.constrain.Constraint` or None) and `logprobs_mode` ("raw" or
-    "processed"); ``{}`` when there is nothing to ask. `ConstraintError` naming the
-    request field when the upstream cannot do what is asked."""
-    fields: dict[str, Any] = {}
-    if constraint is not None and getattr(constraint, "after", ()):
+def check_sendable(constraint: Any) -> None:
+    """`ConstraintError` naming the constraint's param when no upstream can be asked
+    for it: one that applies after tokentrail's reasoning format."""
+    if getattr(constraint, "after", ()):
         # The upstream would mask from the first token; tokentrail's reasoning format says
         # the reply starts in the reasoning, which no upstream request field can express.
         raise ConstraintError(
@@ -53,42 +50,6 @@ def request_fields(constraint: Any, logprobs_mode: str, dialect: str) -> dict[st
             "reasoning parser",
             constraint.param,
         )
-    if constraint is not None:
-        fields.update(_constraint_fields(constraint, dialect))
-    if logprobs_mode != "raw":
-        fields.update(_logprobs_fields(logprobs_mode, dialect))
-    return fields
-
-
-def _logprobs_fields(mode: str, dialect: str) -> dict[str, Any]:
-    why = {
-        "vllm": "vLLM sets its logprobs mode for the whole server (vllm serve "
-        "--logprobs-mode), not per request",
-        "llamacpp": "llama-server's n_probs are the model's own distribution",
-        # A tokentrail upstream could send them (its `tokentrail.logprobs`), but the
-        # upstream engine's steps do not carry the distribution they come from yet, so
-        # the proxy would label them "raw".
-        "tokentrail": "the proxy does not pass a tokentrail upstream's distribution on yet",
-    }.get(dialect, f"the {dialect} dialect has no per-request choice of distribution")
-    raise ConstraintError(
-        f"tokentrail: logprobs {mode!r} cannot be asked of this upstream: {why}; "
-        "it reports the raw distribution",
-        "tokentrail",
-    )
-
-
-def _constraint_fields(constraint: Any, dialect: str) -> dict[str, Any]:
-    kind, source, param = constraint.kind, constraint.source, constraint.param
-    if dialect in _STRUCTURED_OUTPUTS:
-        return {"structured_outputs": vllm_structured_outputs(kind, source)}
-    if dialect == "llamacpp":
-        return _llamacpp_fields(kind, source, param)
-    raise ConstraintError(
-        f"{param}: the upstream ({dialect} dialect) takes no constraint tokentrail can pass "
-        "on, and tokentrail does not mask in front of an upstream; use a vLLM, llama.cpp "
-        "or tokentrail upstream",
-        param,
-    )
 
 
 def vllm_structured_outputs(kind: str, source: str) -> dict[str, Any]:
@@ -103,7 +64,7 @@ def vllm_structured_outputs(kind: str, source: str) -> dict[str, Any]:
     return {kind: source}  # "regex" and "grammar" are given as text
 
 
-def _llamacpp_fields(kind: str, source: str, param: str) -> dict[str, Any]:
+def llamacpp_fields(kind: str, source: str, param: str) -> dict[str, Any]:
     """llama-server's ``/completion`` fields for one constraint."""
     if kind == "json_object":
         return {"json_schema": {"type": "object"}}

@@ -8,7 +8,8 @@ with the realign parsers (`tokentrail.realign`). Everything above (alignment, st
 strings, the OpenAI API, the extension, the page) is tokentrail's own, so
 ``tokentrail serve --upstream URL`` serves the whole API in front of the upstream.
 
-What each dialect is asked for:
+What each dialect is asked for (one class per dialect in
+`tokentrail.engines.upstream.dialects`, shared with ``tokentrail check``):
 
 - ``vllm``: ``/v1/completions`` with ``return_token_ids`` and
   ``return_tokens_as_token_ids`` (exact ids, alternatives as ``token_id:N``);
@@ -42,17 +43,15 @@ from ...errors import EngineError, UpstreamError  # noqa: F401  (EngineError: ol
 from ...sampling import SamplingParams
 from ...vocab import Vocab
 from ..base import Step
-from ..batch import UPSTREAM_CAPACITY
+from .dialects import DIALECTS, CompletionAsk, UpstreamDialect, dialect_named, pick_dialect
 from .stream import AsyncUpstreamBatch
 from .wire import StepReader, UpstreamStep, status_error  # noqa: F401
 
 log = logging.getLogger("tokentrail.upstream")
 
-DIALECTS = ("auto", "vllm", "llamacpp", "openai", "tokentrail", "mlx")
-#: Requests kept in flight to a vLLM upstream, which does not say its ``max_num_seqs``:
-#: the default of vLLM's OpenAI server on GPUs (arg_utils; 128 on CPU, 1024 on H100-class
-#: GPUs). Requests beyond its own figure wait in vLLM's queue, as they would sent directly.
-VLLM_CAPACITY = 256
+#: The ``--upstream-dialect`` choices: "auto" (`UpstreamEngine.detect`), then every
+#: dialect's name (`tokentrail.engines.upstream.dialects.DIALECTS`).
+DIALECT_CHOICES = ("auto", *DIALECTS)
 
 
 def _base_url(url: str) -> str:
@@ -64,9 +63,11 @@ class UpstreamEngine:
     """The `Engine` protocol over an OpenAI-compatible server at `url`.
 
     `tokenizer` is the upstream model's tokenizer (anything `load_vocab` reads: a
-    tokenizer.json, a model folder, a GGUF, a tokenizer object). `dialect` "auto"
-    asks the server what it is (`detect`). `eos_ids` are the end-of-sequence ids, used
-    when an upstream ends the text without sending its end token.
+    tokenizer.json, a model folder, a GGUF, a tokenizer object). `dialect` is one of
+    `DIALECT_CHOICES` or an `UpstreamDialect`; "auto" asks the server what it is
+    (`detect`). `dialect_spec` is then the dialect object, `dialect` its name.
+    `eos_ids` are the end-of-sequence ids, used when an upstream ends the text without
+    sending its end token.
     """
 
     name = "upstream"
@@ -78,7 +79,7 @@ class UpstreamEngine:
         *,
         api_key: str | None = None,
         model: str | None = None,
-        dialect: str = "auto",
+        dialect: str | UpstreamDialect = "auto",
         timeout: float = 60.0,
         eos_ids: Sequence[int] = (),
         decode: Any = None,
@@ -87,8 +88,8 @@ class UpstreamEngine:
 
         from ...vocab import load_vocab
 
-        if dialect not in DIALECTS:
-            raise ValueError(f"unknown upstream dialect {dialect!r}; use one of {DIALECTS}")
+        if not isinstance(dialect, UpstreamDialect) and dialect not in DIALECT_CHOICES:
+            raise ValueError(f"unknown upstream dialect {dialect!r}; use one of {DIALECT_CHOICES}")
         self.url = _base_url(url)
         self.tokenizer = tokenizer
         self.vocab: Vocab = load_vocab(tokenizer)
@@ -107,18 +108,18 @@ class UpstreamEngine:
         self.slots: int | None = None
         #: The batch the server opened (`open_batch`), for its `stream_stats`.
         self.batch: AsyncUpstreamBatch | None = None
-        self.dialect = self.detect() if dialect == "auto" else dialect
-        if self.dialect in ("llamacpp", "tokentrail"):
+        #: The upstream's dialect (`tokentrail.engines.upstream.dialects`).
+        self.dialect_spec: UpstreamDialect = (
+            dialect_named(self.detect()) if dialect == "auto" else dialect_named(dialect)
+        )
+        #: Its name (``--upstream-dialect``).
+        self.dialect: str = self.dialect_spec.name
+        if self.dialect_spec.slots_probe is not None:
             self.slots = self._own_slots()
         if self.model is None:
             self.model = self._first_model()
-        if self.dialect == "mlx":
-            log.warning(
-                "upstream %s is mlx_lm.server: its streams carry no logprobs and it takes no "
-                "token-id prompts, so each request is sent whole with the prompt as text "
-                "(re-tokenized upstream) and streamed on once complete",
-                self.url,
-            )
+        if self.dialect_spec.startup_warning:
+            log.warning("upstream %s %s", self.url, self.dialect_spec.startup_warning)
         log.info("upstream %s speaks the %s dialect", self.url, self.dialect)
 
     # -- discovery --
@@ -133,31 +134,25 @@ class UpstreamEngine:
         return r
 
     def detect(self) -> str:
-        """Which dialect the upstream speaks, from what it says about itself."""
+        """The name of the dialect the upstream speaks, from what it says about itself
+        (`pick_dialect`: its /v1/models and Server header, as ``tokentrail check``
+        reads them); notes its context length where /v1/models says it."""
         r = self._get("/v1/models")
-        owners: set[str] = set()
+        models: Any = None
         if r.status_code == 200:
             try:
-                data = r.json()
+                models = r.json()
             except ValueError:
-                data = {}
-            for m in data.get("data") or []:
-                if isinstance(m, Mapping):
-                    owners.add(str(m.get("owned_by", "")))
-                    meta = m.get("meta") or {}
-                    if isinstance(meta, Mapping) and isinstance(meta.get("n_ctx"), int):
-                        self.context_length = meta["n_ctx"]
-                    if isinstance(m.get("max_model_len"), int):
-                        self.context_length = m["max_model_len"]
-        if "llamacpp" in owners:
-            return "llamacpp"
-        if "vllm" in owners:
-            return "vllm"
-        if "tokentrail" in owners:
-            return "tokentrail"
-        if r.headers.get("server", "").startswith("BaseHTTP"):
-            return "mlx"  # mlx_lm.server runs on Python's http.server
-        return "openai"
+                models = None
+        data = models.get("data") if isinstance(models, Mapping) else None
+        for m in data if isinstance(data, list) else ():
+            if isinstance(m, Mapping):
+                meta = m.get("meta") or {}
+                if isinstance(meta, Mapping) and isinstance(meta.get("n_ctx"), int):
+                    self.context_length = meta["n_ctx"]
+                if isinstance(m.get("max_model_len"), int):
+                    self.context_length = m["max_model_len"]
+        return pick_dialect(models, r.headers.get("server", "")).name
 
     def _first_model(self) -> str | None:
         r = self._get("/v1/models")
@@ -170,9 +165,10 @@ class UpstreamEngine:
     def _own_slots(self) -> int | None:
         """The sequences the upstream says it runs at once: llama-server's
         ``total_slots`` (its /props), tokentrail's ``max_batch`` (its /health)."""
-        path, key = (
-            ("/props", "total_slots") if self.dialect == "llamacpp" else ("/health", "max_batch")
-        )
+        probe = self.dialect_spec.slots_probe
+        if probe is None:
+            return None
+        path, key = probe
         r = self._get(path)
         try:
             slots = r.json().get(key) if r.status_code == 200 else None
@@ -184,11 +180,11 @@ class UpstreamEngine:
     @property
     def capacity(self) -> int:
         """Requests the proxy keeps in flight upstream: the upstream's own figure where it
-        says (`slots`); for vLLM, which does not, `VLLM_CAPACITY` (its own queue holds what
-        it cannot run yet); else `UPSTREAM_CAPACITY`."""
+        says (`slots`); else its dialect's ``default_capacity`` (for vLLM, which does not
+        say, ``VLLM_CAPACITY``: its own queue holds what it cannot run yet)."""
         if self.slots is not None:
             return self.slots
-        return VLLM_CAPACITY if self.dialect == "vllm" else UPSTREAM_CAPACITY
+        return self.dialect_spec.default_capacity
 
     def client_options(self) -> dict[str, Any]:
         """What an httpx client talking to the upstream is opened with."""
@@ -230,83 +226,11 @@ class UpstreamEngine:
     def request(
         self, prompt_ids: Sequence[int], params: SamplingParams, max_tokens: int | None
     ) -> tuple[str, dict[str, Any]]:
-        """(path, JSON body) asking the upstream for `max_tokens` tokens after the prompt."""
-        if params.constraint is not None or params.logprobs_mode != "raw":
-            # Never silently unconstrained: the upstream's own fields ask for the same
-            # (`upstream.constraints`), or a ConstraintError names the request field.
-            from dataclasses import replace
-
-            from .constraints import request_fields
-
-            extra = request_fields(params.constraint, params.logprobs_mode, self.dialect)
-            plain = replace(params, constraint=None, logprobs_mode="raw")
-            path, body = self.request(prompt_ids, plain, max_tokens)
-            return path, {**body, **extra}
-        k = max(1, params.top_logprobs)
-        # Token ids only where no logprob is wanted (`SamplingParams.logprobs`) and the
-        # dialect sends ids without logprobs: top-k costs the upstream a sort of its
-        # vocabulary per token, and both sides a larger frame.
-        ids_only = not params.logprobs and params.top_logprobs == 0
-        d = self.dialect
-        if d == "llamacpp":
-            body: dict[str, Any] = {
-                "prompt": list(prompt_ids),
-                "n_predict": -1 if max_tokens is None else max_tokens,
-                "stream": True,
-                "return_tokens": True,
-                "cache_prompt": True,
-                "temperature": params.temp,
-                "top_p": params.top_p,
-                "top_k": params.top_k,
-                "min_p": params.min_p,
-                "repeat_penalty": params.repetition_penalty or 1.0,
-            }
-            if not ids_only:
-                body["n_probs"] = k
-            if params.seed is not None:
-                body["seed"] = params.seed
-            if params.logit_bias:
-                body["logit_bias"] = [[int(i), float(b)] for i, b in params.logit_bias.items()]
-            return "/completion", body
-        body = {
-            "prompt": list(prompt_ids),
-            "stream": True,
-            "temperature": params.temp,
-            "top_p": params.top_p,
-        }
-        if self.model is not None:
-            body["model"] = self.model
-        if max_tokens is not None:
-            body["max_tokens"] = max_tokens
-        if params.seed is not None:
-            body["seed"] = params.seed
-        if params.logit_bias:
-            body["logit_bias"] = {str(i): b for i, b in params.logit_bias.items()}
-        if d == "mlx":
-            body["prompt"] = self._prompt_text(prompt_ids)
-            body["stream"] = False
-            body["logprobs"] = True
-            body["top_logprobs"] = k
-            if params.top_k:
-                body["top_k"] = params.top_k
-            if params.min_p:
-                body["min_p"] = params.min_p
-            if params.repetition_penalty:
-                body["repetition_penalty"] = params.repetition_penalty
-            return "/v1/completions", body
-        if not (ids_only and d == "vllm"):  # vLLM's token_ids need no logprobs
-            body["logprobs"] = k
-        body["stream_options"] = {"include_usage": True}
-        if d in ("vllm", "tokentrail"):
-            body["top_k"] = params.top_k if d == "tokentrail" else (params.top_k or -1)
-            body["min_p"] = params.min_p
-            if params.repetition_penalty:
-                body["repetition_penalty"] = params.repetition_penalty
-        if d == "vllm":
-            body["return_token_ids"] = True
-            body["return_tokens_as_token_ids"] = True
-            body["skip_special_tokens"] = False
-        return "/v1/completions", body
+        """(path, JSON body) asking the upstream for `max_tokens` tokens after the prompt,
+        in its dialect (`UpstreamDialect.completion_request`); a `ConstraintError` names
+        the request field the upstream cannot be asked for."""
+        ask = CompletionAsk(prompt_ids, params, max_tokens, self.model, self._prompt_text)
+        return self.dialect_spec.completion_request(ask)
 
     def _prompt_text(self, prompt_ids: Sequence[int]) -> str:
         if self._decode is not None:

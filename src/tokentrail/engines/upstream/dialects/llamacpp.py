@@ -1,0 +1,51 @@
+"""llama.cpp's llama-server dialect (its own ``/completion``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ..constraints import llamacpp_fields
+from .base import CompletionAsk, UpstreamDialect, ids_only
+
+__all__ = ["LlamaCppDialect"]
+
+
+class LlamaCppDialect(UpstreamDialect):
+    """llama.cpp's llama-server: its own ``/completion`` with ``return_tokens`` and
+    ``n_probs`` (exact ids and counts in every frame), ``json_schema`` or GBNF
+    ``grammar`` for constraints, its slots on /props."""
+
+    name = "llamacpp"
+    owned_by = "llamacpp"
+    slots_probe = ("/props", "total_slots")
+    processed_why = "llama-server's n_probs are the model's own distribution"
+
+    def completion_body(self, ask: CompletionAsk) -> tuple[str, dict[str, Any]]:
+        params, max_tokens = ask.params, ask.max_tokens
+        body: dict[str, Any] = {
+            "prompt": list(ask.prompt_ids),
+            "n_predict": -1 if max_tokens is None else max_tokens,
+            "stream": True,
+            "return_tokens": True,
+            "cache_prompt": True,
+            "temperature": params.temp,
+            "top_p": params.top_p,
+            "top_k": params.top_k,
+            "min_p": params.min_p,
+            "repeat_penalty": params.repetition_penalty or 1.0,
+        }
+        if not ids_only(params):
+            body["n_probs"] = max(1, params.top_logprobs)
+        if params.seed is not None:
+            body["seed"] = params.seed
+        if params.logit_bias:
+            body["logit_bias"] = [[int(i), float(b)] for i, b in params.logit_bias.items()]
+        return "/completion", body
+
+    def constraint_fields(self, constraint: Any) -> dict[str, Any]:
+        return llamacpp_fields(constraint.kind, constraint.source, constraint.param)
+
+    def whole_chat(self, payload: Mapping[str, Any]) -> bool:
+        # llama-server refuses logprobs on a streamed request with tools.
+        return bool(payload.get("tools"))

@@ -14,6 +14,7 @@ same tokens, alternatives and logprobs.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -67,12 +68,14 @@ def demo() -> Any:
 
 
 def _steps(ids: list[int], seed: int) -> list[Step]:
-    """Steps with logprobs and two alternatives each (deterministic per seed)."""
+    """Steps with logprobs and two alternatives each (deterministic per seed); now and
+    then the second alternative's logprob is -inf (the wire writes it -9999.0)."""
     out = []
     for n, i in enumerate(ids):
         lp = -((seed * 7 + n * 13) % 50) / 10.0
         alt = (i + 1 + (seed + n) % 5) % 500
-        out.append(Step(i, lp, [(i, lp), (alt, lp - 0.5)], None))
+        second = float("-inf") if (seed + n) % 11 == 0 else lp - 0.5
+        out.append(Step(i, lp, [(i, lp), (alt, second)], None))
     return out
 
 
@@ -110,21 +113,28 @@ def _lib_fields(found: list[Any]) -> list[tuple[Any, ...]]:
     return _fields([f.to_dict() for f in found])
 
 
-@settings(
-    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
-@given(
-    reply=replies(), think=st.one_of(st.none(), PROSE), seed=st.integers(0, 99), eos=st.booleans()
-)
-def test_library_streamed_and_whole_agree(
-    demo: Any, reply: Any, think: str | None, seed: int, eos: bool
-) -> None:
+@dataclass(frozen=True)
+class Views:
+    """One reply through the in-process pipeline: its text, ids and engine steps, the
+    library's responses, the server's streamed chunks and its whole response."""
+
+    text: str
+    ids: list[int]
+    steps: list[Step]
+    lib: list[GenerationResponse]
+    chunks: list[dict[str, Any]]
+    whole: dict[str, Any]
+
+
+def views(demo: Any, reply: Any, think: str | None, seed: int, eos: bool) -> Views:
+    """`reply` (a `replies()` draw) after a reasoning block `think` (None: none), through
+    `stream_generate`'s view and the server's `Formatter`, streamed and whole."""
     from tokentrail.prompting import vocab_for
     from tokentrail.server.formatting import Formatter
     from tokentrail.server.protocol import GenRequest
 
     tok, hf = demo
-    kind, body, content, calls = reply
+    kind, body, _content, _calls = reply
     parser = None if kind == "json" else kind
     text = body if think is None else f"<think>{think}</think>{body}"
     ids = tok.encode(text, add_special_tokens=False).ids + ([EOS] if eos else [])
@@ -142,6 +152,23 @@ def test_library_streamed_and_whole_agree(
     records = [proc.feed(s) for s in steps]
     chunks = [streamed.chunk(r) for r in records]
     whole = Formatter("a", req, vocab).response(records)
+    return Views(text, ids, steps, lib, chunks, whole)
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    reply=replies(), think=st.one_of(st.none(), PROSE), seed=st.integers(0, 99), eos=st.booleans()
+)
+def test_library_streamed_and_whole_agree(
+    demo: Any, reply: Any, think: str | None, seed: int, eos: bool
+) -> None:
+    kind, body, content, calls = reply
+    parser = None if kind == "json" else kind
+    reasoning = think is not None
+    v = views(demo, reply, think, seed, eos)
+    text, ids, steps, lib, chunks, whole = v.text, v.ids, v.steps, v.lib, v.chunks, v.whole
 
     message = whole["choices"][0]["message"]
     deltas = [c["choices"][0]["delta"] for c in chunks]

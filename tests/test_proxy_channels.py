@@ -277,14 +277,18 @@ def test_vllm_tool_call_is_listed_as_its_raw_text_with_fields(proxy: Server, vll
     last = next(c for c in reversed(chunks) if c.choices).model_extra["tokentrail"]
     assert last["tool_calls"][0]["raw"] == raw
     assert last["tool_calls"][0]["name"] == own_name
-    # Fields of the arguments: each value is the parsed arguments' at its path, and its
-    # tokens' byte ranges join to its text.
+    # Fields, as the main path lists a call's: its name first, then the arguments' leaves,
+    # each value the parsed arguments' at its path; their tokens' byte ranges join to
+    # their text.
     args = json.loads(own_args)
-    assert last["fields"]
-    for f in last["fields"]:
+    name, *leaves = last["fields"]
+    assert name["path"] == "/tool_calls/0/function/name" and name["value"] == own_name
+    assert leaves
+    for f in leaves:
         prefix = "/tool_calls/0/arguments"
         assert f["path"].startswith(prefix)
         assert f["value"] == pointer(args, f["path"][len(prefix) :])
+    for f in last["fields"]:
         data = b"".join(
             bytes(listed[t["index"]]["bytes"])[t["start"] : t["end"]] for t in f["tokens"]
         )

@@ -42,7 +42,14 @@ from .result import RealignError
 from .vocabmap import reverse
 from .wire import WireToken, token_string_bytes
 
-__all__ = ["CHANNEL_NAMES", "ChannelPart", "ChannelTracker", "ChatToken"]
+__all__ = [
+    "CHANNEL_NAMES",
+    "ChannelPart",
+    "ChannelTracker",
+    "ChatToken",
+    "arguments_span",
+    "json_span",
+]
 
 #: The channels a token can be labelled with.
 CHANNEL_NAMES = ("reasoning", "content", "tool_call", "markup")
@@ -91,9 +98,13 @@ class ChannelTracker:
         self._starts: list[int] = []  # each token's first byte in _raw
         self._cursor = 0  # bytes before it are attributed
         #: Fragments not yet placed: (channel, text, where the bytes ended when it came,
-        #: whether it was its chunk's last text).
-        self._pending: list[tuple[str, str, int, bool]] = []
-        self._tools_since = False  # tool-call pieces since the last placed fragment
+        #: whether it was its chunk's last text, tool-call pieces read before it came).
+        self._pending: list[tuple[str, str, int, bool, int]] = []
+        #: Tool-call pieces read so far, and before the last placed fragment came: the
+        #: bytes between two fragments are the call's text when pieces came between them
+        #: (a delta's text comes before its pieces: a whole message's content, then calls).
+        self._tool_pieces = 0
+        self._tools_placed = 0
         #: The byte ranges (of all the tokens' bytes laid end to end) labelled tool_call.
         self.tool_ranges: list[tuple[int, int]] = []
 
@@ -123,7 +134,9 @@ class ChannelTracker:
         ]
         for k, (channel, text) in enumerate(texts):
             self.texts[channel] += text
-            self._pending.append((channel, text, len(self._raw), k == len(texts) - 1))
+            self._pending.append(
+                (channel, text, len(self._raw), k == len(texts) - 1, self._tool_pieces)
+            )
         for piece in body.get("tool_calls") or []:
             self._tool_piece(piece)
         if choice.get("finish_reason"):
@@ -134,13 +147,13 @@ class ChannelTracker:
         """The stream has ended: the parts still held, and the tokens after the last
         text (markup, or the tool call's text)."""
         out = self._place(final=True)
-        for channel, text, _, _ in self._pending:
+        for channel, text, _, _, _ in self._pending:
             why = "the upstream's tokens do not spell this text (it sent no logprobs for it)"
             out.append(ChannelPart(channel, text, None, why))
         self._pending.clear()
         end = len(self._raw)
         if self._cursor < end:
-            out += self._gap(self._cursor, end)
+            out += self._gap(self._cursor, end, self._tool_pieces > self._tools_placed)
             self._cursor = end
         return out
 
@@ -171,7 +184,7 @@ class ChannelTracker:
     def _tool_piece(self, piece: Any) -> None:
         if not isinstance(piece, Mapping):
             return
-        self._tools_since = True
+        self._tool_pieces += 1
         index = piece.get("index", len(self.tool_calls))
         call = self.tool_calls.setdefault(index, {"id": None, "name": "", "arguments": ""})
         if piece.get("id"):
@@ -205,23 +218,23 @@ class ChannelTracker:
     def _place(self, final: bool = False) -> list[ChannelPart]:
         out: list[ChannelPart] = []
         while self._pending:
-            channel, text, ended, last = self._pending[0]
+            channel, text, ended, last, tools = self._pending[0]
             data = text.encode("utf-8")
             p = self._find(data, ended, last)
             if p < 0:
                 break  # its tokens have not all arrived yet (or never will: `finish`)
             self._pending.pop(0)
             if p > self._cursor:
-                out += self._gap(self._cursor, p)
-            self._tools_since = False
+                out += self._gap(self._cursor, p, tools > self._tools_placed)
+            self._tools_placed = tools
             out.append(ChannelPart(channel, text, self._spans(p, p + len(data))))
             self._cursor = p + len(data)
         return out
 
-    def _gap(self, start: int, end: int) -> list[ChannelPart]:
-        """Bytes in no text field: markup, or (tool-call pieces arrived meanwhile) the
-        tool call's text; special tokens are markup either way."""
-        label = "tool_call" if self._tools_since else "markup"
+    def _gap(self, start: int, end: int, tools: bool) -> list[ChannelPart]:
+        """Bytes in no text field: markup, or (`tools`: tool-call pieces arrived
+        meanwhile) the tool call's text; special tokens are markup either way."""
+        label = "tool_call" if tools else "markup"
         out: list[ChannelPart] = []
         for tok, a, b in self._spans(start, end):
             ch = (
@@ -261,3 +274,42 @@ class ChannelTracker:
                 out.append((tok, a, b))
             k += 1
         return out
+
+
+def arguments_span(
+    tracker: ChannelTracker, arguments: str, after: int = 0, before: int | None = None
+) -> tuple[int, int] | None:
+    """Where (bytes of the tokens laid end to end, from `after`, starting before
+    `before`) the tool_call channel holds a JSON value equal to `arguments` parsed, or
+    None."""
+    try:
+        want = json.loads(arguments)
+    except ValueError:
+        return None
+    return json_span(tracker, want, after, before)
+
+
+def json_span(
+    tracker: ChannelTracker, want: Any, after: int = 0, before: int | None = None
+) -> tuple[int, int] | None:
+    """Where (bytes, as `arguments_span`) the tool_call channel first holds a JSON
+    value equal to `want` (of its type: 1 is not true), or None."""
+    decoder = json.JSONDecoder()
+    for start, end in tracker.tool_ranges:
+        if end <= after:
+            continue
+        start = max(start, after)
+        text = tracker.raw(start, end).decode("utf-8", "replace")
+        for i, ch in enumerate(text):
+            if ch not in '{["-0123456789tfn':
+                continue
+            a = start + len(text[:i].encode("utf-8"))
+            if before is not None and a >= before:
+                return None
+            try:
+                value, stop = decoder.raw_decode(text, i)
+            except ValueError:
+                continue
+            if value == want and type(value) is type(want):
+                return a, a + len(text[i:stop].encode("utf-8"))
+    return None

@@ -21,9 +21,77 @@ def _field(found: Any) -> dict[str, Any]:
 # -- response formatting ----------------------------------------------------------------------
 
 
-def _lp(value: float | None) -> float | None:
+def wire_logprob(value: float | None) -> float | None:
     """A logprob JSON can carry: -inf becomes -9999.0 as in OpenAI's API."""
     return json_number(value, WIRE_NEG_INF)
+
+
+_lp = wire_logprob
+
+
+# -- one token on the wire: the rules every chat writer shares (`Formatter`, and the
+# -- upstream chat's ChatWriter in server/proxy_chat.py) --------------------------------------
+
+
+def token_text(vocab: Vocab, token_id: int) -> str:
+    """A token's text; "" for an id the model has but the tokenizer lacks (padding rows)."""
+    try:
+        return vocab.token_text(token_id)
+    except ValueError:
+        return ""
+
+
+def token_bytes(vocab: Vocab, token_id: int) -> list[int]:
+    try:
+        return list(vocab.token_bytes(token_id))
+    except ValueError:
+        return []
+
+
+def skipped(vocab: Vocab, token_id: int | None) -> bool:
+    """A token that writes no text into the content (special or hidden)."""
+    return token_id in vocab.special or token_id in vocab.hidden
+
+
+def alternatives_json(
+    alts: tuple[Alternative, ...] | list[Alternative], top: int | None
+) -> list[Any]:
+    """The extension's `top_logprobs` of a token: its first `top` alternatives."""
+    return [
+        {"id": a.id, "logprob": _lp(a.logprob), "bytes": list(a.bytes), "text": a.text,
+         "display": a.display or a.text}
+        for a in list(alts)[:top]
+    ]  # fmt: skip
+
+
+def span_json(vocab: Vocab, span: TokenSpan) -> dict[str, Any]:
+    """A token of an extension segment, without its alternatives (`alternatives_json`)."""
+    return {
+        "index": span.index,
+        "id": span.id,
+        "start": span.start,
+        "end": span.end,
+        "logprob": _lp(span.logprob),
+        "text": token_text(vocab, span.id),
+        "bytes": token_bytes(vocab, span.id),
+    }
+
+
+def chat_logprob(vocab: Vocab, span: TokenSpan, top: int | None) -> dict[str, Any]:
+    """One token of a chat choice's `logprobs` (see `Formatter`'s standard-logprobs
+    rule: a token the content skips is `""` with no bytes, listed or an alternative)."""
+    silent = span.start == span.end and skipped(vocab, span.id)
+    return {
+        "token": "" if silent else token_text(vocab, span.id),
+        "logprob": _lp(span.logprob),
+        "bytes": [] if silent else token_bytes(vocab, span.id),
+        "top_logprobs": [
+            {"token": "", "logprob": _lp(a.logprob), "bytes": []}
+            if skipped(vocab, a.id)
+            else {"token": a.text, "logprob": _lp(a.logprob), "bytes": list(a.bytes)}
+            for a in list(span.top_logprobs or ())[:top]
+        ],
+    }
 
 
 class Formatter:
@@ -56,10 +124,7 @@ class Formatter:
     # -- pieces --
 
     def _token_text(self, token_id: int) -> str:
-        try:
-            return self.vocab.token_text(token_id)
-        except ValueError:  # an id the model has but the tokenizer lacks (padding rows)
-            return ""
+        return token_text(self.vocab, token_id)
 
     def _completion_token(self, token_id: int, raw: bytes | None = None) -> str:
         """A completions-API token string: its text, or OpenAI's `bytes:\\xNN` form when
@@ -76,32 +141,17 @@ class Formatter:
         return text if raw else self._token_text(token_id)
 
     def _token_bytes(self, token_id: int) -> list[int]:
-        try:
-            return list(self.vocab.token_bytes(token_id))
-        except ValueError:
-            return []
+        return token_bytes(self.vocab, token_id)
 
     def _alternatives(self, alts: tuple[Alternative, ...]) -> list[Alternative]:
         return list(alts[: self.req.top_logprobs])
 
     def _span(self, span: TokenSpan) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "index": span.index,
-            "id": span.id,
-            "start": span.start,
-            "end": span.end,
-            "logprob": _lp(span.logprob),
-            "text": self._token_text(span.id),
-            "bytes": self._token_bytes(span.id),
-        }
+        out = span_json(self.vocab, span)
         if self.constrained:
             out["allowed_mass"] = json_number(self.mass.get(span.index))
         if self.req.top_logprobs and span.top_logprobs:
-            out["top_logprobs"] = [
-                {"id": a.id, "logprob": _lp(a.logprob), "bytes": list(a.bytes), "text": a.text,
-                 "display": a.display or a.text}
-                for a in span.top_logprobs[: self.req.top_logprobs]
-            ]
+            out["top_logprobs"] = alternatives_json(span.top_logprobs, self.req.top_logprobs)
         return out
 
     def segment(self, step: TokenOutput) -> dict[str, Any] | None:
@@ -246,8 +296,7 @@ class Formatter:
 
     def _skipped(self, token_id: int) -> bool:
         """A token that writes no text into the content (special or hidden)."""
-        v = self.vocab
-        return token_id in v.special or token_id in v.hidden
+        return skipped(self.vocab, token_id)
 
     def _silent(self, span: TokenSpan) -> bool:
         """A special token that added no text to the content."""
@@ -305,18 +354,7 @@ class Formatter:
     def chat_logprob(self, span: TokenSpan) -> dict[str, Any]:
         """One listed token in chat's shape, every token spelled by the one rule above
         (a skipped token is `""` with no bytes, listed or among the alternatives)."""
-        silent = self._silent(span)
-        return {
-            "token": "" if silent else self._token_text(span.id),
-            "logprob": _lp(span.logprob),
-            "bytes": [] if silent else self._token_bytes(span.id),
-            "top_logprobs": [
-                {"token": "", "logprob": _lp(a.logprob), "bytes": []}
-                if self._skipped(a.id)
-                else {"token": a.text, "logprob": _lp(a.logprob), "bytes": list(a.bytes)}
-                for a in self._alternatives(span.top_logprobs or ())
-            ],
-        }
+        return chat_logprob(self.vocab, span, self.req.top_logprobs)
 
     def _completion_top(self, span: TokenSpan) -> dict[str, float | None]:
         top: dict[str, float | None] = {}

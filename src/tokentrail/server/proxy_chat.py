@@ -33,22 +33,24 @@ from typing import Any
 from ..engines.upstream.chat import chat_body
 from ..engines.upstream.wire import status_error
 from ..errors import APIError, StructureError, UpstreamError
-from ..realign.chat import ChannelPart, ChannelTracker, ChatToken
-from ..segment import WIRE_NEG_INF, Segment, TokenSpan, json_number
+from ..realign.chat import ChannelPart, ChannelTracker, ChatToken, arguments_span, json_span
+from ..segment import Alternative, Segment, TokenSpan, confidence_of
 from ..structure.fields import json_fields
-from .formatting import sse
+from .formatting import (
+    alternatives_json,
+    chat_logprob,
+    span_json,
+    sse,
+    token_text,
+    wire_logprob,
+)
 from .jobs import Job
 from .protocol import GenRequest, bad_request
 
-__all__ = ["ChatWriter", "UpstreamChat"]
+__all__ = ["ChatWriter", "UpstreamChat", "read_chunk"]
 
 #: `Scheduler.release`: frees a job's place in the batch and counts its outcome.
 Release = Callable[[Job, str, "float | None"], None]
-
-
-def _lp(value: float | None) -> float | None:
-    """A logprob on the wire: the server's one rule (-inf is -9999.0, as OpenAI writes)."""
-    return json_number(value, WIRE_NEG_INF)
 
 
 class ChatWriter:
@@ -65,41 +67,61 @@ class ChatWriter:
         self.created = int(time.time())
         self.model = model
         self.listed: dict[str, int] = {"content": 0, "reasoning": 0}
+        self.first = True  # no chunk written yet (`event`)
 
     def _text(self, tok: ChatToken) -> str:
         if tok.id is not None:
-            return str(self.vocab.token_text(tok.id))
+            return token_text(self.vocab, tok.id)
         return tok.data.decode("utf-8", "replace")
 
+    def _alternatives(self, tok: ChatToken) -> tuple[Alternative, ...]:
+        """The token's alternatives as the main path's (`Alternative`: no `display`, which
+        needs the aligner's held bytes; an id the vocabulary lacks stays None)."""
+        return tuple(
+            Alternative(
+                i,  # type: ignore[arg-type]
+                lp,  # type: ignore[arg-type]
+                b,
+                token_text(self.vocab, i) if i is not None else b.decode("utf-8", "replace"),
+            )
+            for i, lp, b in tok.top
+        )
+
+    def _span(self, tok: ChatToken, start: int, end: int) -> TokenSpan:
+        """`tok`'s share [start, end) of its bytes, as the main path's `TokenSpan` (an
+        unidentified token has id -1 here: only its figures are read)."""
+        tid = -1 if tok.id is None else tok.id
+        return TokenSpan(tok.index, tid, start, end, tok.logprob, self._alternatives(tok))
+
     def _token(self, tok: ChatToken, start: int, end: int) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "index": tok.index,
-            "id": tok.id,
-            "start": start,
-            "end": end,
-            "logprob": _lp(tok.logprob),
-            "text": self._text(tok),
-            "bytes": list(tok.data),
-        }
-        if self.top:
-            out["top_logprobs"] = [
-                {
-                    "id": i,
-                    "logprob": _lp(lp),
-                    "bytes": list(b),
-                    "text": b.decode("utf-8", "replace"),
-                }
-                for i, lp, b in tok.top[: self.top]
-            ]
+        """A segment's token, written by the main path's rule (`span_json`); one the
+        upstream's data did not identify has its bytes, id null and `refused`."""
+        span = self._span(tok, start, end)
+        if tok.id is not None:
+            out = span_json(self.vocab, span)
+        else:
+            out = {"index": tok.index, "id": None, "start": start, "end": end,
+                   "logprob": wire_logprob(tok.logprob), "text": self._text(tok),
+                   "bytes": list(tok.data)}  # fmt: skip
+        if self.top and span.top_logprobs:
+            out["top_logprobs"] = alternatives_json(span.top_logprobs, self.top)
         if tok.refused is not None:
             out["refused"] = tok.refused
         return out
 
     def segments(self, parts: list[ChannelPart]) -> list[dict[str, Any]]:
+        """One per part, as the main path writes a channel part: its text, channel,
+        tokens and their `confidence`; tokens and confidence null (and a `reason`)
+        where the upstream sent no token data for the text."""
         out = []
         for p in parts:
             seg: dict[str, Any] = {"text": p.text, "channel": p.channel}
-            seg["tokens"] = None if p.tokens is None else [self._token(*t) for t in p.tokens]
+            if p.tokens is None:
+                seg["tokens"] = seg["confidence"] = None
+            else:
+                seg["tokens"] = [self._token(*t) for t in p.tokens]
+                conf = confidence_of([self._span(*t) for t in p.tokens])
+                seg["confidence"] = None if conf is None else conf.to_dict()
             if p.reason is not None:
                 seg["reason"] = p.reason
             out.append(seg)
@@ -113,20 +135,22 @@ class ChatWriter:
             if p.channel not in self.listed or p.tokens is None:
                 continue
             key = "content" if p.channel == "content" else "reasoning_content"
-            for tok, _, _ in p.tokens:
+            for tok, a, b in p.tokens:
                 if tok.index >= self.listed[p.channel]:
-                    out[key].append(self._entry(tok))
+                    out[key].append(self._entry(tok, a, b))
                     self.listed[p.channel] = tok.index + 1
         return out
 
-    def _entry(self, tok: ChatToken) -> dict[str, Any]:
+    def _entry(self, tok: ChatToken, start: int, end: int) -> dict[str, Any]:
+        """A token of `logprobs`, by the main path's rule (`chat_logprob`)."""
+        if tok.id is not None:
+            return chat_logprob(self.vocab, self._span(tok, start, end), self.top)
         return {
             "token": self._text(tok),
-            "logprob": _lp(tok.logprob),
+            "logprob": wire_logprob(tok.logprob),
             "bytes": list(tok.data),
-            "top_logprobs": [
-                {"token": b.decode("utf-8", "replace"), "logprob": _lp(lp), "bytes": list(b)}
-                for _, lp, b in tok.top[: self.top]
+            "top_logprobs": chat_logprob(self.vocab, self._span(tok, start, end), self.top)[
+                "top_logprobs"
             ],
         }
 
@@ -160,6 +184,28 @@ class ChatWriter:
         out["tokentrail"] = {"segments": self.segments(parts)}
         return out
 
+    def event(
+        self, tracker: ChannelTracker, choice: Mapping[str, Any] | None, parts: list[ChannelPart]
+    ) -> dict[str, Any] | None:
+        """Our chunk for one `read_chunk` event (the upstream's choice 0 and the parts it
+        made final; None and the rest at the end): the last one has the finish reason
+        and the calls and fields; a usage-only event is the usage chunk (None: nothing
+        to send)."""
+        if choice is None and not parts:
+            if tracker.usage is None or self.first:
+                return None
+            out = self._envelope("chat.completion.chunk")
+            out["choices"], out["usage"] = [], dict(tracker.usage)
+            return out
+        up = None if choice is None else choice.get("delta", choice.get("message"))
+        out = self.chunk(up, parts, self.first)
+        self.first = False
+        if choice is not None and choice.get("finish_reason"):
+            out["choices"][0]["finish_reason"] = choice["finish_reason"]
+            out["tokentrail"]["tool_calls"] = self.calls(tracker)
+            out["tokentrail"]["fields"] = self.fields(tracker)
+        return out
+
     def calls(self, tracker: ChannelTracker) -> list[dict[str, Any]]:
         """Each tool call as the upstream parsed it, with the tool_call channel's raw text."""
         raw = tracker.texts["tool_call"]
@@ -170,31 +216,46 @@ class ChatWriter:
         return [{**c, "raw": raw if len(out) == 1 else None} for c in out]
 
     def fields(self, tracker: ChannelTracker) -> list[dict[str, Any]]:
-        """The JSON fields of each call's arguments, with their tokens: found where the
-        tool_call channel's bytes hold a JSON value equal to the arguments the upstream
-        parsed (paths ``/tool_calls/N/arguments/<pointer>``); none where no such value
-        is there (the upstream rewrote them) or a token in it was not identified."""
+        """Each call's fields as the main path lists them: its name
+        (``/tool_calls/N/function/name``) and its arguments' leaves
+        (``/tool_calls/N/arguments/<pointer>``), with their tokens. A call's arguments
+        are found where the tool_call channel's bytes, after the previous call's, hold a
+        JSON value equal to the arguments the upstream parsed, and its name as a JSON
+        string before them; none where no such value is there (the upstream rewrote
+        them) or a token in it was not identified."""
         out: list[dict[str, Any]] = []
+        after = 0
         for k in sorted(tracker.tool_calls):
-            found = arguments_span(tracker, tracker.tool_calls[k]["arguments"])
-            if found is None:
+            call = tracker.tool_calls[k]
+            args = arguments_span(tracker, call["arguments"], after)
+            if args is None:
                 continue
-            start, end = found
-            spans = tracker.spans(start, end)
-            if any(t.id is None for t, _, _ in spans):
-                continue
-            text = tracker.raw(start, end).decode("utf-8")
-            seg = Segment(
-                text, tuple(TokenSpan(t.index, t.id, a, b, t.logprob) for t, a, b in spans)
-            )
-            try:
-                fields = json_fields(text, [seg])
-            except StructureError:
-                continue
-            for f in fields:
-                d = f.to_dict()
-                d["path"] = f"/tool_calls/{k}/arguments{d['path']}"
-                out.append(d)
+            name = json_span(tracker, call["name"], after, args[0]) if call["name"] else None
+            after = args[1]
+            for span, path in ((name, f"/tool_calls/{k}/function/name"),
+                               (args, f"/tool_calls/{k}/arguments")):  # fmt: skip
+                if span is not None:
+                    out += self._json_fields(tracker, *span, path)
+        return out
+
+    def _json_fields(
+        self, tracker: ChannelTracker, start: int, end: int, prefix: str
+    ) -> list[dict[str, Any]]:
+        """The fields of the JSON value in bytes [start, end), their paths under `prefix`."""
+        spans = tracker.spans(start, end)
+        if any(t.id is None for t, _, _ in spans):
+            return []
+        text = tracker.raw(start, end).decode("utf-8")
+        seg = Segment(text, tuple(self._span(*t) for t in spans))
+        try:
+            found = json_fields(text, [seg])
+        except StructureError:
+            return []
+        out = []
+        for f in found:
+            d = f.to_dict()
+            d["path"] = prefix + d["path"]
+            out.append(d)
         return out
 
     def response(self, tracker: ChannelTracker, parts: list[ChannelPart]) -> dict[str, Any]:
@@ -229,27 +290,17 @@ class ChatWriter:
         return out
 
 
-def arguments_span(tracker: ChannelTracker, arguments: str) -> tuple[int, int] | None:
-    """Where (bytes of the tokens laid end to end) the tool_call channel holds a JSON
-    value equal to `arguments` parsed, or None."""
-    try:
-        want = json.loads(arguments)
-    except ValueError:
-        return None
-    decoder = json.JSONDecoder()
-    for start, end in tracker.tool_ranges:
-        text = tracker.raw(start, end).decode("utf-8", "replace")
-        for i, ch in enumerate(text):
-            if ch not in '{["-0123456789tfn':
-                continue
-            try:
-                value, stop = decoder.raw_decode(text, i)
-            except ValueError:
-                continue
-            if value == want:
-                a = start + len(text[:i].encode("utf-8"))
-                return a, a + len(text[i:stop].encode("utf-8"))
-    return None
+def read_chunk(
+    tracker: ChannelTracker, chunk: Mapping[str, Any]
+) -> tuple[Mapping[str, Any] | None, list[ChannelPart]]:
+    """One upstream chunk (a whole response is one) read by `tracker`: its choice 0 and
+    the parts it made final (all the rest once it has a finish reason). After the last
+    chunk, a tracker with no finish reason still holds parts: `tracker.finish()`."""
+    choice = _choice(chunk)
+    parts = tracker.feed(chunk)
+    if choice is not None and choice.get("finish_reason"):
+        parts += tracker.finish()
+    return choice, parts
 
 
 def _api(e: UpstreamError) -> APIError:
@@ -416,10 +467,7 @@ class _Answer:
         tracker, job = self.tracker, self.job
         try:
             async for chunk in _chunks(self.resp, self.streamed):
-                choice = _choice(chunk)
-                parts = tracker.feed(chunk)
-                if choice is not None and choice.get("finish_reason"):
-                    parts += tracker.finish()
+                choice, parts = read_chunk(tracker, chunk)
                 job.generated = len(tracker.tokens)
                 if self._ttft is None and tracker.tokens:
                     self._ttft = time.monotonic() - job.submitted
@@ -472,23 +520,11 @@ class _Answer:
 
     async def _stream(self) -> AsyncIterator[bytes]:
         writer, tracker = self.writer, self.tracker
-        first = True
         try:
             async for choice, p in self._events():
-                if choice is None and not p:
-                    if tracker.usage is not None and not first:
-                        out = writer._envelope("chat.completion.chunk")
-                        out["choices"], out["usage"] = [], dict(tracker.usage)
-                        yield sse(out)
-                    continue
-                up = None if choice is None else choice.get("delta", choice.get("message"))
-                out = writer.chunk(up, p, first)
-                first = False
-                if choice is not None and choice.get("finish_reason"):
-                    out["choices"][0]["finish_reason"] = choice["finish_reason"]
-                    out["tokentrail"]["tool_calls"] = writer.calls(tracker)
-                    out["tokentrail"]["fields"] = writer.fields(tracker)
-                yield sse(out)
+                out = writer.event(tracker, choice, p)
+                if out is not None:
+                    yield sse(out)
             self._outcome = "completed"
         except UpstreamError as e:
             self._outcome = "failed"

@@ -296,6 +296,41 @@ def test_choices_and_free_text_get_maps_of_their_own() -> None:
     assert ece([cal.answer(r["measures"])[0] for r in sure], sure_y) < 0.1
 
 
+def test_a_constant_map_for_choices_follows_the_number_of_choices() -> None:
+    """Fitted on two-way questions right 60% of the time (skill 0.2 above guessing), the
+    map says 0.25 + 0.75 * 0.2 = 0.4 for a four-way one, and the base rate for an answer
+    whose number of choices it is not told."""
+    rng = np.random.default_rng(3)
+    free = _rows(50, 4)
+    choice = [{"id": f"c{i}", "output": "", "correct": bool(rng.random() < 0.6),
+               "measures": {"prob": 0.95, "field_prob": float(rng.uniform(0.5, 1)),
+                            "chance": 0.5}, "calibrated": None} for i in range(600)]
+    cal = fit_calibration(free + choice, FP, {"data": "synthetic"})
+    spec = cal.maps["field_prob"]
+    assert spec["kind"] == "constant" and abs(spec["skill"] - 0.2) < 0.06
+    rate = float(np.mean([r["correct"] for r in choice]))
+    four, _ = cal.answer({"prob": 0.95, "field_prob": 0.7, "chance": 0.25})
+    two, _ = cal.answer({"prob": 0.95, "field_prob": 0.7, "chance": 0.5})
+    untold, _ = cal.answer({"prob": 0.95, "field_prob": 0.7})
+    assert abs(two - rate) < 0.01 and abs(four - (0.25 + 0.75 * spec["skill"])) < 1e-9
+    assert four < two and abs(untold - spec["p"]) < 1e-9
+
+
+def test_isotonic_levels_are_smoothed_by_the_answers_behind_them() -> None:
+    """Twelve answers above 0.9, all right: isotonic regression alone says 0.99 there
+    (its ceiling); twelve answers are evidence for 13/14, not certainty."""
+    from tokentrail.calibrate.fit import _fit_kind
+
+    rng = np.random.default_rng(8)
+    low = rng.uniform(0.0, 0.5, 200)
+    c = np.concatenate([low, rng.uniform(0.91, 0.99, 12)])
+    y = np.concatenate([(rng.random(200) < 0.2).astype(float), np.ones(12)])
+    spec = _fit_kind("isotonic", c, y)
+    assert spec["y"] == sorted(spec["y"])
+    assert abs(apply_map(spec, 0.95) - 13 / 14) < 1e-9
+    assert apply_map(spec, 0.95) > apply_map(spec, 0.2)
+
+
 def test_one_class_gives_a_constant_map() -> None:
     spec = fit_map([0.1, 0.5, 0.9] * 5, [1] * 15)
     assert spec["kind"] == "constant" and 0.9 < spec["p"] < 1.0

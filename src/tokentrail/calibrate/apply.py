@@ -39,6 +39,8 @@ __all__ = ["FORMAT", "Calibration", "apply_map", "check_fingerprint", "is_choice
 FORMAT = "tokentrail-calibration"
 #: Probabilities are kept this far from 0 and 1 before taking a logit.
 EPS = 1e-6
+#: A chance-adjusted constant is kept within [CHANCE_FLOOR, 1 - CHANCE_FLOOR].
+CHANCE_FLOOR = 0.01
 
 
 def logit(p: float) -> float:
@@ -63,9 +65,12 @@ def _interp(x: float, xs: list[float], ys: list[float]) -> float:
     return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
 
 
-def apply_map(spec: Mapping[str, Any], value: float) -> float:
-    """The calibrated probability of a measure's `value` under one map `spec`."""
+def apply_map(spec: Mapping[str, Any], value: float, chance: float | None = None) -> float:
+    """The calibrated probability of a measure's `value` under one map `spec`; `chance`
+    (1/k for a choice among k) lets a constant map with a ``skill`` follow k."""
     kind = spec.get("kind")
+    if kind == "constant" and chance is not None and "skill" in spec:
+        return min(max(chance + (1.0 - chance) * spec["skill"], CHANCE_FLOOR), 1 - CHANCE_FLOOR)
     if kind == "temperature":
         return sigmoid(logit(value) / spec["temperature"] + spec["bias"])
     if kind == "isotonic":
@@ -78,6 +83,11 @@ def apply_map(spec: Mapping[str, Any], value: float) -> float:
 def is_choice(measures: Mapping[str, float | None]) -> bool:
     """Whether an answer with these measures was a constrained choice."""
     return measures.get("field_prob") is not None
+
+
+def _chance(measures: Mapping[str, Any]) -> float | None:
+    c = measures.get("chance")
+    return c if isinstance(c, float) and 0.0 < c < 1.0 and is_choice(measures) else None
 
 
 def _applies(spec: Mapping[str, Any], choice: bool) -> bool:
@@ -96,6 +106,7 @@ def _check_map(name: str, spec: Any) -> None:
         ok = ok and all(a <= b for a, b in pairwise(xs))
     elif ok and spec.get("kind") == "constant":
         ok = isinstance(spec.get("p"), (int, float))
+        ok = ok and isinstance(spec.get("skill", 0.0), (int, float))
     else:
         ok = False
     if not ok:
@@ -214,7 +225,7 @@ class Calibration:
                 continue
             v = measures.get(name)
             if v is not None and math.isfinite(v):
-                return self.map(name, v), name
+                return apply_map(self.maps[name], v, _chance(measures)), name
         return None, None
 
     def segment(self, confidence: Confidence) -> float | None:

@@ -71,6 +71,8 @@ def score_rows(
             continue
         exact = "exact" if item.choices else match
         measures = dict(r["measures"])
+        if item.choices:  # what guessing gets right (apply.apply_map's chance)
+            measures["chance"] = 1.0 / len(item.choices)
         calibrated = None if calibration is None else calibration.answer(measures)[0]
         out.append({"id": item.id, "output": r["output"],
                     "correct": is_correct(r["output"], item.answers, exact),

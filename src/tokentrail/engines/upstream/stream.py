@@ -30,6 +30,16 @@ from ..batch import PUSH_END, WAKE, BaseBatch, Outcome, drain_pushed
 from .wire import ReadCost, StepReader, status_error
 
 
+def _new_loop() -> asyncio.AbstractEventLoop:
+    """uvloop's event loop where it is installed (as uvicorn picks it for the server's
+    own loop), else asyncio's: the reader's loop runs every upstream socket."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
 class AsyncUpstreamBatch(BaseBatch):
     """A `Batch` of upstream streams read on one event loop (see the module).
 
@@ -47,7 +57,7 @@ class AsyncUpstreamBatch(BaseBatch):
         self.cost = ReadCost()
         self._live: dict[int, Future[None]] = {}
         self._out: queue.SimpleQueue[tuple[int, Any]] = queue.SimpleQueue()
-        self._loop = asyncio.new_event_loop()
+        self._loop = _new_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="tokentrail-upstream-io", daemon=True
         )

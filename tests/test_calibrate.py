@@ -319,13 +319,13 @@ def test_a_constant_map_for_choices_follows_the_number_of_choices() -> None:
 def test_isotonic_levels_are_smoothed_by_the_answers_behind_them() -> None:
     """Twelve answers above 0.9, all right: isotonic regression alone says 0.99 there
     (its ceiling); twelve answers are evidence for 13/14, not certainty."""
-    from tokentrail.calibrate.fit import _fit_kind
+    from tokentrail.calibrate.fit import fit_kind
 
     rng = np.random.default_rng(8)
     low = rng.uniform(0.0, 0.5, 200)
     c = np.concatenate([low, rng.uniform(0.91, 0.99, 12)])
     y = np.concatenate([(rng.random(200) < 0.2).astype(float), np.ones(12)])
-    spec = _fit_kind("isotonic", c, y)
+    spec = fit_kind("isotonic", c, y)
     assert spec["y"] == sorted(spec["y"])
     assert abs(apply_map(spec, 0.95) - 13 / 14) < 1e-9
     assert apply_map(spec, 0.95) > apply_map(spec, 0.2)

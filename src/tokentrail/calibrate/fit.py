@@ -33,7 +33,7 @@ from ..errors import CalibrationError
 from .apply import EPS, FORMAT, Calibration, apply_map, is_choice
 from .measures import MEASURES, SEGMENT_MEASURES
 
-__all__ = ["fit_calibration", "fit_map", "log_loss"]
+__all__ = ["fit_calibration", "fit_kind", "fit_map", "log_loss"]
 
 #: Isotonic outputs are kept within [ISO_FLOOR, 1 - ISO_FLOOR].
 ISO_FLOOR = 0.01
@@ -76,9 +76,12 @@ def _logits(c: np.ndarray) -> np.ndarray:
     return np.log(q / (1 - q))
 
 
-def _fit_kind(
+def fit_kind(
     kind: str, c: np.ndarray, y: np.ndarray, chance: np.ndarray | None = None
 ) -> dict[str, Any]:
+    """One map of `kind` (``constant``, ``temperature`` or ``isotonic``) fitted on
+    measure values `c` and outcomes `y`; `chance` (1/k per answer) adds a constant's
+    skill above guessing."""
     iso_cls, lr_cls, _ = _sklearn()
     if y.min() == y.max() or kind == "constant":  # only a rate to state (Laplace)
         spec: dict[str, Any] = {"kind": "constant", "p": (float(y.sum()) + 1.0) / (len(y) + 2.0)}
@@ -132,7 +135,7 @@ def _cv_losses(
     for r in range(REPEATS):
         split = kfold(n_splits=folds, shuffle=True, random_state=seed + r).split(c, y)
         for train, test in split:
-            spec = _fit_kind(kind, c[train], y[train], None if chance is None else chance[train])
+            spec = fit_kind(kind, c[train], y[train], None if chance is None else chance[train])
             p = [apply_map(spec, float(v), None if chance is None else float(chance[i]))
                  for i, v in zip(test, c[test], strict=True)]
             total[test] += _item_losses(p, y[test])
@@ -173,7 +176,7 @@ def fit_map(
     scored = {k: v for k, v in per_item.items() if v is not None}
     losses = {k: None if v is None else float(v.mean()) for k, v in per_item.items()}
     kind = _choose(scored) if scored else "temperature"
-    spec = _fit_kind(kind, c, y, ch)
+    spec = fit_kind(kind, c, y, ch)
     spec["cv_log_loss"] = {k: None if v is None else round(v, 6) for k, v in losses.items()}
     spec["n"] = len(c)
     return spec

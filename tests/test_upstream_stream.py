@@ -188,6 +188,52 @@ def test_batch_runs_the_upstreams_slots_and_its_tokens(llama: Server) -> None:
         engine.close()
 
 
+def test_a_stale_kept_alive_connection_is_retried_once_on_a_fresh_one(llama: Server) -> None:
+    """httpx raises RemoteProtocolError ("Server disconnected without sending a
+    response") when the pooled connection it picked had been closed by the upstream:
+    the request never ran, so the batch sends it once more and the stream is still
+    exactly llama-server's. A second drop is the sequence's error."""
+    import httpx
+
+    from tokentrail.engines.upstream.engine import UpstreamEngine
+    from tokentrail.sampling import SamplingParams
+    from tokentrail.server.proxy import load_tokenizer
+
+    class Dropping(httpx.AsyncBaseTransport):
+        def __init__(self, drops: int) -> None:
+            self.inner, self.drops, self.seen = httpx.AsyncHTTPTransport(), drops, 0
+
+        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+            self.seen += 1
+            if self.seen <= self.drops:
+                raise httpx.RemoteProtocolError(
+                    "Server disconnected without sending a response.", request=request
+                )
+            return await self.inner.handle_async_request(request)
+
+    prompt = "The sea is"
+    for drops in (1, 2):
+        engine = UpstreamEngine(llama.url, load_tokenizer(str(llama.model_dir)), eos_ids=[2])
+        transport = Dropping(drops)
+        options = engine.client_options()
+        engine.client_options = lambda o=options, t=transport: {**o, "transport": t}
+        batch = engine.open_batch(None)
+        try:
+            params = SamplingParams(temp=0.0, top_logprobs=2, logit_bias={2: -100.0})
+            uid = batch.add(engine.tokenizer.encode(prompt), params, 8)
+            if drops == 1:
+                assert collect(batch, {uid}, {})[uid] == greedy(
+                    llama, engine.tokenizer.encode(prompt), 8)
+                assert transport.seen == 2
+            else:
+                with pytest.raises(Exception, match="disconnected"):
+                    collect(batch, {uid}, {})
+                assert transport.seen == 2
+        finally:
+            batch.close()
+            engine.close()
+
+
 def test_more_clients_than_slots_are_queued_not_refused(
     llama: Server, tmp_path_factory: pytest.TempPathFactory
 ) -> None:

@@ -86,15 +86,16 @@ class AsyncUpstreamBatch(BaseBatch):
 
         put = self._out.put
         try:
-            async with self._client.stream("POST", path, json=body) as resp:
-                if resp.status_code >= 400:
-                    await resp.aread()
-                    raise status_error(resp.status_code, resp.text, self.engine.url + path)
-                # Read to the end (past [DONE]), so the connection can serve the next one.
-                async for data in resp.aiter_bytes():
-                    steps = reader.feed(data)
-                    if steps:
-                        put((uid, steps))
+            for attempt in range(2):
+                answered: list[bool] = []
+                try:
+                    await self._read(uid, path, body, reader, answered)
+                    break
+                except httpx.RemoteProtocolError:
+                    # A kept-alive connection the upstream had closed: no response
+                    # began, so the request never ran; once more on a fresh one.
+                    if attempt or answered:
+                        raise
             put((uid, reader.finish()))
         except httpx.HTTPError as e:
             put((uid, self.engine.transport_error(e)))
@@ -103,6 +104,20 @@ class AsyncUpstreamBatch(BaseBatch):
         finally:
             self.cost.add(reader.cost)  # on the loop thread only
             put((uid, PUSH_END))
+
+    async def _read(
+        self, uid: int, path: str, body: dict[str, Any], reader: StepReader, answered: list[bool]
+    ) -> None:
+        async with self._client.stream("POST", path, json=body) as resp:
+            answered.append(True)
+            if resp.status_code >= 400:
+                await resp.aread()
+                raise status_error(resp.status_code, resp.text, self.engine.url + path)
+            # Read to the end (past [DONE]), so the connection can serve the next one.
+            async for data in resp.aiter_bytes():
+                steps = reader.feed(data)
+                if steps:
+                    self._out.put((uid, steps))
 
     def remove(self, uid: int) -> None:
         task = self._live.pop(uid, None)

@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 import pytest
 
 from tests.helpers.env import require
+from tests.test_upstream_chat_front_door import send_json
 
 httpx = require("httpx")
 
@@ -245,12 +246,7 @@ class Fake(BaseHTTPRequestHandler):
         pass
 
     def _json(self, value: Any) -> None:
-        data = json.dumps(value).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        send_json(self, value)
 
     def do_GET(self) -> None:
         answers = {"/v1/models": self.state["models"], "/props": {"total_slots": 3},

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import time
@@ -188,35 +189,76 @@ def test_batch_runs_the_upstreams_slots_and_its_tokens(llama: Server) -> None:
         engine.close()
 
 
+class DroppingFront:
+    """A TCP front to `target` (host, port) that reads the first `drops` connections'
+    requests and closes them without a word, as an upstream does to a kept-alive
+    connection it has already let go; later connections are relayed byte for byte."""
+
+    def __init__(self, target: tuple[str, int], drops: int) -> None:
+        import socket
+        import threading
+
+        self.target, self.drops, self.seen = target, drops, 0
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = "http://127.0.0.1:%d" % self.sock.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import socket
+        import threading
+
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.seen += 1
+            if self.seen <= self.drops:
+                data = b""
+                while b"\r\n\r\n" not in data and (part := conn.recv(65536)):
+                    data += part
+                conn.close()
+                continue
+            up = socket.create_connection(self.target)
+            for a, b in ((conn, up), (up, conn)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(a: Any, b: Any) -> None:
+        import socket
+
+        try:
+            while data := a.recv(65536):
+                b.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (a, b):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
 def test_a_stale_kept_alive_connection_is_retried_once_on_a_fresh_one(llama: Server) -> None:
-    """httpx raises RemoteProtocolError ("Server disconnected without sending a
-    response") when the pooled connection it picked had been closed by the upstream:
-    the request never ran, so the batch sends it once more and the stream is still
-    exactly llama-server's. A second drop is the sequence's error."""
-    import httpx
+    """An upstream that closes a connection without answering (a kept-alive one it had
+    already let go; aiohttp raises ServerDisconnectedError): the request never ran, so
+    the batch sends it once more and the stream is still exactly llama-server's. A
+    second drop is the sequence's error."""
+    from urllib.parse import urlsplit
 
     from tokentrail.engines.upstream.engine import UpstreamEngine
     from tokentrail.sampling import SamplingParams
     from tokentrail.server.proxy import load_tokenizer
 
-    class Dropping(httpx.AsyncBaseTransport):
-        def __init__(self, drops: int) -> None:
-            self.inner, self.drops, self.seen = httpx.AsyncHTTPTransport(), drops, 0
-
-        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-            self.seen += 1
-            if self.seen <= self.drops:
-                raise httpx.RemoteProtocolError(
-                    "Server disconnected without sending a response.", request=request
-                )
-            return await self.inner.handle_async_request(request)
-
     prompt = "The sea is"
+    where = urlsplit(llama.url)
+    tokenizer = load_tokenizer(str(llama.model_dir))
     for drops in (1, 2):
-        engine = UpstreamEngine(llama.url, load_tokenizer(str(llama.model_dir)), eos_ids=[2])
-        transport = Dropping(drops)
-        options = engine.client_options()
-        engine.client_options = lambda o=options, t=transport: {**o, "transport": t}
+        engine = UpstreamEngine(llama.url, tokenizer, eos_ids=[2])
+        front = DroppingFront((where.hostname or "127.0.0.1", where.port or 80), drops)
+        engine.url = front.url  # found out what it is from llama-server; now through the front
         batch = engine.open_batch(None)
         try:
             params = SamplingParams(temp=0.0, top_logprobs=2, logit_bias={2: -100.0})
@@ -224,14 +266,15 @@ def test_a_stale_kept_alive_connection_is_retried_once_on_a_fresh_one(llama: Ser
             if drops == 1:
                 assert collect(batch, {uid}, {})[uid] == greedy(
                     llama, engine.tokenizer.encode(prompt), 8)
-                assert transport.seen == 2
+                assert front.seen == 2
             else:
                 with pytest.raises(Exception, match="disconnected"):
                     collect(batch, {uid}, {})
-                assert transport.seen == 2
+                assert front.seen == 2
         finally:
             batch.close()
             engine.close()
+            front.close()
 
 
 def test_more_clients_than_slots_are_queued_not_refused(

@@ -279,7 +279,11 @@ class _Server:
     async def _stream(
         self, job: Job, fmts: list[Formatter], event: Any, box: VoteBox | None = None
     ) -> AsyncIterator[bytes]:
+        """The SSE body: each event's chunk, and every event that had arrived with it in
+        the same item (one send, not one per token, when the client's tokens come
+        faster than they are written)."""
         open_choices = len(fmts)
+        parts: list[bytes] = []
         while True:
             kind, choice, value = event
             if kind == "step":
@@ -288,23 +292,32 @@ class _Server:
                     box.add(choice, value)
                     if value.finish_reason is not None:
                         chunk["tokentrail"]["ballot"] = box.ballot(choice)
-                yield sse(chunk)
+                parts.append(sse(chunk))
             elif kind == "done":
                 open_choices -= 1
                 if open_choices == 0:
                     break
             elif kind == "error":
                 logger.error("generation %s failed mid-stream: %s", job.id, value)
-                yield sse(_generation_error(value).body())
+                parts.append(sse(_generation_error(value).body()))
+                yield b"".join(parts)
                 return
             else:  # cancelled
+                if parts:
+                    yield b"".join(parts)
                 return
-            event = await job.next_event()
+            ready = job.ready_event()
+            if ready is None:
+                if parts:
+                    yield parts[0] if len(parts) == 1 else b"".join(parts)
+                    parts = []
+                ready = await job.next_event()
+            event = ready
         if box is not None:  # the vote, once every choice has ended: a chunk of its own
             chunk = fmts[0].usage_chunk()
             del chunk["usage"]
             chunk["tokentrail"] = {"vote": box.result()}
-            yield sse(chunk)
+            parts.append(sse(chunk))
         if fmts[0].req.include_usage:
             chunk = fmts[0].usage_chunk()
             chunk["usage"] = usage(
@@ -312,8 +325,9 @@ class _Server:
             )
             if job.early_stop is not None:
                 chunk["usage"]["tokentrail"] = job.early_stop.usage()
-            yield sse(chunk)
-        yield b"data: [DONE]\n\n"
+            parts.append(sse(chunk))
+        parts.append(b"data: [DONE]\n\n")
+        yield b"".join(parts)
 
 
 def _generation_error(exc: BaseException) -> APIError:

@@ -163,6 +163,15 @@ class Job:
         self.last_read = time.monotonic()
         return event
 
+    def ready_event(self) -> tuple[EventKind, int, Any] | None:
+        """The next event if one has arrived already, else None (never waits): a
+        stream writes every event that arrived together in one send."""
+        if self.events.empty():
+            return None
+        event = self.events.get_nowait()
+        self.read += 1
+        return event
+
 
 class ChatRunner(Protocol):
     """Answers the chat requests the scheduler admits (`Job.outside`) on the event loop,

@@ -1,26 +1,32 @@
 """The server's one SSE writer: every streamed answer (the model's, the proxy's and
-``--upstream-chat``'s) leaves through `EventStream`, built on sse-starlette's
-`EventSourceResponse` (as llama-cpp-python's server streams).
+``--upstream-chat``'s) leaves through `EventStream`, a plain ASGI response.
 
-What it adds to sse-starlette is the job's lifetime: however the response ends (the
-stream's last event, the client hanging up, a client that stops reading, a broken
-socket), the job is cancelled and its body iterator closed, so the generation behind it
-stops and frees its place in the batch. sse-starlette watches for the disconnect itself
-(its ``client_close_handler_callable``), so the route's own watcher is cancelled when the
-response takes over. Each write may wait ``send_timeout`` seconds for a client that does
-not read; then the job is dropped and the connection closed. Keep-alive pings are off:
-the events are the model's tokens, and a client that parses the stream by hand sees only
-``data:`` lines, as from OpenAI.
+Each item of the body is already one or more whole events (``data: ...\\n\\n``); the
+writer sends it as it is, with the headers an event stream needs (``text/event-stream``,
+no caching, no proxy buffering). Keep-alive pings are off: the events are the model's
+tokens, and a client that parses the stream by hand sees only ``data:`` lines, as from
+OpenAI.
+
+What it adds is the job's lifetime: however the response ends (the stream's last event,
+the client hanging up, a client that stops reading, a broken socket), the job is
+cancelled and its body iterator closed, so the generation behind it stops and frees its
+place in the batch. It watches for the disconnect itself (the route's own watcher is
+cancelled when the response takes over). Each write may wait ``send_timeout`` seconds
+for a client that does not read; then the job is dropped and the connection closed.
+
+It used to be sse-starlette's ``EventSourceResponse``, which runs every send in an anyio
+task group under a cancel scope of its own: about a fifth of the proxy's event-loop CPU
+per token (``benchmarks/results/proxy-cpu.md``). Here a send is one ``await`` under
+``asyncio.timeout``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from typing import Any
 
-from sse_starlette.sse import EventSourceResponse, SendTimeoutError
 from starlette.types import Receive, Scope, Send
 
 from .jobs import Job
@@ -29,12 +35,21 @@ __all__ = ["EventStream"]
 
 logger = logging.getLogger("tokentrail.server")
 
-_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+_START = {
+    "type": "http.response.start",
+    "status": 200,
+    "headers": [
+        (b"content-type", b"text/event-stream; charset=utf-8"),
+        (b"cache-control", b"no-cache"),
+        (b"x-accel-buffering", b"no"),
+        (b"connection", b"keep-alive"),
+    ],
+}
 
 
 class EventStream:
-    """An ASGI response streaming `body` (each item: one event's bytes, ``data: ...\\n\\n``)
-    for `job`; see the module."""
+    """An ASGI response streaming `body` (each item: whole events' bytes) for `job`;
+    see the module."""
 
     def __init__(
         self,
@@ -46,30 +61,58 @@ class EventStream:
         self._body = body
         self._job = job
         self._watcher = watcher
-
-        async def hung_up(_message: Mapping[str, Any]) -> None:
-            job.cancel("client disconnected")
-
-        self._response = EventSourceResponse(
-            body,
-            headers=_HEADERS,
-            media_type="text/event-stream; charset=utf-8",
-            ping=0,
-            send_timeout=send_timeout,
-            client_close_handler_callable=hung_up,
-        )
+        self._send_timeout = send_timeout
+        self._hung_up = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         self._watcher.cancel()  # the response watches for the disconnect from here on
+        job = self._job
+        writer = asyncio.current_task()
+        listener = asyncio.create_task(self._listen(receive, writer))
         try:
-            await self._response(scope, receive, send)
-        except SendTimeoutError:
+            await self._write(send)
+        except TimeoutError:
             # The client stopped reading: give up on it. Returning with the response
             # unfinished makes the HTTP server close the connection.
-            self._job.drop("client stopped reading")
-            logger.info("closing the stream of %s: the client stopped reading", self._job.id)
+            job.drop("client stopped reading")
+            logger.info("closing the stream of %s: the client stopped reading", job.id)
         except OSError:  # the client went away while we were writing
-            logger.info("client of %s went away mid-stream", self._job.id)
+            logger.info("client of %s went away mid-stream", job.id)
+        except asyncio.CancelledError:
+            if not self._hung_up:
+                raise
+            if writer is not None:
+                writer.uncancel()  # the listener's cancel, not the server's
+            logger.info("client of %s went away mid-stream", job.id)
         finally:
-            self._job.cancel("response ended")
-            await self._body.aclose()  # type: ignore[attr-defined]
+            listener.cancel()
+            job.cancel("response ended")
+            try:
+                await self._body.aclose()  # type: ignore[attr-defined]
+            except asyncio.CancelledError:
+                if not self._hung_up:  # (a hang-up just as the stream ended: done)
+                    raise
+                if writer is not None:
+                    writer.uncancel()
+
+    async def _write(self, send: Send) -> None:
+        limit = self._send_timeout
+        async with asyncio.timeout(limit):
+            await send(_START)
+        async for data in self._body:
+            async with asyncio.timeout(limit):
+                await send({"type": "http.response.body", "body": data, "more_body": True})
+        async with asyncio.timeout(limit):
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _listen(self, receive: Receive, writer: Any) -> None:
+        """Wait for the client to hang up; then cancel the job and stop the writer
+        wherever it waits (for the next event, or a body that reads an upstream)."""
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                self._job.cancel("client disconnected")
+                self._hung_up = True
+                if writer is not None:
+                    writer.cancel()
+                return

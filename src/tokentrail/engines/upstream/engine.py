@@ -186,6 +186,11 @@ class UpstreamEngine:
             return self.slots
         return self.dialect_spec.default_capacity
 
+    @property
+    def request_headers(self) -> dict[str, str]:
+        """The headers every request to the upstream carries (its API key, if any)."""
+        return dict(self._headers)
+
     def client_options(self) -> dict[str, Any]:
         """What an httpx client talking to the upstream is opened with."""
         import httpx
@@ -261,10 +266,11 @@ class UpstreamEngine:
         yield from reader.finish()
 
     def transport_error(self, e: Exception) -> UpstreamError:
-        """The `UpstreamError` for an httpx error talking to the upstream (504: timeout)."""
+        """The `UpstreamError` for a transport error talking to the upstream (httpx's or
+        aiohttp's; 504: a timeout)."""
         import httpx
 
-        if isinstance(e, httpx.TimeoutException):
+        if isinstance(e, httpx.TimeoutException | TimeoutError):
             return UpstreamError(
                 f"the upstream {self.url} did not answer within {self.timeout} s",
                 504,

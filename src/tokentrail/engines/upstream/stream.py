@@ -1,14 +1,26 @@
 """Many upstream streams on one event loop: the proxy's batch.
 
 `AsyncUpstreamBatch` is the `Batch` of `tokentrail.engines.upstream.engine.UpstreamEngine`.
-It runs one asyncio event loop on a background thread with one shared
-`httpx.AsyncClient` (connections kept alive, the pool sized to the batch). Each sequence
-is a task on that loop: it sends the request, reads the response with a `StepReader`
-(`tokentrail.engines.upstream.wire`: SSE, JSON, realigner) and puts its steps on a
-queue that `step` drains, so the scheduler never waits on a socket and no thread is
-spent per stream. Removing a sequence cancels its task, which closes its upstream
-stream (the upstream then stops generating); a connection whose response was not read
-to its end is closed, never handed to the next request.
+Its streams are tasks on an asyncio event loop of its own (uvloop's where installed)
+with one shared aiohttp client session (connections kept alive). Each task sends its
+request, reads the response with a `StepReader` (`tokentrail.engines.upstream.wire`:
+SSE, JSON, realigner) and appends its steps to the batch's output.
+
+The loop runs *inside* `step`, on the thread that calls it (the scheduler's): `step`
+runs the loop until some stream has produced a step (or `wait` seconds pass, or `wake`
+is called from another thread), then returns everything produced in that pass. No
+thread reads sockets in the background and no step crosses threads: while the
+scheduler formats one step's tokens, the kernel holds the next bytes, and the next
+`step` reads every stream that is ready at once. (It used to run on a thread of its
+own, handing steps over a queue: two thread hand-offs per token, measured in
+``benchmarks/results/proxy-cpu.md``.) aiohttp reads a streamed response for about a
+third of httpx's CPU per chunk (same file).
+
+Removing a sequence cancels its task and runs the loop until the task has ended, so
+its upstream connection is closed at once (the upstream then stops generating); a
+connection whose response was not read to its end is closed, never handed to the next
+request. A request that met a kept-alive connection the upstream had already closed
+(no response began) is sent once more on a fresh one.
 
 Its capacity is the upstream's: the engine's `capacity` (llama-server's slots from its
 ``/props``; a generous default where a server does not say, vLLM's among them, whose
@@ -19,20 +31,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import queue
-import threading
 from collections.abc import Sequence
-from concurrent.futures import Future
 from typing import Any
 
+from ...fastjson import dumps
 from ...sampling import SamplingParams
-from ..batch import PUSH_END, WAKE, BaseBatch, Outcome, drain_pushed
+from ..batch import PUSH_END, BaseBatch, Outcome
 from .wire import ReadCost, StepReader, status_error
+
+_JSON = {"Content-Type": "application/json"}
 
 
 def _new_loop() -> asyncio.AbstractEventLoop:
     """uvloop's event loop where it is installed (as uvicorn picks it for the server's
-    own loop), else asyncio's: the reader's loop runs every upstream socket."""
+    own loop), else asyncio's."""
     try:
         import uvloop
     except ImportError:
@@ -40,107 +52,173 @@ def _new_loop() -> asyncio.AbstractEventLoop:
     return uvloop.new_event_loop()
 
 
+def _env_proxy(url: str) -> str | None:
+    """The proxy the environment names for `url` (HTTP_PROXY, HTTPS_PROXY, NO_PROXY, as
+    httpx honours them), looked up once: aiohttp's own ``trust_env`` looks it up (and
+    reads ~/.netrc) in a thread for every request."""
+    from urllib.parse import urlsplit
+    from urllib.request import getproxies, proxy_bypass
+
+    parts = urlsplit(url)
+    if not parts.hostname or proxy_bypass(parts.hostname):
+        return None
+    return getproxies().get(parts.scheme)
+
+
+def _settle(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
 class AsyncUpstreamBatch(BaseBatch):
     """A `Batch` of upstream streams read on one event loop (see the module).
 
     `engine` is an `UpstreamEngine` (its `request`, `transport_error`, `capacity`,
-    `url`, `client_options`); `max_batch` None takes the engine's `capacity`. `step`
-    returns the steps that have arrived, waiting at most `wait` seconds for the first.
-    `cost` adds up where the reading time went (`ReadCost`: SSE and JSON parsing,
-    realigning), over every finished or removed sequence.
+    `url`, `timeout`, `request_headers`); `max_batch` None takes the engine's
+    `capacity`. `step` returns the steps that have arrived, waiting at most `wait`
+    seconds for the first. `cost` adds up where the reading time went (`ReadCost`: SSE
+    and JSON parsing, realigning), over every finished or removed sequence. Every
+    method but `wake` is called from one thread (the scheduler's).
     """
 
     def __init__(self, engine: Any, max_batch: int | None = None, wait: float = 0.02) -> None:
+        try:
+            import aiohttp
+        except ImportError as e:  # pragma: no cover - the server extra installs it
+            raise ImportError(
+                "the proxy's upstream batch needs aiohttp: pip install 'tokentrail[server]'"
+            ) from e
         super().__init__(engine.capacity if max_batch is None else max_batch)
         self.engine = engine
         self.wait = wait
         self.cost = ReadCost()
-        self._live: dict[int, Future[None]] = {}
-        self._out: queue.SimpleQueue[tuple[int, Any]] = queue.SimpleQueue()
+        self._live: dict[int, asyncio.Task[None]] = {}
+        self._out: list[tuple[int, Any]] = []
+        self._ready: asyncio.Future[None] | None = None
         self._loop = _new_loop()
-        self._thread = threading.Thread(
-            target=self._loop.run_forever, name="tokentrail-upstream-io", daemon=True
+        self._errors = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
+        self._transport = (aiohttp.ClientError, TimeoutError)
+        self._session = self._loop.run_until_complete(self._open_session())
+        self._proxy = _env_proxy(engine.url)
+
+    async def _open_session(self) -> Any:
+        import aiohttp
+
+        timeout = aiohttp.ClientTimeout(total=None, connect=10.0, sock_read=self.engine.timeout)
+        return aiohttp.ClientSession(
+            headers=self.engine.request_headers,
+            timeout=timeout,
+            connector=aiohttp.TCPConnector(limit=0),
         )
-        self._thread.start()
-        self._client = self._call(self._open_client()).result()
-
-    def _call(self, coro: Any) -> Future[Any]:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop)
-
-    async def _open_client(self) -> Any:
-        import httpx
-
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=self.max_batch)
-        return httpx.AsyncClient(limits=limits, **self.engine.client_options())
 
     def add(self, prompt_ids: Sequence[int], params: SamplingParams, max_tokens: int | None) -> int:
         self._check_room()
         path, body = self.engine.request(prompt_ids, params, max_tokens)
         uid = next(self._uids)
         reader = StepReader(self.engine, body, list(prompt_ids), max_tokens)
-        self._live[uid] = self._call(self._stream(uid, path, body, reader))
+        coro = self._stream(uid, self.engine.url + path, dumps(body), reader)
+        self._live[uid] = self._loop.create_task(coro)
         return uid
 
-    async def _stream(self, uid: int, path: str, body: dict[str, Any], reader: StepReader) -> None:
-        import httpx
+    def _push(self, uid: int, item: Any) -> None:
+        self._out.append((uid, item))
+        ready = self._ready
+        if ready is not None and not ready.done():
+            ready.set_result(None)
 
-        put = self._out.put
+    async def _stream(self, uid: int, url: str, body: bytes, reader: StepReader) -> None:
         try:
             for attempt in range(2):
                 answered: list[bool] = []
                 try:
-                    await self._read(uid, path, body, reader, answered)
+                    await self._read(uid, url, body, reader, answered)
                     break
-                except httpx.RemoteProtocolError:
+                except self._errors:
                     # A kept-alive connection the upstream had closed: no response
                     # began, so the request never ran; once more on a fresh one.
                     if attempt or answered:
                         raise
-            put((uid, reader.finish()))
-        except httpx.HTTPError as e:
-            put((uid, self.engine.transport_error(e)))
+            self._push(uid, reader.finish())
+        except self._transport as e:
+            self._push(uid, self.engine.transport_error(e))
         except Exception as e:  # this sequence failed; the others go on
-            put((uid, e))
+            self._push(uid, e)
         finally:
-            self.cost.add(reader.cost)  # on the loop thread only
-            put((uid, PUSH_END))
+            self.cost.add(reader.cost)
+            self._push(uid, PUSH_END)
 
     async def _read(
-        self, uid: int, path: str, body: dict[str, Any], reader: StepReader, answered: list[bool]
+        self, uid: int, url: str, body: bytes, reader: StepReader, answered: list[bool]
     ) -> None:
-        async with self._client.stream("POST", path, json=body) as resp:
+        async with self._session.post(url, data=body, headers=_JSON, proxy=self._proxy) as resp:
             answered.append(True)
-            if resp.status_code >= 400:
-                await resp.aread()
-                raise status_error(resp.status_code, resp.text, self.engine.url + path)
+            if resp.status >= 400:
+                text = (await resp.read()).decode("utf-8", "replace")
+                raise status_error(resp.status, text, url)
             # Read to the end (past [DONE]), so the connection can serve the next one.
-            async for data in resp.aiter_bytes():
-                steps = reader.feed(data)
+            feed, push = reader.feed, self._push
+            async for data in resp.content.iter_any():
+                steps = feed(data)
                 if steps:
-                    self._out.put((uid, steps))
+                    push(uid, steps)
 
     def remove(self, uid: int) -> None:
         task = self._live.pop(uid, None)
-        if task is not None:
-            task.cancel()  # closes its upstream stream, on the loop
+        if task is not None and not task.done():
+            task.cancel()  # closes its upstream stream, once the loop runs it
+            with contextlib.suppress(BaseException):
+                self._loop.run_until_complete(asyncio.wait([task]))
 
     def wake(self) -> None:
-        self._out.put(WAKE)
+        """End the `step` now waiting (or the next one) at once; from any thread."""
+        with contextlib.suppress(RuntimeError):  # closed
+            self._loop.call_soon_threadsafe(self._wake_now)
+
+    def _wake_now(self) -> None:
+        if self._ready is not None:
+            _settle(self._ready)
 
     def step(self) -> list[tuple[int, Outcome]]:
-        return drain_pushed(self._out, self.wait, self._live)
+        if not self._out:
+            loop = self._loop
+            self._ready = ready = loop.create_future()
+            timer = loop.call_later(self.wait, _settle, ready)
+            try:
+                loop.run_until_complete(ready)
+            finally:
+                timer.cancel()
+                self._ready = None
+        arrived, self._out = self._out, []
+        out: list[tuple[int, Outcome]] = []
+        live = self._live
+        for uid, item in arrived:
+            if uid not in live:
+                continue  # removed, or ended
+            if item.__class__ is list:
+                out.extend([(uid, s) for s in item])
+            elif item is PUSH_END:
+                del live[uid]
+            else:  # the exception that ended it
+                out.append((uid, item))
+                del live[uid]
+        return out
 
     def stats(self) -> dict[str, Any]:
         """The batch's capacity, live sequences and reading cost (`ReadCost.to_dict`)."""
         return {"max_batch": self.max_batch, "live": len(self._live), **self.cost.to_dict()}
 
     def close(self) -> None:
-        tasks = list(self._live.values())
-        super().close()
+        tasks = [t for t in self._live.values() if not t.done()]
+        self._live.clear()
+        loop = self._loop
+        if loop.is_closed():
+            return
         for task in tasks:
-            with contextlib.suppress(BaseException):
-                task.result(timeout=5)
-        with contextlib.suppress(Exception):
-            self._call(self._client.aclose()).result(timeout=5)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(5)
+            task.cancel()
+        with contextlib.suppress(BaseException):
+            if tasks:
+                loop.run_until_complete(asyncio.wait(tasks, timeout=5))
+            loop.run_until_complete(self._session.close())
+        with contextlib.suppress(BaseException):
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()

@@ -182,12 +182,19 @@ def confidence_of(tokens: tuple[TokenSpan, ...] | list[TokenSpan]) -> Confidence
         return None
     mean = math.fsum(lps) / len(lps)
     entropies = []
+    exp, log = math.exp, math.log
     for t in tokens:
         if t.top_logprobs:
-            ps = [math.exp(a.logprob) for a in t.top_logprobs]
-            z = math.fsum(ps)
-            if z > 0:
-                entropies.append(-math.fsum(p / z * math.log(p / z) for p in ps if p > 0))
+            # Over the listed alternatives, renormalised (p_i = e^l_i / z):
+            # H = -sum p_i log p_i = log z - sum(e^l_i * l_i) / z, in one pass.
+            z = weighted = 0.0
+            for a in t.top_logprobs:
+                p = exp(a.logprob)
+                if p > 0.0:
+                    z += p
+                    weighted += p * a.logprob
+            if z > 0.0:
+                entropies.append(max(0.0, log(z) - weighted / z))
     return Confidence(
         mean_logprob=mean,
         min_logprob=min(lps),

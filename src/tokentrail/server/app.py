@@ -32,6 +32,7 @@ from .protocol import (
     parse_chat,
     parse_completion,
 )
+from .on_loop import drive
 from .scheduler import Scheduler
 from .sse import EventStream
 from .structured import CompileGate
@@ -414,6 +415,9 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await asyncio.to_thread(scheduler.start)
+        driver = None
+        if scheduler.loop_batch is not None:  # the proxy: its passes run on this loop
+            driver = asyncio.create_task(drive(scheduler, scheduler.loop_batch))
         if chat_runner is not None:
             chat_runner.open()
         try:
@@ -422,6 +426,9 @@ def create_app(
             if chat_runner is not None:
                 await chat_runner.aclose()
             await asyncio.to_thread(scheduler.stop)
+            if driver is not None:
+                with contextlib.suppress(Exception):
+                    await driver
             server.compiling.close()
 
     app = Starlette(

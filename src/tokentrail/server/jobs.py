@@ -33,7 +33,14 @@ def _deliver(events: list[tuple[asyncio.Queue[Any], Any]]) -> None:
 
 
 def _hand_over(pending: list[tuple[asyncio.AbstractEventLoop, list[tuple[Any, Any]]]]) -> None:
+    try:
+        here: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+    except RuntimeError:  # the scheduler's own thread
+        here = None
     for loop, events in pending:
+        if loop is here:  # the scheduler runs on the readers' loop (`server.on_loop`)
+            _deliver(events)
+            continue
         with contextlib.suppress(RuntimeError):  # the loop is gone: nobody is reading
             loop.call_soon_threadsafe(_deliver, events)
 

@@ -148,6 +148,10 @@ class Scheduler:
         self._deferred = False
         #: Finished replies' engine records, that a branch request replays.
         self.replies = ReplyMemory()
+        #: The batch, where it runs on the server's event loop (an engine with
+        #: ``batch_on_loop``: the proxy's upstream streams); `server.on_loop.drive` runs
+        #: the passes there. None: the loop thread runs them.
+        self.loop_batch: Any = None
 
     # -- what the loop thread loaded (None before) --
 
@@ -193,7 +197,21 @@ class Scheduler:
     # -- lifecycle --
 
     def start(self, timeout: float | None = None) -> None:
-        """Start the loop thread and wait until the model is loaded; re-raise a load error."""
+        """Start the loop thread and wait until the model is loaded; re-raise a load error.
+        For an engine whose batch runs on the event loop (`loop_batch`), load it here
+        and start no thread."""
+        if getattr(self._given[0], "batch_on_loop", False):
+            with self.admission.cond:
+                if not self._ready.is_set():
+                    self._stopping = False
+                    try:
+                        self.loop_batch = self._open()
+                    except BaseException as e:
+                        self._load_error = e
+                    self._ready.set()
+            if self._load_error is not None:
+                raise self._load_error
+            return
         with self.admission.cond:
             if self._thread is None:
                 self._stopping = False
@@ -207,7 +225,13 @@ class Scheduler:
             raise self._load_error
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Cancel running and queued requests and join the loop thread."""
+        """Cancel running and queued requests and join the loop thread (a `loop_batch`'s
+        driver ends on its own loop: `server.on_loop.drive`)."""
+        if self.loop_batch is not None:
+            with self.admission.cond:
+                self._stopping = True
+            self.loop_batch.wake()
+            return
         thread = self._thread
         if thread is None:
             return
@@ -265,17 +289,22 @@ class Scheduler:
                 pass
         finally:
             batch.close()
-            adm = self.admission
-            with adm.cond:
-                for job in [*adm.pending, *adm.running.values()]:
-                    job.post("cancelled", 0, "server shutting down")
-                adm.pending.clear()
-                adm.running.clear()
-                self._seqs.clear()
-            self._outbox.flush()
-            if self._outbox.courier is not None:
-                self._outbox.courier.close()
-                self._outbox.courier = None
+            self.wind_up()
+
+    def wind_up(self) -> None:
+        """Once the batch is closed: cancel every request still queued or running and
+        hand their last events over."""
+        adm = self.admission
+        with adm.cond:
+            for job in [*adm.pending, *adm.running.values()]:
+                job.post("cancelled", 0, "server shutting down")
+            adm.pending.clear()
+            adm.running.clear()
+            self._seqs.clear()
+        self._outbox.flush()
+        if self._outbox.courier is not None:
+            self._outbox.courier.close()
+            self._outbox.courier = None
 
     def _open(self) -> Any:
         """Load the model and open the engine's batch (on the loop thread)."""
@@ -324,17 +353,22 @@ class Scheduler:
         return batch
 
     def _pass(self, batch: Any) -> bool:
-        """One pass of the loop: admit, reap, one batch step; False once stopping. The
-        events it posted go to the event loop when it ends, or, with a batch that has
-        `before_compute` and sequences left, during the next step's compute (before that
-        pass admits anybody, if it does)."""
+        """One pass of the loop thread: wait until there is something to do, then
+        `run_pass`; False once stopping."""
+        adm = self.admission
+        with adm.cond:
+            while not self._stopping and not self._seqs and not adm.admissible(0):
+                adm.cond.wait()
+        return self.run_pass(batch)
+
+    def run_pass(self, batch: Any) -> bool:
+        """Admit, reap, one batch step (which waits only as long as the batch's `step`
+        does); False once stopping. The events it posted go to the event loop when it
+        ends, or, with a batch that has `before_compute` and sequences left, during the
+        next step's compute (before that pass admits anybody, if it does)."""
         adm = self.admission
         try:
             with adm.cond:
-                if self._stopping:
-                    return False
-                while not self._stopping and not self._seqs and not adm.admissible(0):
-                    adm.cond.wait()
                 if self._stopping:
                     return False
                 admit = adm.take(len(self._seqs))
@@ -349,6 +383,17 @@ class Scheduler:
         finally:
             if not (self._deferred and self._seqs):
                 self._outbox.flush()
+
+    @property
+    def running(self) -> int:
+        """Sequences in the batch now."""
+        return len(self._seqs)
+
+    @property
+    def admissible(self) -> bool:
+        """Whether a queued request could join the batch now."""
+        with self.admission.cond:
+            return self.admission.admissible(len(self._seqs))
 
     def _step(self, batch: Any) -> None:
         """One batch step, each sequence's token through its own output stage; and one

@@ -71,6 +71,9 @@ class UpstreamEngine:
     """
 
     name = "upstream"
+    #: Its batch's sequences are HTTP streams, not compute: the server runs them, and
+    #: its scheduler's passes, on its own event loop (`tokentrail.server.on_loop`).
+    batch_on_loop = True
 
     def __init__(
         self,

@@ -1,23 +1,28 @@
 """Many upstream streams on one event loop: the proxy's batch.
 
 `AsyncUpstreamBatch` is the `Batch` of `tokentrail.engines.upstream.engine.UpstreamEngine`.
-Its streams are tasks on an asyncio event loop of its own (uvloop's where installed)
-with one shared aiohttp client session (connections kept alive). Each task sends its
-request, reads the response with a `StepReader` (`tokentrail.engines.upstream.wire`:
-SSE, JSON, realigner) and appends its steps to the batch's output.
+Its streams are tasks on an asyncio event loop with one shared aiohttp client session
+(connections kept alive). Each task sends its request, reads the response with a
+`StepReader` (`tokentrail.engines.upstream.wire`: SSE, JSON, realigner) and appends its
+steps to the batch's output. Two ways to run it:
 
-The loop runs *inside* `step`, on the thread that calls it (the scheduler's): `step`
-runs the loop until some stream has produced a step (or `wait` seconds pass, or `wake`
-is called from another thread), then returns everything produced in that pass. No
-thread reads sockets in the background and no step crosses threads: while the
-scheduler formats one step's tokens, the kernel holds the next bytes, and the next
-`step` reads every stream that is ready at once. (It used to run on a thread of its
-own, handing steps over a queue: two thread hand-offs per token, measured in
-``benchmarks/results/proxy-cpu.md``.) aiohttp reads a streamed response for about a
-third of httpx's CPU per chunk (same file).
+- **On the server's own loop** (`attach`; what ``serve --upstream`` does, through
+  `tokentrail.server.on_loop`): `step` never waits, it returns what has arrived, and
+  the driver awaits `arrival` between steps. The upstream's bytes, the output stage and
+  the client's SSE are then one thread and one loop: no thread hand-off, no wake-up
+  through a pipe, per token.
+- **On a loop of its own** (uvloop's where installed), run *inside* `step` on the thread
+  that calls it: `step` runs the loop until some stream has produced a step (or `wait`
+  seconds pass, or `wake` is called from another thread), then returns everything
+  produced in that pass.
 
-Removing a sequence cancels its task and runs the loop until the task has ended, so
-its upstream connection is closed at once (the upstream then stops generating); a
+Either way the steps that arrived together are returned together. (The batch used to
+run its loop on a thread of its own, handing steps over a queue: two thread hand-offs
+per token, measured in ``benchmarks/results/proxy-cpu.md``.) aiohttp reads a streamed
+response for about a third of httpx's CPU per chunk (same file).
+
+Removing a sequence cancels its task (on its own loop: and runs the loop until the task
+has ended), so its upstream connection is closed at once (the upstream then stops generating); a
 connection whose response was not read to its end is closed, never handed to the next
 request. A request that met a kept-alive connection the upstream had already closed
 (no response began) is sent once more on a fresh one.
@@ -95,21 +100,43 @@ class AsyncUpstreamBatch(BaseBatch):
         self._live: dict[int, asyncio.Task[None]] = {}
         self._out: list[tuple[int, Any]] = []
         self._ready: asyncio.Future[None] | None = None
-        self._loop = _new_loop()
+        self._woken = False
+        self._attached: asyncio.AbstractEventLoop | None = None
+        self._own: asyncio.AbstractEventLoop | None = None
+        self._session: Any = None
         self._errors = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
         self._transport = (aiohttp.ClientError, TimeoutError)
-        self._session = self._loop.run_until_complete(self._open_session())
         self._proxy = _env_proxy(engine.url)
 
-    async def _open_session(self) -> Any:
-        import aiohttp
+    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Run the streams on `loop` (running, the caller's): `step` then never waits;
+        await `arrival` between steps. Before the first `add`."""
+        if self._own is not None or self._live:
+            raise RuntimeError("attach the batch to a loop before its first sequence")
+        self._attached = loop
 
-        timeout = aiohttp.ClientTimeout(total=None, connect=10.0, sock_read=self.engine.timeout)
-        return aiohttp.ClientSession(
-            headers=self.engine.request_headers,
-            timeout=timeout,
-            connector=aiohttp.TCPConnector(limit=0),
-        )
+    @property
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        if self._attached is not None:
+            return self._attached
+        if self._own is None:
+            self._own = _new_loop()
+        return self._own
+
+    def _client(self) -> Any:
+        """The shared session, opened on first use (on the loop that runs the streams)."""
+        if self._session is None:
+            import aiohttp
+
+            timeout = aiohttp.ClientTimeout(
+                total=None, connect=10.0, sock_read=self.engine.timeout
+            )
+            self._session = aiohttp.ClientSession(
+                headers=self.engine.request_headers,
+                timeout=timeout,
+                connector=aiohttp.TCPConnector(limit=0),
+            )
+        return self._session
 
     def add(self, prompt_ids: Sequence[int], params: SamplingParams, max_tokens: int | None) -> int:
         self._check_room()
@@ -121,6 +148,8 @@ class AsyncUpstreamBatch(BaseBatch):
         return uid
 
     def _push(self, uid: int, item: Any) -> None:
+        if uid not in self._live:
+            return  # removed: nobody reads it
         self._out.append((uid, item))
         ready = self._ready
         if ready is not None and not ready.done():
@@ -150,7 +179,8 @@ class AsyncUpstreamBatch(BaseBatch):
     async def _read(
         self, uid: int, url: str, body: bytes, reader: StepReader, answered: list[bool]
     ) -> None:
-        async with self._session.post(url, data=body, headers=_JSON, proxy=self._proxy) as resp:
+        post = self._client().post
+        async with post(url, data=body, headers=_JSON, proxy=self._proxy) as resp:
             answered.append(True)
             if resp.status >= 400:
                 text = (await resp.read()).decode("utf-8", "replace")
@@ -166,27 +196,50 @@ class AsyncUpstreamBatch(BaseBatch):
         task = self._live.pop(uid, None)
         if task is not None and not task.done():
             task.cancel()  # closes its upstream stream, once the loop runs it
-            with contextlib.suppress(BaseException):
-                self._loop.run_until_complete(asyncio.wait([task]))
+            if self._attached is None:
+                with contextlib.suppress(BaseException):
+                    self._loop.run_until_complete(asyncio.wait([task]))
 
     def wake(self) -> None:
-        """End the `step` now waiting (or the next one) at once; from any thread."""
+        """End the wait for the next step now (or the next wait, at once); from any
+        thread."""
         with contextlib.suppress(RuntimeError):  # closed
             self._loop.call_soon_threadsafe(self._wake_now)
 
     def _wake_now(self) -> None:
         if self._ready is not None:
             _settle(self._ready)
+        else:
+            self._woken = True
+
+    def _arm(self, timeout: float | None) -> asyncio.Future[None]:
+        loop = self._loop
+        self._ready = ready = loop.create_future()
+        if self._woken or self._out:
+            self._woken = False
+            ready.set_result(None)
+        elif timeout is not None:
+            timer = loop.call_later(timeout, _settle, ready)
+            ready.add_done_callback(lambda _f: timer.cancel())
+        return ready
+
+    async def arrival(self, timeout: float | None) -> None:
+        """(Attached) until a stream has produced something, `wake` is called, or
+        `timeout` seconds pass (None: no limit)."""
+        try:
+            ready = self._arm(timeout)
+            if ready.done():
+                await asyncio.sleep(0)  # a pass of the loop all the same: never starve it
+            else:
+                await ready
+        finally:
+            self._ready = None
 
     def step(self) -> list[tuple[int, Outcome]]:
-        if not self._out:
-            loop = self._loop
-            self._ready = ready = loop.create_future()
-            timer = loop.call_later(self.wait, _settle, ready)
+        if not self._out and self._attached is None:
             try:
-                loop.run_until_complete(ready)
+                self._loop.run_until_complete(self._arm(self.wait))
             finally:
-                timer.cancel()
                 self._ready = None
         arrived, self._out = self._out, []
         out: list[tuple[int, Outcome]] = []
@@ -207,18 +260,30 @@ class AsyncUpstreamBatch(BaseBatch):
         """The batch's capacity, live sequences and reading cost (`ReadCost.to_dict`)."""
         return {"max_batch": self.max_batch, "live": len(self._live), **self.cost.to_dict()}
 
-    def close(self) -> None:
+    async def aclose(self) -> None:
+        """(Attached) cancel every stream and close the session, on the loop."""
         tasks = [t for t in self._live.values() if not t.done()]
         self._live.clear()
-        loop = self._loop
-        if loop.is_closed():
-            return
         for task in tasks:
             task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=5)
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def close(self) -> None:
+        if self._attached is not None:  # its loop's own business (`aclose`)
+            for task in self._live.values():
+                task.cancel()
+            self._live.clear()
+            return
+        loop = self._own
+        if loop is None or loop.is_closed():
+            self._live.clear()
+            return
         with contextlib.suppress(BaseException):
-            if tasks:
-                loop.run_until_complete(asyncio.wait(tasks, timeout=5))
-            loop.run_until_complete(self._session.close())
+            loop.run_until_complete(self.aclose())
         with contextlib.suppress(BaseException):
             loop.run_until_complete(loop.shutdown_asyncgens())
         loop.close()

@@ -53,7 +53,7 @@ PROMPTS = [
     "Describe a cat in three sentences.",
     "Tell me about the weather.",
 ]
-EOS = (0, 2)  # the demo model's <|endoftext|> and <|im_end|>
+EOS = (0, 2)  # <|endoftext|> and <|im_end|>: the demo model's, and SmolLM2's
 TOP = 5
 
 
@@ -297,6 +297,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--server", type=Path, default=os.environ.get("TOKENTRAIL_LLAMA_SERVER"))
     ap.add_argument("--gguf", type=Path, help="default: the demo model's GGUF")
+    ap.add_argument(
+        "--tokenizer", type=Path, help="the proxy's --tokenizer (default: the demo model's; "
+        "with another --gguf, that GGUF)"
+    )
     ap.add_argument("--slots", type=int, default=64, help="llama-server's -np (default 64)")
     ap.add_argument("--threads", type=int, default=1, help="llama-server's -t (default 1)")
     ap.add_argument("--max-tokens", type=int, default=128)
@@ -316,6 +320,8 @@ def main() -> None:
         bench_proxy.REPO = args.proxy_repo.resolve()
     if args.server is None:
         raise SystemExit("give --server or set TOKENTRAIL_LLAMA_SERVER")
+    if args.tokenizer is None:
+        args.tokenizer = DEMO if args.gguf is None else args.gguf
     args.gguf = args.gguf or gguf_path()
     args.top5_levels = [int(c) for c in args.top5_clients.split(",") if c]
     args.user_levels = [int(c) for c in args.user_clients.split(",") if c]
@@ -324,7 +330,7 @@ def main() -> None:
     try:
         up, direct = start_llama(args, logs)
         procs.append(up)
-        proxy, proxied = start_proxy(direct, str(DEMO), logs)
+        proxy, proxied = start_proxy(direct, str(args.tokenizer), logs)
         procs.append(proxy)
         pids = (proxy.pid, up.pid)
         for url in (direct, proxied):  # warm up both

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from tests.helpers.env import require
@@ -231,6 +231,11 @@ def test_streamed_logprobs_content_joins_to_the_content(
     if constrained:
         kw["extra_body"] = {"structured_outputs": {"regex": CALL_REGEX[parser]}}
     content, entries, calls, raw = _ask(tool_server, True, **kw)
+    # The demo model at temperature 0.9 sometimes writes bytes that are not UTF-8: its
+    # text then holds U+FFFD where its tokens hold the raw bytes (by design, as every
+    # engine's text does; the aligner's own tests check that), which this byte-level
+    # join cannot compare. Such a reply says nothing about where a call's tokens go.
+    assume("\ufffd" not in content or "\ufffd".encode() in b"".join(entries))
     assert_joins(entries, content.encode("utf-8"), calls)
     if temperature == 0.0:  # greedy: streamed and whole list the same tokens
         # (a call cut off by max_tokens had its pieces streamed, so only the entries)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import itertools
 import queue
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from ..sampling import SamplingParams
@@ -271,8 +271,16 @@ def drain_pushed(
     `AsyncLLM`): each item is ``(uid, [steps])``, ``(uid, PUSH_END)`` or ``(uid,
     exception)``. Items of a uid no longer in `live` are dropped (removed, or a `WAKE`);
     a sequence that ended, by its end or its exception, leaves `live`."""
+    return sort_pushed(arrived(q, wait), live)
+
+
+def sort_pushed(
+    items: Iterable[tuple[int, Any]], live: dict[int, Any]
+) -> list[tuple[int, Outcome]]:
+    """The steps in pushed `items` (see `drain_pushed`), one `(uid, step or exception)`
+    each; a sequence that ended leaves `live`, items of a uid not in it are dropped."""
     out: list[tuple[int, Outcome]] = []
-    for uid, item in arrived(q, wait):
+    for uid, item in items:
         if uid not in live:
             continue
         if item.__class__ is list:

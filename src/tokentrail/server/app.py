@@ -24,6 +24,7 @@ from .formatting import Formatter, merge_responses, sse, usage
 from .guard import Guard
 from .jobs import ChatRunner, Job
 from .metrics import Metrics
+from .on_loop import drive
 from .protocol import (
     GenRequest,
     Kind,
@@ -32,7 +33,6 @@ from .protocol import (
     parse_chat,
     parse_completion,
 )
-from .on_loop import drive
 from .scheduler import Scheduler
 from .sse import EventStream
 from .structured import CompileGate

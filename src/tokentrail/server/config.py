@@ -13,11 +13,13 @@ import argparse
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
 from typing import Any
 
 from ..batch import DEFAULT_MAX_BATCH
 from ..errors import UsageError
 from ..sampling import OPENAI_LIMITS, Range
+from ..vocab import Vocab
 from .settings import Flag, Setting, at_least, declare, settings_of, values_from_args
 
 __all__ = [
@@ -36,15 +38,40 @@ __all__ = [
     "ENGINE_SETTINGS",
     "LOG_LEVELS",
     "ListenConfig",
+    "LoadedModel",
     "Loader",
     "ServerConfig",
     "engine_options",
+    "served_name",
     "usable_cores",
     "worker_count",
 ]
 
 #: What loads a model: a function returning (model, tokenizer), run on the loop thread.
 Loader = Callable[[], tuple[Any, Any]]
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """What the loop thread loaded: the model and tokenizer, the engine that runs them,
+    the tokenizer's vocabulary and EOS ids, the class of the engine's batch, and the
+    calibration checked against the model."""
+
+    model: Any
+    tokenizer: Any
+    engine: Any
+    vocab: Vocab
+    eos: frozenset[int]
+    batch_kind: str
+    #: The checked calibration (`config.calibration`), or None.
+    calibration: Any = None
+
+
+def served_name(model_path: str | os.PathLike[str] | None) -> str:
+    """The model id served for a folder (its name), or tokentrail-demo for the demo."""
+    if model_path is None:
+        return "tokentrail-demo"
+    return Path(model_path).resolve().name or str(model_path)
 
 #: Sequences that may wait for room in the batch; more are answered 429.
 DEFAULT_MAX_QUEUE = 16

@@ -25,7 +25,6 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from ..batch import open_sequence
@@ -36,7 +35,7 @@ from ..output.vote import EarlyStop, feed_early
 from ..prompting import eos_ids, vocab_for
 from ..vocab import Vocab
 from .admission import RECENT_JOBS, Admission
-from .config import Loader, ServerConfig
+from .config import LoadedModel, Loader, ServerConfig, served_name
 from .jobs import Courier, Job, Outbox
 from .metrics import Metrics
 from .prepare import prepare
@@ -69,29 +68,6 @@ class ChoiceState:
     early: EarlyStop | None = None
     #: A choice that runs beside the batch (field retry: `server.solo.Solo`), or None.
     solo: Any = None
-
-
-@dataclass(frozen=True)
-class LoadedModel:
-    """What the loop thread loaded: the model and tokenizer, the engine that runs them,
-    the tokenizer's vocabulary and EOS ids, the class of the engine's batch, and the
-    calibration checked against the model."""
-
-    model: Any
-    tokenizer: Any
-    engine: Any
-    vocab: Vocab
-    eos: frozenset[int]
-    batch_kind: str
-    #: The checked calibration (`config.calibration`), or None.
-    calibration: Any = None
-
-
-def served_name(model_path: str | os.PathLike[str] | None) -> str:
-    """The model id served for a folder (its name), or tokentrail-demo for the demo."""
-    if model_path is None:
-        return "tokentrail-demo"
-    return Path(model_path).resolve().name or str(model_path)
 
 
 class Scheduler:

@@ -41,7 +41,7 @@ from typing import Any
 
 from ...fastjson import dumps
 from ...sampling import SamplingParams
-from ..batch import PUSH_END, BaseBatch, Outcome
+from ..batch import PUSH_END, BaseBatch, Outcome, sort_pushed
 from .wire import ReadCost, StepReader, status_error
 
 _JSON = {"Content-Type": "application/json"}
@@ -242,19 +242,7 @@ class AsyncUpstreamBatch(BaseBatch):
             finally:
                 self._ready = None
         arrived, self._out = self._out, []
-        out: list[tuple[int, Outcome]] = []
-        live = self._live
-        for uid, item in arrived:
-            if uid not in live:
-                continue  # removed, or ended
-            if item.__class__ is list:
-                out.extend([(uid, s) for s in item])
-            elif item is PUSH_END:
-                del live[uid]
-            else:  # the exception that ended it
-                out.append((uid, item))
-                del live[uid]
-        return out
+        return sort_pushed(arrived, self._live)
 
     def stats(self) -> dict[str, Any]:
         """The batch's capacity, live sequences and reading cost (`ReadCost.to_dict`)."""

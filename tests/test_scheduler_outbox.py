@@ -98,3 +98,26 @@ def test_events_of_a_step_wake_the_event_loop_once(scheduler: Any, loaded: Any) 
     # One wake-up per pass of the loop, not per event: the four sequences decode side
     # by side for most of their steps, so there are far fewer wake-ups than events.
     assert wakeups <= posted // 2, (wakeups, posted)
+
+
+def test_events_taken_together_count_as_read() -> None:
+    """A stream writes every event that has already arrived in one send
+    (`Job.ready_event`); taking them so is reading: the unread backlog falls and the
+    reader's clock restarts, so a client that keeps up is never reaped as stalled
+    (`Scheduler._reap` drops a job with a backlog not read for `client_timeout`)."""
+
+    async def main() -> tuple[int, float, float, Any]:
+        job = Job(id="j", request=None, loop=asyncio.get_running_loop())  # type: ignore[arg-type]
+        for i in range(3):
+            job.post("step", 0, i)
+        await asyncio.sleep(0)  # the posts land on the loop
+        taken = [await job.next_event()]
+        job.last_read -= 3600.0  # as if that first read had been an hour ago
+        stale = job.last_read
+        while (event := job.ready_event()) is not None:
+            taken.append(event)
+        return job.posted - job.read, stale, job.last_read, taken
+
+    backlog, stale, last_read, taken = asyncio.run(main())
+    assert [e[2] for e in taken] == [0, 1, 2]
+    assert backlog == 0 and last_read > stale + 3000

@@ -177,6 +177,7 @@ class Job:
             return None
         event = self.events.get_nowait()
         self.read += 1
+        self.last_read = time.monotonic()  # a reader that keeps up is not stalled
         return event
 
 

@@ -47,6 +47,20 @@ _START = {
 }
 
 
+class _SendTimeout(Exception):
+    """A send waited `send_timeout` seconds for a client that does not read."""
+
+
+async def _send_within(send: Send, message: Any, limit: float) -> None:
+    """`send(message)`, raising `_SendTimeout` (only for this wait: a TimeoutError from
+    the body, e.g. an upstream's, is not the client's) after `limit` seconds."""
+    try:
+        async with asyncio.timeout(limit):
+            await send(message)
+    except TimeoutError as e:
+        raise _SendTimeout from e
+
+
 class EventStream:
     """An ASGI response streaming `body` (each item: whole events' bytes) for `job`;
     see the module."""
@@ -71,7 +85,7 @@ class EventStream:
         listener = asyncio.create_task(self._listen(receive, writer))
         try:
             await self._write(send)
-        except TimeoutError:
+        except _SendTimeout:
             # The client stopped reading: give up on it. Returning with the response
             # unfinished makes the HTTP server close the connection.
             job.drop("client stopped reading")
@@ -97,13 +111,11 @@ class EventStream:
 
     async def _write(self, send: Send) -> None:
         limit = self._send_timeout
-        async with asyncio.timeout(limit):
-            await send(_START)
+        await _send_within(send, _START, limit)
         async for data in self._body:
-            async with asyncio.timeout(limit):
-                await send({"type": "http.response.body", "body": data, "more_body": True})
-        async with asyncio.timeout(limit):
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            body = {"type": "http.response.body", "body": data, "more_body": True}
+            await _send_within(send, body, limit)
+        await _send_within(send, {"type": "http.response.body", "body": b""}, limit)
 
     async def _listen(self, receive: Receive, writer: Any) -> None:
         """Wait for the client to hang up; then cancel the job and stop the writer

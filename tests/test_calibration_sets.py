@@ -17,15 +17,32 @@ from tokentrail.calibrate.data import read_items
 from tokentrail.calibrate.match import is_correct
 
 SETS = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "calibration"
-FILES = ("facts.jsonl", "arithmetic.jsonl", "generated.jsonl")
+FILES = ("facts.jsonl", "arithmetic.jsonl", "generated.jsonl", "knowledge.jsonl")
 
 
 def test_make_sets_rebuilds_every_file_byte_for_byte(tmp_path: Path) -> None:
     script = tmp_path / "make_sets.py"
     script.write_bytes((SETS / "make_sets.py").read_bytes())
     subprocess.run([sys.executable, str(script)], check=True, timeout=60)
-    for name in FILES:
+    for name in FILES[:3]:
         assert (tmp_path / name).read_bytes() == (SETS / name).read_bytes(), name
+
+
+def test_make_knowledge_rebuilds_its_file_byte_for_byte(tmp_path: Path) -> None:
+    for script in ("make_sets.py", "make_knowledge.py"):  # it takes CAPITALS from make_sets
+        (tmp_path / script).write_bytes((SETS / script).read_bytes())
+    subprocess.run([sys.executable, str(tmp_path / "make_knowledge.py")], check=True,
+                   timeout=60, capture_output=True)
+    name = "knowledge.jsonl"
+    assert (tmp_path / name).read_bytes() == (SETS / name).read_bytes()
+
+
+def test_knowledge_free_text_is_not_matched_by_its_question() -> None:
+    """An accepted answer never sits in its question: a reply that echoes it is wrong."""
+    for it in read_items(SETS / "knowledge.jsonl"):
+        if it.choices is None:
+            assert not is_correct(_question(it), it.answers), it
+            assert is_correct(f"It is {it.answers[0]}.", it.answers), it
 
 
 @pytest.mark.parametrize("name", FILES)

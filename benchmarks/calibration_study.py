@@ -1,0 +1,104 @@
+"""How well the calibration fitter's maps hold on answers they were not fitted on.
+
+Reads the items.jsonl of `tokentrail calibrate` runs (answers decoded once) and, with the
+library's own fitter (`tokentrail.calibrate.fit.fit_calibration`) and metrics, reports:
+
+- half -> half within each set: fit on alternate answers (1st, 3rd, ...: `--half 1`),
+  report on the others, and the roles swapped;
+- transfer: fit on all of one set, report on all of another, every ordered pair;
+- by family (``--families``): fit on every family of the sets but one, report on the one
+  left out (families are the id's prefix before the first "-").
+
+Each row: ECE (10 equal-width bins), Brier and log loss of the `calibrated` confidence,
+the measure and kind of map used for most answers, the answers shown at the most
+confident level (calibrated >= 0.9: how many, their mean calibrated probability, the
+share right), and the ECE a perfectly calibrated
+confidence shows on the same answers ("floor": outcomes drawn as Bernoulli(confidence),
+500 draws, median). No decoding: run `tokentrail calibrate DATA --out DIR` first.
+
+    python benchmarks/calibration_study.py runs/facts runs/knowledge runs/gen [--families]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tokentrail.calibrate.fit import fit_calibration, log_loss
+from tokentrail.calibrate.metrics import brier, ece
+from tokentrail.segment import CONFIDENCE_LEVELS
+
+
+def load(folder: Path) -> list[dict[str, Any]]:
+    path = folder / "items.jsonl" if folder.is_dir() else folder
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def family(row: Mapping[str, Any]) -> str:
+    return str(row["id"]).split("-")[0].rstrip("0123456789")
+
+
+def floor(p: np.ndarray, draws: int = 500, seed: int = 0) -> float:
+    rng = np.random.default_rng(seed)
+    return float(np.median([ece(p, rng.random(len(p)) < p) for _ in range(draws)]))
+
+
+def evaluate(fit_rows: Sequence[Mapping[str, Any]], test_rows: Sequence[Mapping[str, Any]],
+             ) -> dict[str, Any]:
+    cal = fit_calibration(fit_rows, {}, {"rows": len(fit_rows)})
+    got = [(cal.answer(r["measures"]), bool(r["correct"])) for r in test_rows]
+    used = Counter(name for (p, name), _ in got if p is not None)
+    pairs = [(p, y) for (p, _), y in got if p is not None]
+    p = np.array([a for a, _ in pairs])
+    y = np.array([b for _, b in pairs], dtype=np.float64)
+    top = used.most_common(1)[0][0] if used else "-"
+    kind = cal.maps[top]["kind"] if top in cal.maps else "-"
+    top_level = p >= CONFIDENCE_LEVELS[-1]  # shown at the most confident level
+    certain = (int(top_level.sum()), float(p[top_level].mean()) if top_level.any() else 0.0,
+               float(y[top_level].mean()) if top_level.any() else 0.0)
+    return {"n": len(p), "accuracy": float(y.mean()), "ece": ece(p, y), "brier": brier(p, y),
+            "log_loss": log_loss(p, y), "floor": floor(p), "measure": top, "kind": kind,
+            "certain": certain}
+
+
+def line(name: str, r: Mapping[str, Any]) -> str:
+    n, said, right = r["certain"]
+    top = f"{n}: {said:.2f} / {right:.2f}" if n else "none"
+    return (f"| {name} | {r['n']} | {r['accuracy']:.2f} | **{r['ece']:.3f}** | {r['floor']:.3f} "
+            f"| {r['brier']:.3f} | {r['log_loss']:.3f} | {r['measure']} ({r['kind']}) | {top} |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("runs", nargs="+", type=Path, help="run folders (or items.jsonl files)")
+    ap.add_argument("--families", action="store_true", help="also leave one family out")
+    args = ap.parse_args()
+    sets = {p.name if p.is_dir() else p.parent.name: load(p) for p in args.runs}
+    print("| fitted on → reported on | n | right | ECE | floor | Brier | log loss "
+          "| measure (map) | certain: n, said / right |")
+    print("|---|---:|---:|---:|---:|---:|---:|---|---|")
+    for name, rows in sets.items():
+        a, b = rows[0::2], rows[1::2]
+        print(line(f"{name} half 1 → half 2", evaluate(a, b)))
+        print(line(f"{name} half 2 → half 1", evaluate(b, a)))
+    for fit_name, fit_rows in sets.items():
+        for test_name, test_rows in sets.items():
+            if fit_name != test_name:
+                print(line(f"{fit_name} → {test_name}", evaluate(fit_rows, test_rows)))
+    if args.families:
+        every = [r for rows in sets.values() for r in rows]
+        for fam in sorted({family(r) for r in every}):
+            test = [r for r in every if family(r) == fam]
+            rest = [r for r in every if family(r) != fam]
+            if len(test) >= 20:
+                print(line(f"all but {fam} → {fam}", evaluate(rest, test)))
+
+
+if __name__ == "__main__":
+    main()

@@ -316,6 +316,34 @@ def test_a_constant_map_for_choices_follows_the_number_of_choices() -> None:
     assert four < two and abs(untold - spec["p"]) < 1e-9
 
 
+def test_a_constant_map_for_choices_keeps_each_number_of_choices_own_rate() -> None:
+    """Yes/no questions right 40% of the time (below guessing) beside four-way ones right
+    45% (well above): one skill says 0.5 + 0.5 s and 0.25 + 0.75 s, wrong for both; each
+    number of choices the fit saw gets its own rate, pooled with the skill's figure by
+    `CHOICE_POOL` answers, and a number it never saw gets the skill."""
+    from tokentrail.calibrate.fit import CHOICE_POOL
+
+    rng = np.random.default_rng(9)
+    rows = _rows(50, 4)  # free text beside them: the choices get a map of their own
+    for k, rate, n in ((2, 0.4, 300), (4, 0.45, 300)):
+        right = rng.permutation(np.arange(n) < round(rate * n))
+        rows += [{"id": f"k{k}-{i}", "output": "", "correct": bool(right[i]),
+                  "measures": {"prob": 0.9, "field_prob": float(rng.uniform(0.3, 1)),
+                               "chance": 1.0 / k}, "calibrated": None} for i in range(n)]
+    cal = fit_calibration(rows, FP, {"data": "synthetic"})
+    spec = cal.maps["field_prob"]
+    assert spec["kind"] == "constant"
+    skill = spec["skill"]  # ((0.4 - 0.5) / 0.5 + (0.45 - 0.25) / 0.75) / 2
+    assert skill == pytest.approx((-0.2 + 0.2 / 0.75) / 2)
+    for k, rate in ((2, 0.4), (4, 0.45)):
+        prior = 1 / k + (1 - 1 / k) * skill
+        want = (rate * 300 + CHOICE_POOL * prior) / (300 + CHOICE_POOL)
+        got, _ = cal.answer({"prob": 0.9, "field_prob": 0.6, "chance": 1 / k})
+        assert got == pytest.approx(want) and abs(got - rate) < 0.01
+    three, _ = cal.answer({"prob": 0.9, "field_prob": 0.6, "chance": 1 / 3})
+    assert three == pytest.approx(1 / 3 + (2 / 3) * skill)
+
+
 def test_isotonic_levels_are_smoothed_by_the_answers_behind_them() -> None:
     """Twelve answers above 0.9, all right: isotonic regression alone says 0.99 there
     (its ceiling); twelve answers are evidence for 13/14, not certainty."""
@@ -369,6 +397,10 @@ def test_calibrated_confidence_sets_level_and_json() -> None:
     {"format": "tokentrail-calibration", "maps": {"prob": {"kind": "temperature"}}},
     {"format": "tokentrail-calibration", "maps": {"prob": {"kind": "isotonic", "x": [1, 0],
                                                            "y": [0, 1]}}},
+    {"format": "tokentrail-calibration", "maps": {"field_prob": {
+        "kind": "constant", "p": 0.4, "skill": 0.1, "by_k": {"two": 0.4}}}},
+    {"format": "tokentrail-calibration", "maps": {"field_prob": {
+        "kind": "constant", "p": 0.4, "skill": 0.1, "by_k": {"2": 1.5}}}},
 ])
 def test_malformed_calibration_is_refused(tmp_path: Path, bad: dict) -> None:
     path = tmp_path / "c.json"

@@ -67,10 +67,13 @@ def _interp(x: float, xs: list[float], ys: list[float]) -> float:
 
 def apply_map(spec: Mapping[str, Any], value: float, chance: float | None = None) -> float:
     """The calibrated probability of a measure's `value` under one map `spec`; `chance`
-    (1/k for a choice among k) lets a constant map with a ``skill`` follow k."""
+    (1/k for a choice among k) lets a constant map with a ``skill`` follow k (its own
+    rate for a k it was fitted on, ``by_k``)."""
     kind = spec.get("kind")
     if kind == "constant" and chance is not None and "skill" in spec:
-        return min(max(chance + (1.0 - chance) * spec["skill"], CHANCE_FLOOR), 1 - CHANCE_FLOOR)
+        rate = spec.get("by_k", {}).get(str(round(1.0 / chance)))
+        p = chance + (1.0 - chance) * spec["skill"] if rate is None else rate
+        return min(max(p, CHANCE_FLOOR), 1 - CHANCE_FLOOR)
     if kind == "temperature":
         return sigmoid(logit(value) / spec["temperature"] + spec["bias"])
     if kind == "isotonic":
@@ -107,6 +110,10 @@ def _check_map(name: str, spec: Any) -> None:
     elif ok and spec.get("kind") == "constant":
         ok = isinstance(spec.get("p"), (int, float))
         ok = ok and isinstance(spec.get("skill", 0.0), (int, float))
+        by_k = spec.get("by_k", {})
+        ok = ok and isinstance(by_k, dict) and all(
+            isinstance(k, str) and k.isdigit() and isinstance(v, (int, float)) and 0 <= v <= 1
+            for k, v in by_k.items())
     else:
         ok = False
     if not ok:

@@ -13,6 +13,8 @@ A choice among k is right 1/k of the time by guessing, so a constant map for cho
 also stores the rate as skill above guessing, s = mean((right - 1/k) / (1 - 1/k)), and
 gives an answer with k choices 1/k + (1 - 1/k) s: a map fitted on two-way questions then
 says something sensible about four-way ones (each row's ``measures.chance`` is its 1/k).
+For a number of choices it was fitted on, it gives that number's own rate, pooled with
+the skill's figure (``by_k``, `_rates_by_k`).
 
 Temperature scaling here is logistic regression on the measure's logit (a temperature
 and a shift: Platt scaling); isotonic regression is scikit-learn's, each of its levels
@@ -48,6 +50,9 @@ KINDS = ("constant", "temperature", "isotonic")
 #: and on generated.jsonl's two-way questions its ECE was 0.30 against 0.07 for the
 #: chance-adjusted constant), so choices get the smooth kinds only.
 CHOICE_KINDS = ("constant", "temperature")
+#: How many answers' worth of the shared skill a constant map's rate for one number of
+#: choices is pooled with (`_rates_by_k`).
+CHOICE_POOL = 10
 #: Fewest answers a measure needs to be fitted.
 MIN_ITEMS = 10
 
@@ -87,6 +92,7 @@ def fit_kind(
         spec: dict[str, Any] = {"kind": "constant", "p": (float(y.sum()) + 1.0) / (len(y) + 2.0)}
         if chance is not None:  # choices: the rate as skill above guessing (see the module)
             spec["skill"] = float(np.mean((y - chance) / (1.0 - chance)))
+            spec["by_k"] = _rates_by_k(y, chance, spec["skill"])
         return spec
     if kind == "temperature":
         lr = lr_cls(C=1e4, max_iter=1000).fit(_logits(c)[:, None], y.astype(int))
@@ -97,6 +103,21 @@ def fit_kind(
     iso = iso_cls(y_min=0.0, y_max=1.0, out_of_bounds="clip").fit(c, y)
     return {"kind": "isotonic", "x": [float(v) for v in iso.X_thresholds_],
             "y": _smoothed_blocks(iso, c)}
+
+
+def _rates_by_k(y: np.ndarray, chance: np.ndarray, skill: float) -> dict[str, float]:
+    """Per number of choices k seen: the rate right, pooled with what the shared skill says
+    for k ((right + POOL * prior) / (n + POOL), prior = 1/k + (1 - 1/k) skill). Yes/no
+    questions and four-way ones are often different tasks, not one skill at two levels of
+    guessing (on knowledge.jsonl: yes/no capitals right 40%, below guessing, four-way
+    opposites 45%, well above it); a number of choices the fit never saw gets the skill."""
+    ks = np.rint(1.0 / chance).astype(int)
+    out = {}
+    for k in sorted(set(ks.tolist())):
+        sel = ks == k
+        prior = 1.0 / k + (1.0 - 1.0 / k) * skill
+        out[str(k)] = float((y[sel].sum() + CHOICE_POOL * prior) / (sel.sum() + CHOICE_POOL))
+    return out
 
 
 def _smoothed_blocks(iso: Any, c: np.ndarray) -> list[float]:

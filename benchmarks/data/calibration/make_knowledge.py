@@ -14,7 +14,6 @@ rebuild the file byte for byte (one seed, `random.Random(3131)`).
 
 from __future__ import annotations
 
-import json
 import random
 import sys
 import unicodedata
@@ -25,7 +24,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:  # make_sets.py sits beside this script, whatever the cwd
     sys.path.insert(0, str(HERE))
 
-from make_sets import CAPITALS, SYSTEM, chat  # noqa: E402
+from make_sets import CAPITALS, SYSTEM, chat, write  # noqa: E402
 
 SEED = 3131
 
@@ -266,12 +265,6 @@ def knowledge(rng: random.Random) -> list[dict]:
 
     rng.shuffle(items)  # so that alternate halves mix the families
     return items
-
-
-def write(name: str, items: list[dict]) -> None:
-    with (HERE / name).open("w", encoding="utf-8") as f:
-        for item in items:
-            f.write(json.dumps(item, ensure_ascii=False) + "\n")
 
 
 if __name__ == "__main__":

@@ -115,7 +115,7 @@ def _rates_by_k(y: np.ndarray, chance: np.ndarray, skill: float) -> dict[str, fl
     out = {}
     for k in sorted(set(ks.tolist())):
         sel = ks == k
-        prior = 1.0 / k + (1.0 - 1.0 / k) * skill
+        prior = min(max(1.0 / k + (1.0 - 1.0 / k) * skill, 0.0), 1.0)  # a mean skill
         out[str(k)] = float((y[sel].sum() + CHOICE_POOL * prior) / (sel.sum() + CHOICE_POOL))
     return out
 

@@ -6,6 +6,9 @@ library's own fitter (`tokentrail.calibrate.fit.fit_calibration`) and metrics, r
 - half -> half within each set: fit on alternate answers (1st, 3rd, ...: `--half 1`),
   report on the others, and the roles swapped;
 - transfer: fit on all of one set, report on all of another, every ordered pair;
+- random halvings (``--splits N``): N random splits of each set in two, fit on one half,
+  report on the other; the median and 10th-90th percentiles of ECE and of its floor
+  (one alternate split is one draw of a noisy figure);
 - by family (``--families``): fit on every family of the sets but one, report on the one
   left out (families are the id's prefix before the first "-").
 
@@ -78,6 +81,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="+", type=Path, help="run folders (or items.jsonl files)")
     ap.add_argument("--families", action="store_true", help="also leave one family out")
+    ap.add_argument("--splits", type=int, default=0, metavar="N",
+                    help="also N random halvings of each set (the spread of half -> half)")
     args = ap.parse_args()
     sets = {p.name if p.is_dir() else p.parent.name: load(p) for p in args.runs}
     print("| fitted on → reported on | n | right | ECE | floor | Brier | log loss "
@@ -91,6 +96,22 @@ def main() -> None:
         for test_name, test_rows in sets.items():
             if fit_name != test_name:
                 print(line(f"{fit_name} → {test_name}", evaluate(fit_rows, test_rows)))
+    if args.splits:
+        print(f"\nRandom halvings ({args.splits} per set, fit on one half, report on the other):"
+              " calibrated ECE and its floor, median [10th–90th percentile]\n")
+        print("| set | n per half | ECE | floor | ECE − floor |")
+        print("|---|---:|---|---|---|")
+        for name, rows in sets.items():
+            rng = np.random.default_rng(0)  # each set's splits whatever sets come before it
+            got = []
+            for _ in range(args.splits):
+                order = rng.permutation(len(rows))
+                half = len(rows) // 2
+                r = evaluate([rows[i] for i in order[:half]], [rows[i] for i in order[half:]])
+                got.append((r["ece"], r["floor"], r["ece"] - r["floor"]))
+            q = np.percentile(np.array(got), [50, 10, 90], axis=0)
+            cells = " | ".join(f"{q[0, j]:.3f} [{q[1, j]:.3f}–{q[2, j]:.3f}]" for j in range(3))
+            print(f"| {name} | {len(rows) - len(rows) // 2} | {cells} |")
     if args.families:
         every = [r for rows in sets.values() for r in rows]
         for fam in sorted({family(r) for r in every}):

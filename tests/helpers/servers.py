@@ -7,8 +7,10 @@ exits or does not answer in time fails the calling test (or fixture) with its lo
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -55,7 +57,9 @@ class Server:
         return self.log.read_text(errors="replace")[-4000:]
 
     def stop(self) -> None:
-        """Terminate the process (kill it if it does not exit in 20 s)."""
+        """Terminate the process (kill it if it does not exit in 20 s), then kill what it
+        leaves in its process group: a server's children (vLLM's engine core, 2 GB or
+        more) can outlive it, and would hold that memory for the rest of the run."""
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -63,13 +67,16 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=10)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)  # `spawn` made it a group's leader
 
 
 def spawn(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     """Run `cmd` in the repository with stdout and stderr into `log`; do not wait."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    with log.open("wb") as out:
-        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=full_env, cwd=REPO)
+    with log.open("wb") as out:  # a session of its own: `Server.stop` ends its whole group
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=full_env, cwd=REPO,
+                                start_new_session=True)
 
 
 def _give_up(proc: subprocess.Popen[bytes], log: Path, why: str) -> None:

@@ -25,7 +25,6 @@ confidence shows on the same answers ("floor": outcomes drawn as Bernoulli(confi
 from __future__ import annotations
 
 import argparse
-import json
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -35,12 +34,12 @@ import numpy as np
 
 from tokentrail.calibrate.fit import fit_calibration, log_loss
 from tokentrail.calibrate.metrics import brier, ece
+from tokentrail.calibrate.run import ITEMS, read_rows
 from tokentrail.segment import CONFIDENCE_LEVELS
 
 
 def load(folder: Path) -> list[dict[str, Any]]:
-    path = folder / "items.jsonl" if folder.is_dir() else folder
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return read_rows(folder / ITEMS if folder.is_dir() else folder)
 
 
 def family(row: Mapping[str, Any]) -> str:

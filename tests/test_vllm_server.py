@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import subprocess
 import threading
 import time
@@ -566,3 +567,24 @@ def test_serve_engine_vllm_frees_vllms_slot_on_disconnect_and_stop_string(ours: 
     assert health["aborts"] - before == 2, health
     recent = {r["outcome"] for r in health["recent"][-4:]}
     assert "cancelled" in recent or "dropped" in recent, health["recent"][-4:]
+
+
+# Last in this file: it kills the module's `ours` server.
+def test_serve_engine_vllm_killed_outright_leaves_no_vllm_process_behind(ours: Server) -> None:
+    """`kill -9` of `serve --engine vllm` alone (not its group): vLLM's engine processes,
+    which nothing of vLLM's stops when their parent dies, are ended by tokentrail's
+    watcher (`tokentrail.engines.reaper`) within its grace, and the watcher exits."""
+    from tokentrail.engines import reaper
+
+    found = reaper.descendants(ours.proc.pid)
+    titles = [(Path("/proc") / str(pid) / "cmdline").read_bytes() for pid, _ in found]
+    assert any(b"VLLM" in t for t in titles), titles  # vLLM's engine core, among others
+    assert any(b"reaper.py" in t for t in titles), titles  # and the watcher
+    os.kill(ours.proc.pid, signal.SIGKILL)
+    ours.proc.wait(timeout=30)
+    deadline = time.monotonic() + reaper.GRACE + 60
+    left = found
+    while left and time.monotonic() < deadline:
+        time.sleep(0.5)
+        left = [(pid, start) for pid, start in found if reaper._start_time(pid) == start]
+    assert not left, [(Path("/proc") / str(pid) / "cmdline").read_bytes() for pid, _ in left]

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from ...sampling import SamplingParams
+from .. import reaper
 from ..base import Step, check_generate_args
 from ..batch import SerialBatch
 from ..config import config_eos_ids, is_hub_id
@@ -247,6 +248,7 @@ class VLLMEngine:
         self._loop: _Loop | None = None if self._offline else (_loop or _Loop())
         self._busy = threading.Lock()
         self._closed = False
+        self._guard: reaper.Guard | None = None
         if not self._offline:
             # AsyncLLM.__del__ shuts vLLM down when the interpreter is already tearing its
             # modules down, and fails there (`Exception ignored in AsyncLLM.__del__ ...
@@ -273,12 +275,16 @@ class VLLMEngine:
             from vllm import AsyncLLMEngine as AsyncLLM
 
         loop = _Loop()
+        before = reaper.descendants()
         try:
             engine = loop.call(AsyncLLM.from_engine_args, engine_args)
         except BaseException:
             loop.stop()
             raise
-        return cls(engine, _loop=loop)
+        out = cls(engine, _loop=loop)
+        # vLLM's engine processes outlive a killed parent (`kill -9`): a watcher ends them.
+        out._guard = reaper.guard(before)
+        return out
 
     def open_batch(self, max_batch: int | None = None, **options: Any) -> Any:
         """The server's batch: a `VLLMBatch` (every sequence a task on the engine's loop,
@@ -331,6 +337,8 @@ class VLLMEngine:
             self._loop.stop()
         if not self._offline and callable(shutdown):
             _release(self.engine)
+        if self._guard is not None:  # vLLM's processes are shut down: nothing to end
+            self._guard.stand_down()
 
 
     def generate(

@@ -184,6 +184,9 @@ def test_normalize_and_unknown_rule() -> None:
     ('{"id": 1, "prompt": "q", "answer": "a", "choices": ["b", "c"]}', "among the choices"),
     ('{"id": 1, "prompt": "q", "answer": "a", "choices": ["a", "a"]}', "two distinct"),
     ('{"id": "q1", "prompt": "q", "answer": "a"}', "repeats line 1"),
+    ('{"id": 1, "prompt": "q", "answer": true}', "answer must be a string, a number"),
+    ('{"id": 1, "prompt": "q", "answer": [4, null]}', "non-empty strings or numbers, got None"),
+    ('{"id": 1, "prompt": "q", "answer": 1e999}', "got inf"),
 ])
 def test_bad_line_is_named(tmp_path: Path, line: str, message: str) -> None:
     data = tmp_path / "d.jsonl"
@@ -192,6 +195,19 @@ def test_bad_line_is_named(tmp_path: Path, line: str, message: str) -> None:
         read_items(data)
     assert err.value.line == 3
     assert str(err.value).startswith("line 3:")
+
+
+def test_numbers_stand_for_their_text(tmp_path: Path) -> None:
+    data = tmp_path / "d.jsonl"
+    lines = ['{"id": 1, "prompt": "6 * 7 =", "answer": 42}',
+             '{"id": 2, "prompt": "9 / 2 =", "answer": [4.5, "four and a half"]}',
+             '{"id": 3, "prompt": "2 + 2 =", "answer": 4.0, "choices": [3, 4, 5]}']
+    data.write_text("\n".join(lines) + "\n")
+    a, b, c = read_items(data)
+    assert a.answers == ("42",) and b.answers == ("4.5", "four and a half")
+    assert c.answers == ("4",) and c.choices == ("3", "4", "5")
+    assert is_correct("The answer is 42.", a.answers, "words")
+    assert not is_correct("The answer is 420.", a.answers, "words")
 
 
 def test_shipped_sets_read(tmp_path: Path) -> None:

@@ -1,13 +1,15 @@
 """A labelled question set, read and checked line by line.
 
 One JSON object per line: ``{"id", "messages" | "prompt", "answer": str or [str, ...],
-"choices": [str, ...] (optional)}``. A line that is not such an object is a
+"choices": [str, ...] (optional)}`` (a JSON number in `answer` or `choices` stands for its
+text: 42 is "42"). A line that is not such an object is a
 `CalibrationError` naming its line number, so the CLI can answer it in one line.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -31,17 +33,29 @@ class Item:
     line: int = 0
 
 
+def _number_text(v: Any) -> Any:
+    """A JSON number as the text a reply would spell it with (42, 42.0 -> "42"; 2.5 ->
+    "2.5"); anything else as it is. Arithmetic answers are naturally numbers."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        return v
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    return str(v) if isinstance(v, int) else repr(v)
+
+
 def _strings(value: Any, what: str, line: int) -> tuple[str, ...]:
-    """A non-empty list of non-empty strings (a lone string is a list of one)."""
-    if isinstance(value, str):
+    """A non-empty list of non-empty strings (a lone string is a list of one; a JSON
+    number stands for its text, `_number_text`)."""
+    if isinstance(value, (str, int, float)) and not isinstance(value, bool):
         value = [value]
     if not isinstance(value, list) or not value:
-        raise CalibrationError(f"line {line}: {what} must be a string or a non-empty list of "
-                               f"strings, got {type(value).__name__}", line)
+        raise CalibrationError(f"line {line}: {what} must be a string, a number or a "
+                               f"non-empty list of them, got {type(value).__name__}", line)
+    value = [_number_text(v) for v in value]
     for v in value:
         if not isinstance(v, str) or not v.strip():
-            raise CalibrationError(f"line {line}: {what} must hold non-empty strings, "
-                                   f"got {v!r}", line)
+            raise CalibrationError(f"line {line}: {what} must hold non-empty strings or "
+                                   f"numbers, got {v!r}", line)
     return tuple(value)
 
 

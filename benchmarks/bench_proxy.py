@@ -6,7 +6,9 @@ Hugging Face folder, when --vllm-python is given) it starts the upstream and the
 in front of it, both on loopback, one upstream at a time. For C = 1, 4, 16, 64
 concurrent streaming chat clients (the same prompts, greedy, the end-of-turn token
 suppressed with logit_bias so each request makes exactly --max-tokens tokens, logprobs
-with top_logprobs=5 asked for in both cases; the proxy adds its attribution) it runs the
+with top_logprobs=5 asked for in both cases; the proxy adds its attribution; with
+``--plain``, what a user of the upstream sends: no logprobs on either side, the proxy at its
+defaults adding its attribution all the same) it runs the
 direct and the proxied case alternately, --repeat times, and reports side by side the
 median throughput (generated tokens per second, all clients together) and its ratio
 proxy/direct, the median time to first token of each and what the proxy adds, the
@@ -16,7 +18,7 @@ its upstream reader spends parsing SSE/JSON and realigning (`GET /tokentrail/ups
 ``streams``).
 
     python benchmarks/bench_proxy.py --gguf SmolLM2-135M-Instruct.Q4_1.gguf \\
-        [--vllm-python .venv-vllm/bin/python --vllm-model FOLDER] \\
+        [--vllm-python .venv-vllm/bin/python --vllm-model FOLDER] [--no-llama] [--plain] \\
         [--output benchmarks/results/proxy.md]
 """
 
@@ -24,9 +26,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
+import signal
 import socket
 import statistics
 import subprocess
@@ -74,9 +78,24 @@ def wait(
 
 
 def spawn(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """Start `cmd` in a session of its own (`stop` ends its whole group: vLLM's engine core
+    would outlive its server)."""
     return subprocess.Popen(
-        cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+        cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+        start_new_session=True,
     )
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
 
 
 def start_llama(args: argparse.Namespace, logs: Path) -> tuple[subprocess.Popen[bytes], str, str]:
@@ -122,19 +141,20 @@ def start_proxy(upstream: str, tokenizer: str, logs: Path) -> tuple[subprocess.P
 
 
 async def one(
-    client: httpx.AsyncClient, url: str, model: str, prompt: str, n: int
+    client: httpx.AsyncClient, url: str, model: str, prompt: str, n: int, top: int | None
 ) -> tuple[int, float, int]:
-    """(tokens, time to first content, HTTP status) of one streamed chat request."""
+    """(tokens, time to first content, HTTP status) of one streamed chat request (no
+    logprobs asked when `top` is None)."""
     body = {
         "model": model,
         "messages": [{"role": "user", "content": prompt}],
         "max_tokens": n,
         "temperature": 0,
         "stream": True,
-        "logprobs": True,
-        "top_logprobs": TOP,
         "logit_bias": {str(EOS): -100},
     }
+    if top is not None:
+        body.update(logprobs=True, top_logprobs=top)
     start = time.perf_counter()
     ttft = float("nan")
     async with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
@@ -151,14 +171,15 @@ async def one(
     return n, ttft, 200
 
 
-async def run(url: str, clients: int, n: int) -> tuple[float, float, int]:
+async def run(url: str, clients: int, n: int, top: int | None = TOP) -> tuple[float, float, int]:
     """(tokens per second over all clients, median TTFT, 429s) for one round."""
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
         model = (await client.get(url + "/v1/models")).json()["data"][0]["id"]
         start = time.perf_counter()
         results = await asyncio.gather(
-            *(one(client, url, model, PROMPTS[k % len(PROMPTS)], n) for k in range(clients))
+            *(one(client, url, model, PROMPTS[k % len(PROMPTS)], n, top)
+              for k in range(clients))
         )
         wall = time.perf_counter() - start
     ttfts = [x for _, x, s in results if s == 200 and x == x]
@@ -188,12 +209,12 @@ def measure(
         d_tps, d_ttft, p_tps, p_ttft, rejected, cpu, tokens = [], [], [], [], 0, 0.0, 0
         before = reader_cost(proxied)
         for _ in range(repeat):
-            tps, ttft, n429 = asyncio.run(run(direct, c, args.max_tokens))
+            tps, ttft, n429 = asyncio.run(run(direct, c, args.max_tokens, args.top))
             d_tps.append(tps)
             d_ttft.append(ttft)
             rejected += n429
             tic = cpu_seconds(pid)
-            tps, ttft, n429 = asyncio.run(run(proxied, c, args.max_tokens))
+            tps, ttft, n429 = asyncio.run(run(proxied, c, args.max_tokens, args.top))
             cpu += cpu_seconds(pid) - tic
             tokens += (c - n429) * args.max_tokens
             p_tps.append(tps)
@@ -256,9 +277,7 @@ def bench_upstream(
         return measure(name, direct, proxied, proxy.pid, args, repeat)
     finally:
         for p in reversed(procs):
-            if p.poll() is None:
-                p.terminate()
-                p.wait(60)
+            stop(p)
 
 
 def write(args: argparse.Namespace, rows: list[dict[str, Any]], command: str) -> None:
@@ -268,8 +287,11 @@ def write(args: argparse.Namespace, rows: list[dict[str, Any]], command: str) ->
         f"Model SmolLM2-135M-Instruct ({args.gguf.name} for llama-server with {args.slots} "
         f"slots and {args.threads} thread(s); its float32 HF folder for vLLM), "
         f"{args.max_tokens} tokens per request, "
-        f"greedy, logprobs with top_logprobs={TOP} in both cases (the proxy adds its "
-        f"attribution), medians of alternating rounds ({args.repeat} for llama-server, "
+        + ("greedy, no logprobs asked on either side (what a user of the upstream sends; "
+           "the proxy at its defaults adds its attribution), " if args.plain else
+           f"greedy, logprobs with top_logprobs={TOP} in both cases (the proxy adds its "
+           "attribution), ")
+        + f"medians of alternating rounds ({args.repeat} for llama-server, "
         f"{args.vllm_repeat} for vLLM); {platform.platform()}, {os.cpu_count()} CPUs "
         f"(shared by other jobs). Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
         "",
@@ -304,11 +326,16 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--vllm-repeat", type=int, default=2)
+    ap.add_argument("--plain", action="store_true",
+                    help="no logprobs asked on either side (a plain user's request)")
+    ap.add_argument("--no-llama", action="store_true", help="vLLM only (with --vllm-python)")
     ap.add_argument("--output", type=Path)
     args = ap.parse_args()
     args.levels = [int(c) for c in args.clients.split(",")]
+    args.top = None if args.plain else TOP
     logs = Path(tempfile.mkdtemp(prefix="bench-proxy-"))
-    rows = bench_upstream("llama-server", start_llama, args, logs, args.repeat)
+    rows = [] if args.no_llama else bench_upstream("llama-server", start_llama, args, logs,
+                                                   args.repeat)
     if args.vllm_python is not None:
         rows += bench_upstream("vLLM", start_vllm, args, logs, args.vllm_repeat)
     if args.output:

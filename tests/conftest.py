@@ -7,7 +7,6 @@ in tests/helpers/, which test modules import; this file only holds fixtures.
 from __future__ import annotations
 
 import gc
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -90,16 +89,15 @@ def demo_ref(demo_gguf: Path) -> Any:
 
 @pytest.fixture(autouse=True, scope="module")
 def _release_module_caches(request: pytest.FixtureRequest) -> Any:
-    """At the end of each test module, clear the `functools.cache`s defined in it and in
-    tests/helpers (tokenizers, vocabularies, models loaded once per module), then collect.
-    Kept for the whole run they held 10 GB by its end, beside vLLM servers of 2-3 GB each
-    on a 24 GB machine; a later module that needs one loads it again (seconds)."""
+    """At the end of each test module, clear the `functools.cache`s defined in it
+    (tokenizers, vocabularies, vocab-only llama.cpp models loaded once per module), then
+    collect. Kept for the whole run they added up to 10 GB by its end, beside vLLM servers
+    of 2-3 GB each on a 24 GB machine. tests/helpers' caches stay: they are shared by many
+    modules on purpose (a converted tokenizer is made once per run)."""
     yield
-    modules = [request.module] + [m for name, m in sys.modules.items()
-                                  if name.startswith("tests.helpers.") and m is not None]
-    for mod in modules:
-        for obj in list(vars(mod).values()):
-            clear = getattr(obj, "cache_clear", None)
-            if callable(clear) and getattr(obj, "__module__", None) == mod.__name__:
-                clear()
+    mod = request.module
+    for obj in list(vars(mod).values()):
+        clear = getattr(obj, "cache_clear", None)
+        if callable(clear) and getattr(obj, "__module__", None) == mod.__name__:
+            clear()
     gc.collect()

@@ -40,7 +40,7 @@ time.sleep(600)
 
 
 def running(pid: int) -> bool:
-    return reaper._start_time(pid) is not None
+    return reaper.start_time(pid) is not None
 
 
 def start(mode: str) -> tuple[subprocess.Popen[str], list[int]]:
@@ -104,9 +104,9 @@ def test_a_watcher_stood_down_ends_nothing() -> None:
 def test_a_recycled_pid_is_never_hit() -> None:
     # A target whose start time is not the running process's own: left alone.
     me = os.getpid()
-    start = reaper._start_time(me)
+    start = reaper.start_time(me)
     assert start is not None and start.isdigit()
-    reaper._end([(me, str(int(start) + 1))])  # would be SIGTERM to this test if mistaken
+    reaper.end([(me, str(int(start) + 1))])  # would be SIGTERM to this test if mistaken
     assert running(me)
 
 

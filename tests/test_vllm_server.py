@@ -586,5 +586,5 @@ def test_serve_engine_vllm_killed_outright_leaves_no_vllm_process_behind(ours: S
     left = found
     while left and time.monotonic() < deadline:
         time.sleep(0.5)
-        left = [(pid, start) for pid, start in found if reaper._start_time(pid) == start]
+        left = [(pid, start) for pid, start in found if reaper.start_time(pid) == start]
     assert not left, [(Path("/proc") / str(pid) / "cmdline").read_bytes() for pid, _ in left]

@@ -13,7 +13,7 @@ process holds. It blocks reading it. When this process ends in any way, the kern
 closes the write end and the watcher reads end-of-file: it sends SIGTERM to every
 process that was this one's descendant when `guard` was called (each checked by its
 start time, so a recycled pid is never hit), gives them `GRACE` seconds, then SIGKILL.
-`Guard.stand_down()` (after a clean shutdown) writes one byte instead: the watcher
+`Watcher.stand_down()` (after a clean shutdown) writes one byte instead: the watcher
 exits and touches nothing.
 
 Python's ``multiprocessing.resource_tracker`` is left alone: it exits by itself once
@@ -33,7 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-__all__ = ["GRACE", "Guard", "descendants", "guard"]
+__all__ = ["GRACE", "Watcher", "descendants", "end", "guard", "start_time"]
 
 #: Seconds the watcher gives the processes it ends between SIGTERM and SIGKILL.
 GRACE = 10.0
@@ -42,7 +42,7 @@ SPARED = "multiprocessing.resource_tracker"
 PROC = Path("/proc")
 
 
-def _start_time(pid: int) -> str | None:
+def start_time(pid: int) -> str | None:
     """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat);
     None when there is no such process or it is a zombie (already ended)."""
     try:
@@ -77,7 +77,7 @@ def descendants(pid: int | None = None) -> list[tuple[int, str]]:
     todo = _children(os.getpid() if pid is None else pid)
     while todo:
         child = todo.pop()
-        start = _start_time(child)
+        start = start_time(child)
         if start is None:
             continue
         if not _spared(child):
@@ -86,7 +86,7 @@ def descendants(pid: int | None = None) -> list[tuple[int, str]]:
     return out
 
 
-class Guard:
+class Watcher:
     """A running watcher (see the module); `stand_down` once the children are shut down."""
 
     def __init__(self, proc: subprocess.Popen[bytes], write_fd: int, pids: list[int]) -> None:
@@ -106,7 +106,7 @@ class Guard:
             self.proc.wait(timeout=5)
 
 
-def guard(before: list[tuple[int, str]] | None = None) -> Guard | None:
+def guard(before: list[tuple[int, str]] | None = None) -> Watcher | None:
     """Start a watcher over this process's descendants as they are now, less those in
     `before` (`descendants()` taken before the engine started: processes of the caller's
     own are not the engine's to end). None: not on Linux, or nothing to guard."""
@@ -124,14 +124,14 @@ def guard(before: list[tuple[int, str]] | None = None) -> Guard | None:
         )
     finally:
         os.close(read_fd)
-    return Guard(proc, write_fd, [pid for pid, _ in found])
+    return Watcher(proc, write_fd, [pid for pid, _ in found])
 
 
-def _end(targets: list[tuple[int, str]]) -> None:
+def end(targets: list[tuple[int, str]]) -> None:
     """SIGTERM to each target still running, up to `GRACE` seconds, SIGKILL to the rest."""
 
     def alive() -> list[tuple[int, str]]:
-        return [(pid, start) for pid, start in targets if _start_time(pid) == start]
+        return [(pid, start) for pid, start in targets if start_time(pid) == start]
 
     for pid, _ in alive():
         with contextlib.suppress(OSError):
@@ -153,7 +153,7 @@ def _main(argv: list[str]) -> int:
         targets.append((int(pid), start))
     word = os.read(0, 1)  # blocks until the parent writes or ends
     if word == b"":  # the parent is gone without standing us down
-        _end(targets)
+        end(targets)
     return 0
 
 

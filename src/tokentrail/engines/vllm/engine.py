@@ -248,7 +248,7 @@ class VLLMEngine:
         self._loop: _Loop | None = None if self._offline else (_loop or _Loop())
         self._busy = threading.Lock()
         self._closed = False
-        self._guard: reaper.Guard | None = None
+        self._guard: reaper.Watcher | None = None
         if not self._offline:
             # AsyncLLM.__del__ shuts vLLM down when the interpreter is already tearing its
             # modules down, and fails there (`Exception ignored in AsyncLLM.__del__ ...

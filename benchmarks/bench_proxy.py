@@ -87,6 +87,8 @@ def spawn(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subpr
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
+    """Terminate the server (kill it after 60 s), then kill what is left of its process
+    group: vLLM's engine core outlived its API server and held 2.3 GB."""
     if proc.poll() is None:
         proc.terminate()
         try:

@@ -26,11 +26,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import platform
-import signal
 import statistics
 import subprocess
 import sys
@@ -41,7 +39,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_proxy import wait
+from bench_proxy import stop, wait
 from bench_server import free_port, run_level, special_ids, summarize
 
 REPO = Path(__file__).resolve().parents[1]
@@ -85,19 +83,6 @@ def start(kind: str, args: argparse.Namespace, log: Path) -> tuple[subprocess.Po
     url = f"http://127.0.0.1:{port}"
     wait(url, proc, path)
     return proc, url
-
-
-def stop(proc: subprocess.Popen) -> None:
-    """Terminate the server, then kill what is left of its process group (vLLM's engine
-    core outlived its API server here and held 2.3 GB for the rest of the session)."""
-    proc.terminate()
-    try:
-        proc.wait(60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(10)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
 
 
 def run_server(

@@ -53,7 +53,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_proxy import wait
+from bench_proxy import stop, wait
 from bench_server import (
     body_for,
     free_port,
@@ -422,11 +422,7 @@ def main() -> int:
         data = measure(args, urls, names, bias, pids)
     finally:
         for proc in procs:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            stop(proc)
         time.sleep(0.1)
     text = report(args, data, os.getloadavg())
     print(text)

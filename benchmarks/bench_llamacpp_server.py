@@ -26,7 +26,8 @@ defaults with only the slots, context and threads given (`-np S -c N -t T`: llam
 with its default flash attention `auto`, its own KV cache layout and batch sizes;
 tokentrail with `--max-batch S --n-ctx N --n-threads T` and nothing else), and the
 clients ask what each server's user asks: plain streaming chat of llama-server (no
-logprobs), tokentrail with `logprobs` and 5 alternatives (its attribution is always on).
+logprobs), tokentrail with `logprobs` and 5 alternatives (its attribution is always on);
+`--ours-asks plain` sends tokentrail the same plain request.
 
     python benchmarks/bench_llamacpp_server.py --setup defaults --ctx 8192 --rounds 3 \\
         --output /tmp/defaults.md
@@ -142,6 +143,14 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def plain_for(args: argparse.Namespace, kind: str) -> bool:
+    """Whether `kind`'s clients ask no logprobs: llama-server's at `--setup defaults`, and
+    tokentrail's too with `--ours-asks plain` (the same request to both)."""
+    if args.setup != "defaults":
+        return False
+    return kind == "llama-server" or args.ours_asks == "plain"
+
+
 def plain(body: dict[str, Any]) -> dict[str, Any]:
     """`body` as a plain llama-server user sends it: no logprobs asked."""
     return {k: v for k, v in body.items() if k not in ("logprobs", "top_logprobs")}
@@ -225,7 +234,7 @@ def measure(
                     # distinct: a tag no earlier request had, on both servers alike
                     tag = f"r{r}c{c}" if mode == "distinct" else None
                     cpu = cpu_seconds(pids[kind])
-                    plain_user = args.setup == "defaults" and kind == "llama-server"
+                    plain_user = plain_for(args, kind)
                     results, wall = asyncio.run(
                         (plain_level if plain_user else run_level)(
                             urls[kind],
@@ -246,8 +255,7 @@ def measure(
                         flush=True,
                     )
     bodies = {k: body_for(0, names[k], args.max_tokens, bias) for k in KINDS}
-    if args.setup == "defaults":
-        bodies["llama-server"] = plain(bodies["llama-server"])
+    bodies = {k: plain(b) if plain_for(args, k) else b for k, b in bodies.items()}
     rep = repeated(urls, bodies, args.repeats)
     return {"levels": levels, "modes": modes, "runs": runs, "repeated": rep}
 
@@ -317,6 +325,10 @@ def report(args: argparse.Namespace, data: dict[str, Any], load: tuple[float, ..
         + (
             "`logprobs: true, top_logprobs: 5` asked of both"
             if args.setup == "like"
+            else "the same plain request to both, no logprobs (what a llama-server user "
+            "sends; tokentrail still attributes every token, with null logprobs and "
+            "confidence as the request asked none)"
+            if args.ours_asks == "plain"
             else "no logprobs asked of llama-server (a plain user), `logprobs: true, "
             "top_logprobs: 5` of tokentrail"
         )
@@ -390,6 +402,14 @@ def main() -> int:
         help="like: the same KV cache layout and flash attention off on both, logprobs asked "
         "of both; defaults: each server at its defaults (slots, context, threads given), "
         "llama-server's clients asking no logprobs",
+    )
+    ap.add_argument(
+        "--ours-asks",
+        choices=("top5", "plain"),
+        default="top5",
+        help="with --setup defaults, what tokentrail's clients ask: top5 (`logprobs` and 5 "
+        "alternatives, the issue's comparison) or plain (the same request llama-server's "
+        "user sends)",
     )
     ap.add_argument("--output", type=Path, default=None, help="write the markdown report here")
     ap.add_argument(

@@ -101,6 +101,7 @@ def start(kind: str, args: argparse.Namespace, logs: Path) -> tuple[subprocess.P
         ]
         if args.setup == "like":  # one unified KV cache, flash attention off on both
             cmd += ["--kv-unified", "-fa", "off"]
+        cmd += args.llama_flag
         env = None
     else:
         cmd = [
@@ -410,6 +411,13 @@ def main() -> int:
         help="with --setup defaults, what tokentrail's clients ask: top5 (`logprobs` and 5 "
         "alternatives, the issue's comparison) or plain (the same request llama-server's "
         "user sends)",
+    )
+    ap.add_argument(
+        "--llama-flag",
+        action="append",
+        default=[],
+        help="one more llama-server argument (repeat it for several; e.g. "
+        "--llama-flag=--kv-unified)",
     )
     ap.add_argument("--output", type=Path, default=None, help="write the markdown report here")
     ap.add_argument(

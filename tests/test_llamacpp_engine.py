@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from tests.helpers.env import require
@@ -265,7 +265,11 @@ def test_prompt_context_plus_continuation_is_decode_of_all_pieces_smollm2(
     prompt = tok.encode(text)
     steps = list(engine.generate(prompt, make_params(temp=1.2, seed=seed), 8))
     gen = [s.token for s in steps]
-    aligner = Aligner(load_vocab(tok), prompt_ids=prompt)
+    vocab = load_vocab(tok)
+    # A sampled control token (<|im_start|>, seen once at temperature 1.2) is spelled in
+    # our text and hidden in llama-server's stream (its `special` off): not this check's.
+    assume(not vocab.special.intersection(gen))
+    aligner = Aligner(vocab, prompt_ids=prompt)
     segs = [s for s in (aligner.push(t) for t in gen) for s in s]
     head = aligner.prompt_text
     segs += aligner.finish()

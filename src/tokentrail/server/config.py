@@ -65,6 +65,9 @@ class LoadedModel:
     batch_kind: str
     #: The checked calibration (`config.calibration`), or None.
     calibration: Any = None
+    #: The most tokens one request may hold: the batch's per-sequence context where it
+    #: has one (a split KV cache), else the engine's.
+    context_length: int | None = None
 
 
 def served_name(model_path: str | os.PathLike[str] | None) -> str:
@@ -107,6 +110,11 @@ ENGINE_FLAGS: tuple[Flag, ...] = (
     Flag("--flash-attn", "llama.cpp's flash attention: {choices} (default: auto, as "
          "llama-server's -fa; off: llama-cpp-python's exact logprobs)",
          choices=lambda: ("auto", "on", "off"), engines=("llamacpp",)),
+    Flag("--kv-unified", "llama.cpp's KV cache layout: {choices} (default: auto, as "
+         "llama-server's -kvu: one cache shared by the sequences when --max-batch is left "
+         "out, else --n-ctx split evenly among --max-batch sequences, each attending over "
+         "its own share; on: always shared, each request may use all of --n-ctx)",
+         choices=lambda: ("auto", "on", "off"), engines=("llamacpp",), serve_default="auto"),
     Flag("--n-gpu-layers", "layers to offload", type=int, metavar="N", engines=("llamacpp",)),
 )
 #: Engine name -> the loader keywords (flag names with "_") it takes.
@@ -124,6 +132,8 @@ def engine_options(args: argparse.Namespace) -> dict[str, Any]:
     for flag in ENGINE_FLAGS:
         value = getattr(args, flag.dest, None)
         if value is None:
+            if flag.serve_default is not None and args.engine in flag.engines:
+                options[flag.dest] = flag.serve_default
             continue
         if args.engine not in flag.engines:
             raise UsageError(f"{flag.name} does not apply to --engine {args.engine}")

@@ -55,12 +55,15 @@ def prepare(
     tokenizer: Any,
     config: ServerConfig,
     replies: ReplyMemory | None = None,
+    *,
+    context_length: int | None = None,
 ) -> Prepared:
     """`req` made ready for `engine` (see the module); APIError 400 naming the field.
-    `replies`: earlier replies' records, where a branch's prefix is replayed from."""
+    `replies`: earlier replies' records, where a branch's prefix is replayed from;
+    `context_length`: the most tokens a request may hold (None: the engine's)."""
     try:
         ids = prompt_ids(tokenizer, req.prompt, engine.vocab_size, req.tools)
-        limit = _limit(req, len(ids), engine.context_length)
+        limit = _limit(req, len(ids), context_length or engine.context_length)
         stop_matcher(req.stop)
         chat = req.kind == "chat"
         constraint = bound(req.structure, tokenizer, config.reasoning, chat)

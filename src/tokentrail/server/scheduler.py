@@ -150,7 +150,7 @@ class Scheduler:
 
     @property
     def context_length(self) -> int | None:
-        return None if self._loaded is None else self._loaded.engine.context_length
+        return None if self._loaded is None else self._loaded.context_length
 
     @property
     def batch_kind(self) -> str | None:
@@ -310,9 +310,14 @@ class Scheduler:
             from ..calibrate.fingerprint import calibration_for
 
             calibration = calibration_for(config.calibration, model, tokenizer)
+        context = getattr(batch, "context_length", None)
+        if not isinstance(context, int) or context < 1:
+            context = engine.context_length
+        elif engine.context_length is not None:
+            context = min(context, engine.context_length)
         self._loaded = LoadedModel(
             model, tokenizer, engine, vocab, eos_ids(tokenizer), type(batch).__name__,
-            calibration,
+            calibration, context,
         )  # fmt: skip
         # A batch that says when a step's graph is built gets the previous step's
         # events handed over there, so the event loop formats them while the model
@@ -410,7 +415,10 @@ class Scheduler:
         try:
             loaded = self._loaded
             assert loaded is not None
-            ready = prepare(req, loaded.engine, loaded.tokenizer, self.config, self.replies)
+            ready = prepare(
+                req, loaded.engine, loaded.tokenizer, self.config, self.replies,
+                context_length=loaded.context_length,
+            )  # fmt: skip
         except (APIError, ValueError, TypeError) as e:
             logger.info("request %s refused: %s", job.id, e)
             job.post("error", 0, e)

@@ -1,6 +1,8 @@
 """llama.cpp's parallel sequences as a tokentrail `Batch` (see `engines/batch.py`).
 
-One llama.cpp context with `n_seq_max` sequences over a unified KV cache: every `step`
+One llama.cpp context with `n_seq_max` sequences over one KV cache (unified: shared by the
+sequences, each may use all of it; or split, llama.cpp's `kv_unified` off: a cache of
+n_ctx / n_seq_max cells per sequence, see `LlamaCppBatch`): every `step`
 builds one `llama_batch` holding the next token of each generating sequence and chunks of
 the prompts still being read (generating sequences first, prompts filling the rest of the
 `n_batch` budget), runs one `llama_decode`, then samples each sequence that produced
@@ -105,9 +107,17 @@ class LlamaSlot:
 class LlamaCppBatch(BaseBatch):
     """Sequences decoded together by one llama.cpp context; see `Batch`.
 
-    `n_ctx` is the KV cache shared by all sequences (default: the engine's context
-    length); a sequence's prompt plus its tokens must fit in it next to the others'.
+    `n_ctx` is the KV cache of all sequences (default: the engine's context length).
     `max_batch` None: `slots(engine)` sequences.
+
+    `kv_unified` is its layout (None: the engine's `kv_unified`, which `load` sets; True
+    where it says nothing). Unified, the cache is shared: a sequence's prompt plus its
+    tokens must fit in it next to the others'. Split (False), each sequence has its own
+    `context_length` = n_ctx / max_batch cells and attends over those alone, while a
+    unified cache's attention spans every sequence's cells (masked): with 16 sequences of
+    a 135M model that is about a fifth of each step (`benchmarks/results/
+    llamacpp-server.md`). "auto" is llama-server's rule for ``-kvu``: unified when the
+    slot count is left to it (`max_batch` None), split when it is given.
     """
 
     #: `step` spends its time in one `llama_decode` call, which ctypes runs without the
@@ -121,9 +131,15 @@ class LlamaCppBatch(BaseBatch):
         *,
         n_ctx: int | None = None,
         prompt_cache_bytes: int | None = None,
+        kv_unified: bool | str | None = None,
         **options: Any,
     ) -> None:
         super().__init__(slots(engine) if max_batch is None else max_batch)
+        layout = getattr(engine, "kv_unified", True) if kv_unified is None else kv_unified
+        if layout not in (True, False, "auto"):
+            raise ValueError(f"kv_unified must be True, False or 'auto', got {layout!r}")
+        #: The KV cache's layout: shared by the sequences (True) or split among them.
+        self.kv_unified = max_batch is None if layout == "auto" else bool(layout)
         check_prompt_cache_bytes(prompt_cache_bytes)
         if options:
             log.debug("llama.cpp batch ignores options %s", sorted(options))
@@ -137,11 +153,13 @@ class LlamaCppBatch(BaseBatch):
         params = type(base).from_buffer_copy(base)
         params.n_ctx = n_ctx or engine.context_length or 4096
         params.n_seq_max = self.max_batch
-        params.kv_unified = True
+        params.kv_unified = self.kv_unified
         params.flash_attn_type = getattr(engine, "flash_attn_type", base.flash_attn_type)
         self.n_batch = int(params.n_batch)
         self._ctx = LlamaContext(model=engine.llama._model, params=params, verbose=False)
         self.n_ctx = int(llama_cpp.llama_n_ctx(self._ctx.ctx))  # as llama.cpp rounded it
+        #: The most tokens one sequence may hold: all of `n_ctx` unified, its share split.
+        self.context_length = int(llama_cpp.llama_n_ctx_seq(self._ctx.ctx))
         self._batch = LlamaBatch(n_tokens=self.n_batch, embd=0, n_seq_max=1, verbose=False)
         self._mem = llama_cpp.llama_get_memory(self._ctx.ctx)
         self._free = list(range(self.max_batch))  # least recently used first
@@ -156,14 +174,23 @@ class LlamaCppBatch(BaseBatch):
         self.decodes = 0  # bumped at every decode: which logits the buffer holds
         self._scratch = np.empty(engine.vocab_size or 0, dtype=np.float32)
 
+    def _context_words(self) -> str:
+        """The per-sequence context in words, for errors."""
+        if self.kv_unified:
+            return f"{self.n_ctx} tokens"
+        return (
+            f"{self.context_length} tokens per sequence (its KV cache of {self.n_ctx} split "
+            f"among {self.max_batch} sequences)"
+        )
+
     def add(self, prompt_ids: Sequence[int], params: SamplingParams, max_tokens: int | None) -> int:
         ids = check_generate_args(prompt_ids, params, max_tokens, self.engine.vocab_size)
         if not self._free:
             raise RuntimeError(f"the batch is full ({self.max_batch} sequences)")
-        if len(ids) >= self.n_ctx:
+        if len(ids) >= self.context_length:
             raise ValueError(
                 f"prompt is {len(ids)} tokens, which leaves no room in the batch's context "
-                f"of {self.n_ctx} tokens"
+                f"of {self._context_words()}"
             )
         uid = next(self._uids)
         params = self.engine.bound(params)
@@ -324,8 +351,10 @@ class LlamaCppBatch(BaseBatch):
         if not self._live:
             return []
         for uid, seq in list(self._live.items()):
-            if seq.n_past + len(seq.pending) > self.n_ctx:
-                raise RuntimeError(f"sequence {uid} no longer fits the context of {self.n_ctx}")
+            if seq.n_past + len(seq.pending) > self.context_length:
+                raise RuntimeError(
+                    f"sequence {uid} no longer fits the context of {self._context_words()}"
+                )
         if self.prompt_cache_bytes:
             self._evict()  # idle cells take no part in a decode: their state is saved
         used = self._fill()

@@ -57,6 +57,7 @@ __all__ = [
     "LlamaCppTokenizer",
     "accepts",
     "flash_attn_mode",
+    "kv_unified_mode",
     "load",
     "wrap",
 ]
@@ -70,6 +71,7 @@ def load(
     n_gpu_layers: int = 0,
     n_batch: int = 512,
     flash_attn: bool | str = "auto",
+    kv_unified: bool | str = True,
 ) -> tuple[LlamaCppEngine, LlamaCppTokenizer]:
     """Load a `.gguf` model file (or a named model such as ``smollm2``) with llama.cpp.
 
@@ -82,9 +84,14 @@ def load(
     decode's logprobs exactly; flash attention moves them by about 1e-3, see
     docs/engines.md). The batch's context inherits it (asking llama.cpp for "auto"
     itself); llama-cpp-python can only say on or off for the `Llama`'s own context, so
-    "auto" is on there. Returns (engine, tokenizer) for `stream_generate`.
+    "auto" is on there. `kv_unified` is the KV cache layout of the engine's batches
+    (`LlamaCppBatch`): True/"on" (the default) one cache shared by the sequences,
+    False/"off" a share of `n_ctx` per sequence, "auto" llama-server's rule (shared
+    unless the batch's slot count is given). Returns (engine, tokenizer) for
+    `stream_generate`.
     """
     mode = flash_attn_mode(flash_attn)
+    layout = kv_unified_mode(kv_unified)
     p = gguf_source(path)
     if p is None:
         p = Path(path).expanduser()
@@ -111,7 +118,18 @@ def load(
         )
     engine = LlamaCppEngine(llama)
     engine.flash_attn_type = FLASH_ATTN_TYPES[mode]
+    engine.kv_unified = layout
     return engine, engine.tokenizer
+
+
+def kv_unified_mode(value: bool | str) -> bool | str:
+    """`load`'s `kv_unified` as True, False or "auto" ("on"/"off" are True/False)."""
+    if isinstance(value, bool):
+        return value
+    named = {"on": True, "off": False, "auto": "auto"}
+    if isinstance(value, str) and value in named:
+        return named[value]
+    raise ValueError(f"kv_unified must be 'auto', 'on' or 'off' (or a bool), got {value!r}")
 
 
 def flash_attn_mode(value: bool | str) -> str:
@@ -285,6 +303,8 @@ class LlamaCppEngine:
         #: The flash attention a batch's context asks llama.cpp for (`load` sets "auto"
         #: there; a wrapped `Llama` passes on its own setting).
         self.flash_attn_type = int(llama.context_params.flash_attn_type)
+        #: The KV cache layout of this engine's batches (`load`'s `kv_unified`).
+        self.kv_unified: bool | str = True
         self.decodes = 0  # bumped at every decode: which logits the buffer holds
         self._owner: object = None  # the generator whose sequence is in the KV cache
         self._scratch = np.empty(self.vocab_size or 0, dtype=np.float32)

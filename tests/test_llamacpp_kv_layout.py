@@ -111,12 +111,13 @@ def serve(gguf: Path, log: Path, *flags: str) -> Any:
 @pytest.fixture(scope="module")
 def split_server(smollm2_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     require("uvicorn")
-    srv = serve(smollm2_gguf, tmp_path_factory.mktemp("kv") / "split.log", "--max-batch", "4")
+    srv = serve(smollm2_gguf, tmp_path_factory.mktemp("kv") / "split.log", "--max-batch", "4",
+                "--kv-unified", "auto")  # fmt: skip
     yield srv
     srv.stop()
 
 
-def test_serve_splits_the_cache_when_max_batch_is_given_as_llama_server_does(
+def test_serve_kv_unified_auto_splits_the_cache_when_max_batch_is_given_as_llama_server(
     split_server: Any,
 ) -> None:
     openai = require("openai")
@@ -137,9 +138,11 @@ def test_serve_splits_the_cache_when_max_batch_is_given_as_llama_server_does(
 
 
 @pytest.mark.parametrize(
-    "flags", [("--max-batch", "4", "--kv-unified", "on"), ()], ids=["on", "max-batch-left-out"]
+    "flags",
+    [("--max-batch", "4"), ("--kv-unified", "auto")],
+    ids=["default-on", "auto-max-batch-left-out"],
 )
-def test_serve_shares_the_cache_when_told_or_when_max_batch_is_left_out(
+def test_serve_shares_the_cache_by_default_and_with_auto_when_max_batch_is_left_out(
     smollm2_gguf: Path, tmp_path: Path, flags: tuple[str, ...]
 ) -> None:
     require("uvicorn")

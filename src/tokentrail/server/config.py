@@ -110,11 +110,12 @@ ENGINE_FLAGS: tuple[Flag, ...] = (
     Flag("--flash-attn", "llama.cpp's flash attention: {choices} (default: auto, as "
          "llama-server's -fa; off: llama-cpp-python's exact logprobs)",
          choices=lambda: ("auto", "on", "off"), engines=("llamacpp",)),
-    Flag("--kv-unified", "llama.cpp's KV cache layout: {choices} (default: auto, as "
-         "llama-server's -kvu: one cache shared by the sequences when --max-batch is left "
-         "out, else --n-ctx split evenly among --max-batch sequences, each attending over "
-         "its own share; on: always shared, each request may use all of --n-ctx)",
-         choices=lambda: ("auto", "on", "off"), engines=("llamacpp",), serve_default="auto"),
+    Flag("--kv-unified", "llama.cpp's KV cache layout: {choices} (default: on, one cache "
+         "shared by the sequences, each request may use all of --n-ctx; off: --n-ctx split "
+         "evenly among the batch's sequences, each attending over its own share, so a "
+         "request's logprobs do not depend on its neighbours; auto: llama-server's -kvu "
+         "rule, off when --max-batch is given)",
+         choices=lambda: ("auto", "on", "off"), engines=("llamacpp",)),
     Flag("--n-gpu-layers", "layers to offload", type=int, metavar="N", engines=("llamacpp",)),
 )
 #: Engine name -> the loader keywords (flag names with "_") it takes.
@@ -132,8 +133,6 @@ def engine_options(args: argparse.Namespace) -> dict[str, Any]:
     for flag in ENGINE_FLAGS:
         value = getattr(args, flag.dest, None)
         if value is None:
-            if flag.serve_default is not None and args.engine in flag.engines:
-                options[flag.dest] = flag.serve_default
             continue
         if args.engine not in flag.engines:
             raise UsageError(f"{flag.name} does not apply to --engine {args.engine}")

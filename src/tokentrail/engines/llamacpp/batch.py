@@ -113,11 +113,10 @@ class LlamaCppBatch(BaseBatch):
     `kv_unified` is its layout (None: the engine's `kv_unified`, which `load` sets; True
     where it says nothing). Unified, the cache is shared: a sequence's prompt plus its
     tokens must fit in it next to the others'. Split (False), each sequence has its own
-    `context_length` = n_ctx / max_batch cells and attends over those alone, while a
-    unified cache's attention spans every sequence's cells (masked): with 16 sequences of
-    a 135M model that is about a fifth of each step (`benchmarks/results/
-    llamacpp-server.md`). "auto" is llama-server's rule for ``-kvu``: unified when the
-    slot count is left to it (`max_batch` None), split when it is given.
+    `context_length` = n_ctx / max_batch cells and attends over those alone, so its
+    tokens and logprobs do not depend on the others' (a unified cache's do, in llama.cpp;
+    docs/engines.md). "auto" is llama-server's rule for ``-kvu``: unified when the slot
+    count is left to it (`max_batch` None), split when it is given.
     """
 
     #: `step` spends its time in one `llama_decode` call, which ctypes runs without the

@@ -128,6 +128,7 @@ def start(kind: str, args: argparse.Namespace, logs: Path) -> tuple[subprocess.P
         ]
         if args.setup == "like":
             cmd += ["--flash-attn", "off"]
+        cmd += args.ours_flag
         env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
         if args.ggml_libs:  # the same ggml/llama libraries as llama-server's
             env["LLAMA_CPP_LIB_PATH"] = str(args.ggml_libs)
@@ -418,6 +419,13 @@ def main() -> int:
         default=[],
         help="one more llama-server argument (repeat it for several; e.g. "
         "--llama-flag=--kv-unified)",
+    )
+    ap.add_argument(
+        "--ours-flag",
+        action="append",
+        default=[],
+        help="one more `tokentrail serve` argument (repeat it for several; e.g. "
+        "--ours-flag=--kv-unified --ours-flag=off)",
     )
     ap.add_argument("--output", type=Path, default=None, help="write the markdown report here")
     ap.add_argument(

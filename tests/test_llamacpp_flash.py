@@ -142,7 +142,8 @@ def test_serve_flag_reaches_the_loader_and_a_bad_value_exits_2() -> None:
     from tokentrail.server.cli import engine_options
 
     args = build_parser().parse_args(["serve", "--engine", "llamacpp", "--flash-attn", "off"])
-    assert engine_options(args) == {"flash_attn": "off"}
+    # and serve's default KV layout, llama-server's rule (tests/test_llamacpp_kv_layout.py)
+    assert engine_options(args) == {"flash_attn": "off", "kv_unified": "auto"}
     bad = subprocess.run(
         [sys.executable, "-m", "tokentrail", "serve", "--engine", "llamacpp", "--flash-attn", "x"],
         capture_output=True,

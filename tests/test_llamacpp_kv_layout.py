@@ -15,6 +15,7 @@ and what a request must fit, through the official `openai` client on a real
 
 from __future__ import annotations
 
+import itertools
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -71,6 +72,28 @@ def test_split_cache_gives_each_sequence_its_solo_run(smol: tuple[Any, Any]) -> 
             assert [i for i, _ in top] == [i for i, _ in top2]
 
 
+def test_split_batch_lists_sequence_ids_in_order_without_gaps(smol: tuple[Any, Any]) -> None:
+    """llama.cpp cuts a split cache's batch into ubatches of consecutive sequence ids as
+    they come (`split_equal`, sequential), one pass over the weights each: the batch
+    writes its tokens in id order, and a new sequence takes the lowest free id."""
+    from tokentrail.engines.llamacpp.batch import LlamaCppBatch
+    from tokentrail.sampling import make_params
+
+    engine, tok = smol
+    batch = LlamaCppBatch(engine, 4, kv_unified=False)
+    uids = [batch.add(chat(tok, t), make_params(), 30) for t in TOPICS]
+    batch.step()
+    batch.remove(uids[0])  # frees the lowest id while the others go on
+    uids.append(batch.add(chat(tok, "a red bicycle"), make_params(), 30))
+    for _ in range(2):
+        batch.step()
+        b = batch._batch.batch
+        ids = [b.seq_id[i][0] for i in range(b.n_tokens)]
+        runs = [ids[0]] + [y for x, y in itertools.pairwise(ids) if y != x]
+        assert runs == sorted(set(ids)) == list(range(len(runs))), ids
+    batch.close()
+
+
 def test_layouts_auto_and_the_per_sequence_context(smol: tuple[Any, Any]) -> None:
     from tokentrail.engines.llamacpp.batch import LlamaCppBatch
     from tokentrail.engines.llamacpp.engine import kv_unified_mode
@@ -111,13 +134,12 @@ def serve(gguf: Path, log: Path, *flags: str) -> Any:
 @pytest.fixture(scope="module")
 def split_server(smollm2_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     require("uvicorn")
-    srv = serve(smollm2_gguf, tmp_path_factory.mktemp("kv") / "split.log", "--max-batch", "4",
-                "--kv-unified", "auto")  # fmt: skip
+    srv = serve(smollm2_gguf, tmp_path_factory.mktemp("kv") / "split.log", "--max-batch", "4")
     yield srv
     srv.stop()
 
 
-def test_serve_kv_unified_auto_splits_the_cache_when_max_batch_is_given_as_llama_server(
+def test_serve_splits_the_cache_when_max_batch_is_given_as_llama_server_does(
     split_server: Any,
 ) -> None:
     openai = require("openai")
@@ -130,7 +152,8 @@ def test_serve_kv_unified_auto_splits_the_cache_when_max_batch_is_given_as_llama
             model=card.id, messages=[{"role": "user", "content": long}], max_tokens=4
         )
     assert e.value.body["code"] == "context_length_exceeded", e.value.body
-    assert "512" in e.value.body["message"]
+    assert "context of 512 tokens" in e.value.body["message"], e.value.body
+    assert "splits its KV cache of 2048 tokens" in e.value.body["message"], e.value.body
     ok = client.chat.completions.create(
         model=card.id, messages=[{"role": "user", "content": "Hi"}], max_tokens=4
     )
@@ -138,11 +161,9 @@ def test_serve_kv_unified_auto_splits_the_cache_when_max_batch_is_given_as_llama
 
 
 @pytest.mark.parametrize(
-    "flags",
-    [("--max-batch", "4"), ("--kv-unified", "auto")],
-    ids=["default-on", "auto-max-batch-left-out"],
+    "flags", [("--max-batch", "4", "--kv-unified", "on"), ()], ids=["on", "max-batch-left-out"]
 )
-def test_serve_shares_the_cache_by_default_and_with_auto_when_max_batch_is_left_out(
+def test_serve_shares_the_cache_when_told_or_when_max_batch_is_left_out(
     smollm2_gguf: Path, tmp_path: Path, flags: tuple[str, ...]
 ) -> None:
     require("uvicorn")

@@ -110,12 +110,12 @@ ENGINE_FLAGS: tuple[Flag, ...] = (
     Flag("--flash-attn", "llama.cpp's flash attention: {choices} (default: auto, as "
          "llama-server's -fa; off: llama-cpp-python's exact logprobs)",
          choices=lambda: ("auto", "on", "off"), engines=("llamacpp",)),
-    Flag("--kv-unified", "llama.cpp's KV cache layout: {choices} (default: on, one cache "
-         "shared by the sequences, each request may use all of --n-ctx; off: --n-ctx split "
-         "evenly among the batch's sequences, each attending over its own share, so a "
-         "request's logprobs do not depend on its neighbours; auto: llama-server's -kvu "
-         "rule, off when --max-batch is given)",
-         choices=lambda: ("auto", "on", "off"), engines=("llamacpp",)),
+    Flag("--kv-unified", "llama.cpp's KV cache layout: {choices} (default: auto, as "
+         "llama-server's -kvu: --n-ctx split evenly among the sequences when --max-batch is "
+         "given, each request then fits --n-ctx / --max-batch tokens and its logprobs do "
+         "not depend on its neighbours; one cache shared by them when it is left out; on: "
+         "always shared, each request may use all of --n-ctx; off: always split)",
+         choices=lambda: ("auto", "on", "off"), engines=("llamacpp",), serve_default="auto"),
     Flag("--n-gpu-layers", "layers to offload", type=int, metavar="N", engines=("llamacpp",)),
 )
 #: Engine name -> the loader keywords (flag names with "_") it takes.
@@ -133,6 +133,8 @@ def engine_options(args: argparse.Namespace) -> dict[str, Any]:
     for flag in ENGINE_FLAGS:
         value = getattr(args, flag.dest, None)
         if value is None:
+            if flag.serve_default is not None and args.engine in flag.engines:
+                options[flag.dest] = flag.serve_default
             continue
         if args.engine not in flag.engines:
             raise UsageError(f"{flag.name} does not apply to --engine {args.engine}")

@@ -34,7 +34,8 @@ class Flag:
     ``{choices}`` is replaced by the choices), argparse's `type`, `metavar`, `nargs` and
     `action`, `choices` (a function giving them, called when the parser is built, so the
     modules that define them load only then) and, for an engine loader's flag, the
-    `engines` that take it."""
+    `engines` that take it and `serve_default`, what serve gives their loader when the
+    flag is left out (None: the loader's own default)."""
 
     name: str
     help: str = ""
@@ -44,6 +45,7 @@ class Flag:
     nargs: int | None = None
     action: Literal["append", "store_true"] | None = None
     engines: tuple[str, ...] = ()
+    serve_default: Any = None
 
     @property
     def dest(self) -> str:

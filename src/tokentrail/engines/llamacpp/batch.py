@@ -179,7 +179,8 @@ class LlamaCppBatch(BaseBatch):
             return f"{self.n_ctx} tokens"
         return (
             f"{self.context_length} tokens per sequence (its KV cache of {self.n_ctx} split "
-            f"among {self.max_batch} sequences)"
+            f"among {self.max_batch} sequences; a shared cache lets one sequence use all "
+            "of it: kv_unified=True, serve --kv-unified on)"
         )
 
     def add(self, prompt_ids: Sequence[int], params: SamplingParams, max_tokens: int | None) -> int:
@@ -218,14 +219,17 @@ class LlamaCppBatch(BaseBatch):
         """A free sequence for prompt `ids` and how many of its tokens its KV cells
         already hold: the free sequence whose cells share the longest prefix with `ids`,
         or, when a state saved in host memory shares more, an empty one (else the least
-        recently used, cleared) with that state restored into it; else an empty one, else
-        the least recently used. Its cells past that prefix are dropped; at least the
+        recently used, cleared) with that state restored into it; else an empty one (the
+        least recently used; split, the lowest id), else the least recently used. Its
+        cells past that prefix are dropped; at least the
         prompt's last token is left to evaluate (its logits are needed)."""
         lengths = [common_prefix(self._held[s], ids) for s in self._free]
         best = max(range(len(lengths)), key=lambda j: (lengths[j], -j))
         saved, saved_length = self._saved.longest(ids)
         if lengths[best] == 0 or saved_length > lengths[best]:
-            best = next((j for j, s in enumerate(self._free) if not self._held[s]), 0)
+            empty = [j for j, s in enumerate(self._free) if not self._held[s]] or [0]
+            # split: the lowest id, so the live ids run without gaps (`_fill`)
+            best = empty[0] if self.kv_unified else min(empty, key=self._free.__getitem__)
         seq_id = self._free.pop(best)
         held, self._held[seq_id] = self._held[seq_id], []
         if saved is not None and saved_length > common_prefix(held, ids):
@@ -315,10 +319,15 @@ class LlamaCppBatch(BaseBatch):
         self._ctx.close()
 
     def _fill(self) -> list[tuple[int, LlamaSlot]]:
-        """Put this step's tokens into the llama_batch; return the sequences in it."""
-        b = self._batch.batch
+        """Put this step's tokens into the llama_batch; return the sequences in it.
+
+        Which tokens: generating sequences' first, prompts filling the rest of `n_batch`.
+        In the batch they are in sequence id order where the cache is split: llama.cpp
+        cuts such a batch into ubatches of consecutive sequence ids, as they come
+        (`llama_batch_allocr::split_equal`, sequential), each one a pass over the
+        weights, so ids out of order would cost a pass each."""
+        plan: list[tuple[int, LlamaSlot, list[int]]] = []
         n = 0
-        used: list[tuple[int, LlamaSlot]] = []
         order = sorted(self._live.items(), key=lambda kv: len(kv[1].pending) > 1)
         for uid, seq in order:  # generating sequences (1 pending token) first
             seq.row = -1
@@ -326,6 +335,14 @@ class LlamaCppBatch(BaseBatch):
             if room <= 0 or not seq.pending:
                 continue
             take = seq.pending[:room]
+            n += len(take)
+            plan.append((uid, seq, take))
+        if not self.kv_unified:
+            plan.sort(key=lambda p: p[1].seq_id)
+        b = self._batch.batch
+        n = 0
+        used: list[tuple[int, LlamaSlot]] = []
+        for uid, seq, take in plan:
             for j, tok in enumerate(take):
                 b.token[n] = tok
                 b.pos[n] = seq.n_past + j

@@ -251,7 +251,7 @@ def measure(
                     s = summarize(results, wall)
                     s["tok_cpu_s"] = s["tokens"] / max(cpu_seconds(pids[kind]) - cpu, 1e-9)
                     runs[mode][kind][c].append(s)
-                    row = {k: v for k, v in s.items() if k != "error_kinds"}
+                    row = dict(s)  # error_kinds too: what failed, if anything
                     print(
                         json.dumps({"mode": mode, "round": r, "server": kind, "clients": c, **row}),
                         flush=True,
@@ -372,6 +372,16 @@ def report(args: argparse.Namespace, data: dict[str, Any], load: tuple[float, ..
         lines.append(
             f"| {kind} | {r['ttft_p50'] * 1e3:.1f} | {r['cached']:.0f} of {r['prompt']:.0f} |"
         )
+    seen = {
+        f"{kind}: {e}"
+        for m in runs.values()
+        for kind, levels in m.items()
+        for rounds in levels.values()
+        for s in rounds
+        for e in s.get("error_kinds") or []
+    }
+    if seen:  # a failed request's tokens count as none in its round's tokens/s
+        lines += ["", "Errors seen: " + "; ".join(sorted(seen))]
     return "\n".join(lines) + "\n"
 
 

@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from tests.helpers.env import require
+from tests.helpers.generation import assert_batch_equals_solo
 from tokentrail import Aligner, load_vocab, stream_generate
 from tokentrail.sampling import make_params
 
@@ -379,26 +380,15 @@ def test_batch_of_parallel_sequences_equals_solo_runs(
         (tok.encode(PROMPTS[3]), make_params(temp=0.9, seed=7, top_logprobs=2), 8),
         (tok.encode("The with statement " * 40), make_params(repetition_penalty=1.3), 6),
     ]
-    solo = [[(s.token, s.logprob, s.top_logprobs) for s in engine.generate(*job)] for job in jobs]
     batch = open_batch(engine, 3, n_ctx=512)
     assert type(batch).__name__ == "LlamaCppBatch"
     batch.n_batch = 64  # the third prompt (over 64 tokens) is read over several steps
-    got: dict[int, list[Any]] = {}
-    uids = [batch.add(*jobs[0])]
-    steps = 0
-    while len(batch):
-        if steps == 2:
-            uids += [batch.add(*jobs[1]), batch.add(*jobs[2])]
-            with pytest.raises(RuntimeError, match="full"):
-                batch.add(*jobs[0])
-        for uid, s in batch.step():
-            got.setdefault(uid, []).append((s.token, s.logprob, s.top_logprobs))
-        steps += 1
-    for uid, want in zip(uids, solo, strict=True):
-        assert [t for t, _, _ in got[uid]] == [t for t, _, _ in want]
-        for (_, lp, top), (_, lp2, top2) in zip(got[uid], want, strict=True):
-            assert lp == pytest.approx(lp2, abs=tol)
-            assert [i for i, _ in top] == [i for i, _ in top2]
+
+    def full() -> None:  # the late two took the last places
+        with pytest.raises(RuntimeError, match="full"):
+            batch.add(*jobs[0])
+
+    assert_batch_equals_solo(engine, batch, jobs, late=2, tol=tol, after_late=full)
     batch.close()
 
 

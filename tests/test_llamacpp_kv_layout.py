@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from tests.helpers.env import require
+from tests.helpers.generation import assert_batch_equals_solo
 from tests.helpers.net import free_port
 from tests.helpers.servers import launch
 
@@ -31,7 +32,9 @@ TOPICS = ("cats", "the sea", "Paris")
 
 
 @pytest.fixture(scope="module")
-def smol(smollm2_gguf: Path) -> tuple[Any, Any]:
+def smol_fa_off(smollm2_gguf: Path) -> tuple[Any, Any]:
+    """SmolLM2 with flash attention off (llama-cpp-python's exact decode), unlike the
+    session's `smol`."""
     require("llama_cpp")
     from tokentrail.engines.llamacpp.engine import load
 
@@ -44,42 +47,28 @@ def chat(tok: Any, topic: str) -> list[int]:
     return prompt_ids(tok, [{"role": "user", "content": f"Tell me about {topic}."}], None)
 
 
-def test_split_cache_gives_each_sequence_its_solo_run(smol: tuple[Any, Any]) -> None:
+def test_split_cache_gives_each_sequence_its_solo_run(smol_fa_off: tuple[Any, Any]) -> None:
     """Three chats decoded together, one joining two steps late, each equal to its solo
-    run: the same tokens, logprobs and top-3 ids."""
+    run: the same tokens, logprobs and top-3 ids (flash attention off: 0.0 apart here)."""
     from tokentrail.engines.llamacpp.batch import LlamaCppBatch
     from tokentrail.sampling import make_params
 
-    engine, tok = smol
+    engine, tok = smol_fa_off
     jobs = [(chat(tok, t), make_params(top_logprobs=3), 16) for t in TOPICS]
-    solo = [[(s.token, s.logprob, s.top_logprobs) for s in engine.generate(*j)] for j in jobs]
     batch = LlamaCppBatch(engine, 4, kv_unified=False)
     assert not batch.kv_unified and batch.context_length * 4 <= batch.n_ctx
-    got: dict[int, list[Any]] = {}
-    uids = [batch.add(*jobs[0]), batch.add(*jobs[1])]
-    steps = 0
-    while len(batch):
-        if steps == 2:
-            uids.append(batch.add(*jobs[2]))
-        for uid, s in batch.step():
-            got.setdefault(uid, []).append((s.token, s.logprob, s.top_logprobs))
-        steps += 1
+    assert_batch_equals_solo(engine, batch, jobs, late=1, tol=1e-4)
     batch.close()
-    for uid, want in zip(uids, solo, strict=True):
-        assert [t for t, _, _ in got[uid]] == [t for t, _, _ in want]
-        for (_, lp, top), (_, lp2, top2) in zip(got[uid], want, strict=True):
-            assert lp == pytest.approx(lp2, abs=1e-4)
-            assert [i for i, _ in top] == [i for i, _ in top2]
 
 
-def test_split_batch_lists_sequence_ids_in_order_without_gaps(smol: tuple[Any, Any]) -> None:
+def test_split_batch_lists_sequence_ids_in_order_without_gaps(smol_fa_off: tuple[Any, Any]) -> None:
     """llama.cpp cuts a split cache's batch into ubatches of consecutive sequence ids as
     they come (`split_equal`, sequential), one pass over the weights each: the batch
     writes its tokens in id order, and a new sequence takes the lowest free id."""
     from tokentrail.engines.llamacpp.batch import LlamaCppBatch
     from tokentrail.sampling import make_params
 
-    engine, tok = smol
+    engine, tok = smol_fa_off
     batch = LlamaCppBatch(engine, 4, kv_unified=False)
     uids = [batch.add(chat(tok, t), make_params(), 30) for t in TOPICS]
     batch.step()
@@ -94,12 +83,12 @@ def test_split_batch_lists_sequence_ids_in_order_without_gaps(smol: tuple[Any, A
     batch.close()
 
 
-def test_layouts_auto_and_the_per_sequence_context(smol: tuple[Any, Any]) -> None:
+def test_layouts_auto_and_the_per_sequence_context(smol_fa_off: tuple[Any, Any]) -> None:
     from tokentrail.engines.llamacpp.batch import LlamaCppBatch
     from tokentrail.engines.llamacpp.engine import kv_unified_mode
     from tokentrail.sampling import make_params
 
-    engine, _ = smol
+    engine, _ = smol_fa_off
     shared = LlamaCppBatch(engine, 4)  # the engine's default: one shared cache
     assert shared.kv_unified and shared.context_length == shared.n_ctx == 2048
     shared.close()

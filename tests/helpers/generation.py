@@ -31,3 +31,38 @@ def check_exact(tok: Any, prompt_ids: Sequence[int], out: list[GenerationRespons
         want = 0 if (i == len(body) and ids[i] in eos) else len(vocab.token_bytes(ids[i]))
         assert end == want
     assert [t.index for t in spans] == sorted(t.index for t in spans)
+
+
+def assert_batch_equals_solo(
+    engine: Any,
+    batch: Any,
+    jobs: list[tuple[Any, ...]],
+    *,
+    late: int,
+    tol: float,
+    after_late: Any = None,
+) -> None:
+    """Run `jobs` ((prompt_ids, params, max_tokens) each) through `batch`: the first
+    added at once, the rest after 2 steps (`late`: how many of them join then; the
+    callable `after_late` runs just after they do). Each sequence's tokens and top ids
+    equal its solo run on `engine`, its logprobs within `tol`."""
+    import pytest
+
+    solo = [[(s.token, s.logprob, s.top_logprobs) for s in engine.generate(*j)] for j in jobs]
+    early = len(jobs) - late
+    got: dict[int, list[Any]] = {}
+    uids = [batch.add(*j) for j in jobs[:early]]
+    steps = 0
+    while len(batch):
+        if steps == 2:
+            uids += [batch.add(*j) for j in jobs[early:]]
+            if after_late is not None:
+                after_late()
+        for uid, s in batch.step():
+            got.setdefault(uid, []).append((s.token, s.logprob, s.top_logprobs))
+        steps += 1
+    for uid, want in zip(uids, solo, strict=True):
+        assert [t for t, _, _ in got[uid]] == [t for t, _, _ in want]
+        for (_, lp, top), (_, lp2, top2) in zip(got[uid], want, strict=True):
+            assert lp == pytest.approx(lp2, abs=tol)
+            assert [i for i, _ in top] == [i for i, _ in top2]

@@ -63,7 +63,7 @@ def prepare(
     `context_length`: the most tokens a request may hold (None: the engine's)."""
     try:
         ids = prompt_ids(tokenizer, req.prompt, engine.vocab_size, req.tools)
-        limit = _limit(req, len(ids), context_length or engine.context_length, engine)
+        limit = _limit(req, len(ids), context_length, engine.context_length)
         stop_matcher(req.stop)
         chat = req.kind == "chat"
         constraint = bound(req.structure, tokenizer, config.reasoning, chat)
@@ -150,19 +150,22 @@ def _check_retry(req: GenRequest, engine: Any) -> None:
         )
 
 
-def _limit(req: GenRequest, n_prompt: int, context_length: int | None, engine: Any) -> int:
+def _limit(
+    req: GenRequest, n_prompt: int, context_length: int | None, whole: int | None
+) -> int:
     """The token limit for a prompt of `n_prompt` tokens, or APIError (context).
 
     The server's rule, as OpenAI and vLLM answer: a `max_tokens` the client gave must
-    fit the room the prompt leaves; the default is cut to it. A `context_length` below
-    the engine's is a request's share of a split KV cache, and the error says so."""
+    fit the room the prompt leaves; the default is cut to it. `whole` is the engine's
+    context; a `context_length` below it (None: the same) is a request's share of a
+    split KV cache, and the error says so."""
+    context_length = context_length or whole
     overflow = "raise" if req.max_tokens_given else "cap"
     try:
         limit = room(context_length, n_prompt, req.max_tokens, overflow=overflow)
     except ContextOverflow as e:
         prompt = "messages" if req.kind == "chat" else "prompt"
         message = str(e)
-        whole = engine.context_length
         if context_length is not None and whole is not None and context_length < whole:
             message = (
                 f"{message.replace(' (max_position_embeddings)', '')}: this server splits "

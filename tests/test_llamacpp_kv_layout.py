@@ -61,6 +61,35 @@ def test_split_cache_gives_each_sequence_its_solo_run(smol_fa_off: tuple[Any, An
     batch.close()
 
 
+def test_stream_batch_generate_gives_each_prompt_its_stream_generate_run(
+    smol: tuple[Any, Any],
+) -> None:
+    """`stream_batch_generate` promises each sequence exactly what `stream_generate`
+    yields for it. On llama.cpp that holds only on a split cache: its private batch is
+    split and sized for the longest sequence (on the unified cache it used before, two of
+    these six greedy answers took other tokens and logprobs moved by up to 2.6). The
+    session's engine as loaded (flash attention `auto`), six chats, three joining late."""
+    from tokentrail import stream_generate
+    from tokentrail.batch import stream_batch_generate
+
+    engine, tok = smol
+    questions = ["What is the capital of France?", "Name an animal that lives in the sea.",
+                 "What is 12 plus 7?", "Who wrote Hamlet?", "What colour is the sky?",
+                 "Tell me about Paris."]
+    prompts = [[{"role": "user", "content": q}] for q in questions]
+    solo = [[(r.token, r.token_logprob, [a.id for a in r.top_logprobs])
+             for r in stream_generate(engine, tok, p, max_tokens=24, top_logprobs=3)]
+            for p in prompts]
+    got: dict[int, list[Any]] = {}
+    for i, r in stream_batch_generate(engine, tok, prompts, 24, top_logprobs=3, max_batch=3):
+        got.setdefault(i, []).append((r.token, r.token_logprob, [a.id for a in r.top_logprobs]))
+    for i, want in enumerate(solo):
+        assert [t for t, _, _ in got[i]] == [t for t, _, _ in want], questions[i]
+        for (_, lp, top), (_, lp2, top2) in zip(got[i], want, strict=True):
+            assert lp == pytest.approx(lp2, abs=1e-4)
+            assert top == top2
+
+
 def test_split_batch_lists_sequence_ids_in_order_without_gaps(smol_fa_off: tuple[Any, Any]) -> None:
     """llama.cpp cuts a split cache's batch into ubatches of consecutive sequence ids as
     they come (`split_equal`, sequential), one pass over the weights each: the batch

@@ -203,6 +203,9 @@ def stream_batch_generate(
     `index` is `prompt_index * n + choice`. Each sequence's responses are exactly what
     `stream_generate` would yield for it (text aligned in its prompt's context, tokens,
     logprobs, alternatives, stop strings; its last response has a `finish_reason`).
+    On llama.cpp the call's batch splits its KV cache among its sequences, each share
+    sized for the longest (a shared cache lets neighbours move a sequence's logprobs and
+    even its greedy tokens there; docs/engines.md).
     Every sampling keyword takes one value for all prompts or a list with one per
     prompt (for `stop`, a list of lists). With `n > 1` and a `seed`, choice j uses
     `seed + j`. `max_batch` sequences decode at once (default: all, up to 32); the rest
@@ -245,6 +248,14 @@ def stream_batch_generate(
     # A one-shot call's batch is private and short-lived, so its prompt cache only pays
     # off when asked for (sequences that follow others with a common prefix).
     options = {"prompt_cache_bytes": 0 if prompt_cache_bytes is None else prompt_cache_bytes}
+    # An engine whose batch can lay out its cache so no sequence sees another (llama.cpp:
+    # split) is asked to, sized for the longest sequence: each equals its solo run.
+    solo = getattr(engine, "solo_batch_options", None)
+    if callable(solo):
+        longest = max(len(j.ids) + (j.limit if j.limit is not None else 0) for j in jobs)
+        if any(j.limit is None for j in jobs):
+            longest = max(longest, engine.context_length or longest)
+        options.update(solo(max_batch, longest))
     output = (skip_special_tokens, parser, tools, alarm)
     early = {i * n: EarlyStop(n) for i in range(count)} if early_stop else {}
     return _run(engine, tokenizer, jobs, max_batch, output, options, early)

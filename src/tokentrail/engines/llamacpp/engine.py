@@ -283,6 +283,10 @@ class LlamaCppTokenizer:
 # -- the engine --------------------------------------------------------------------------
 
 
+#: llama.cpp pads a context to a multiple of this many cells.
+_CTX_PAD = 256
+
+
 class LlamaCppEngine:
     """Runs a llama-cpp-python `Llama`; see `tokentrail.engines.Engine`.
 
@@ -355,6 +359,17 @@ class LlamaCppEngine:
     def open_batch(self, max_batch: int, **options: Any) -> LlamaCppBatch:
         """A `Batch` over llama.cpp's parallel sequences (see `llamacpp.batch`)."""
         return LlamaCppBatch(self, max_batch, **options)
+
+    def solo_batch_options(self, max_batch: int, longest: int) -> dict[str, Any]:
+        """Options for a private batch whose sequences must each equal their solo run
+        (`stream_batch_generate`): a split KV cache (a unified one lets a sequence's
+        logprobs, even its greedy tokens, move with its neighbours in llama.cpp), sized
+        so each of `max_batch` sequences holds `longest` tokens (llama.cpp's padding of
+        256 cells, at most the engine's context)."""
+        per = -(-max(1, longest) // _CTX_PAD) * _CTX_PAD
+        if self.context_length:
+            per = min(per, self.context_length)
+        return {"kv_unified": False, "n_ctx": per * max_batch}
 
     def _eval(self, owner: object, sequence: list[int], new: list[int]) -> None:
         """Make the KV cache hold `sequence + new` (reusing what it holds), run the model."""

@@ -34,6 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import aiohttp
 import httpx
 from bench_proxy import free_port, spawn, wait
 from bench_proxy_cpu import start_llama
@@ -81,7 +82,7 @@ def start_proxy(upstream: str, workers: int, logs: Path) -> tuple[subprocess.Pop
     return proc, url
 
 
-async def one(client: httpx.AsyncClient, url: str, prompt: str, n: int) -> int:
+async def one(client: aiohttp.ClientSession, url: str, prompt: str, n: int) -> int:
     """Completion tokens of one streamed request (from its usage chunk)."""
     body = {
         "prompt": prompt, "max_tokens": n, "temperature": 0,
@@ -89,10 +90,11 @@ async def one(client: httpx.AsyncClient, url: str, prompt: str, n: int) -> int:
         "logit_bias": {str(i): -100 for i in EOS_IDS},
     }  # fmt: skip
     tail = b""
-    async with client.stream("POST", url + "/v1/completions", json=body) as r:
-        if r.status_code != 200:
+    async with client.post(url + "/v1/completions", json=body) as r:
+        if r.status != 200:
+            await r.read()
             return 0
-        async for part in r.aiter_bytes():
+        async for part in r.content.iter_any():
             tail = (tail + part)[-8192:]
     for line in reversed(tail.split(b"\n")):
         if line.startswith(b"data: {") and b'"usage"' in line:
@@ -103,8 +105,9 @@ async def one(client: httpx.AsyncClient, url: str, prompt: str, n: int) -> int:
 
 async def load(url: str, args: argparse.Namespace) -> tuple[int, float]:
     """(tokens, seconds) of `--clients` clients each making `--requests` requests."""
-    limits = httpx.Limits(max_connections=args.clients, max_keepalive_connections=args.clients)
-    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+    conn = aiohttp.TCPConnector(limit=args.clients)
+    timeout = aiohttp.ClientTimeout(total=600)
+    async with aiohttp.ClientSession(connector=conn, timeout=timeout) as client:
 
         async def user(i: int) -> int:
             return sum([await one(client, url, PROMPTS[(i + k) % len(PROMPTS)], args.max_tokens)
@@ -115,21 +118,54 @@ async def load(url: str, args: argparse.Namespace) -> tuple[int, float]:
         return sum(counts), time.perf_counter() - start
 
 
-def run_once(upstream: tuple[subprocess.Popen[bytes], str], workers: int,
+def start_replay(target: str, logs: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """`replay_upstream.py` in front of `target`, once it answers."""
+    port = free_port()
+    cmd = [sys.executable, str(Path(__file__).with_name("replay_upstream.py")),
+           "--target", target, "--port", str(port)]  # fmt: skip
+    proc = spawn(cmd, logs / "replay.log")
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            httpx.get(url + "/_replay/stats", timeout=2).raise_for_status()
+            return proc, url
+        except httpx.HTTPError as e:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                log = (logs / "replay.log").read_text()
+                raise SystemExit(f"the replay did not start:\n{log}") from e
+            time.sleep(0.2)
+
+
+def replay_stats(url: str) -> dict[str, int] | None:
+    try:
+        return httpx.get(url + "/_replay/stats", timeout=5).json()
+    except (httpx.HTTPError, ValueError):
+        return None
+
+
+def run_once(upstream: tuple[list[subprocess.Popen[bytes]], str], workers: int,
              args: argparse.Namespace, logs: Path) -> dict[str, float]:  # fmt: skip
-    proxy, url = start_proxy(upstream[1], workers, logs)
+    procs, upstream_url = upstream
+    proxy, url = start_proxy(upstream_url, workers, logs)
     try:
         asyncio.run(load(url, argparse.Namespace(**{**vars(args), "requests": 1})))  # warm-up
-        cpu_proxy, cpu_up = cpu_seconds(proxy.pid), cpu_seconds(upstream[0].pid)
+        before = replay_stats(upstream_url) if args.replay else None
+        cpu_proxy = cpu_seconds(proxy.pid)
+        cpu_up = sum(cpu_seconds(p.pid) for p in procs)
         tokens, seconds = asyncio.run(load(url, args))
         cpu_proxy = cpu_seconds(proxy.pid) - cpu_proxy
-        cpu_up = cpu_seconds(upstream[0].pid) - cpu_up
+        cpu_up = sum(cpu_seconds(p.pid) for p in procs) - cpu_up
+        after = replay_stats(upstream_url) if args.replay else None
     finally:
         proxy.terminate()
         proxy.wait(60)
     return {"workers": workers, "tokens": tokens, "seconds": seconds,
             "tokens_per_s": tokens / seconds, "proxy_us_per_token": 1e6 * cpu_proxy / tokens,
-            "upstream_us_per_token": 1e6 * cpu_up / tokens}  # fmt: skip
+            "upstream_us_per_token": 1e6 * cpu_up / tokens,
+            **({"replay_misses": after["misses"] - before["misses"],
+                "replay_hits": after["hits"] - before["hits"]}
+               if before and after else {})}  # fmt: skip
 
 
 def report(runs: list[dict[str, float]], args: argparse.Namespace) -> str:
@@ -144,7 +180,15 @@ def report(runs: list[dict[str, float]], args: argparse.Namespace) -> str:
         f"Machine: {platform.platform()}, {os.cpu_count()} CPUs (usable: "
         f"{len(os.sched_getaffinity(0))}), Python {platform.python_version()}",
         f"Upstream: llama-server on `{Path(args.gguf).name}`, {args.slots} slots, "
-        f"{args.threads} thread(s). Load: {args.clients} clients x {args.requests} "
+        f"{args.threads} thread(s)"
+        + (
+            ", behind `replay_upstream.py` (measured requests answered from its recording "
+            "of llama-server's own responses; upstream CPU is the replay's and "
+            "llama-server's together)"
+            if args.replay
+            else ""
+        )
+        + f". Load: {args.clients} clients x {args.requests} "
         f"streamed completions of {args.max_tokens} tokens, logprobs {TOP}; "
         f"medians of {args.rounds} alternating rounds.",
         "",
@@ -173,6 +217,13 @@ def main() -> None:
     parser.add_argument("--slots", type=int, default=32)
     parser.add_argument("--threads", type=int, default=1, help="llama-server's threads")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--replay",
+        action="store_true",
+        help="put replay_upstream.py between the proxy and llama-server: "
+        "measured requests are answered from its recording, so the proxy "
+        "is the limit (a GPU upstream spends its own hardware)",
+    )
     parser.add_argument("--output", type=Path)
     parser.add_argument("--logs", type=Path, help="keep the servers' logs here")
     args = parser.parse_args()
@@ -182,15 +233,20 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         logs = args.logs or Path(tmp)
         logs.mkdir(parents=True, exist_ok=True)
-        upstream = start_llama(args, logs)
+        llama = start_llama(args, logs)
+        procs, url = [llama[0]], llama[1]
         try:
+            if args.replay:
+                replay = start_replay(url, logs)
+                procs, url = [llama[0], replay[0]], replay[1]
             for _ in range(args.rounds):
                 for workers in (1, args.workers):
-                    runs.append(run_once(upstream, workers, args, logs))
+                    runs.append(run_once((procs, url), workers, args, logs))
                     print(json.dumps(runs[-1]), flush=True)
         finally:
-            upstream[0].terminate()
-            upstream[0].wait(60)
+            for proc in procs:
+                proc.terminate()
+                proc.wait(60)
     text = report(runs, args)
     print(text)
     if args.output is not None:

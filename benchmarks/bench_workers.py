@@ -11,12 +11,18 @@ concurrent clients, each streaming `--requests` completions one after the other
 CPU per completion token of the proxy (the supervisor and its workers) and of the
 upstream, read from /proc (Linux).
 
-The clients run in this process (one asyncio loop, raw SSE bytes, only the last chunk's
-usage parsed), so on a small machine the clients, the upstream and the proxy share the
-cores: say so next to the figures.
+The clients run in this process (one asyncio loop on aiohttp, raw SSE bytes, only the
+last chunk's usage parsed; their CPU per token is reported too), so on a small machine
+the clients, the upstream and the proxy share the cores: say so next to the figures.
+
+`--replay` puts `replay_upstream.py` between the proxy and llama-server: each request it
+has not seen goes to llama-server and is recorded, each later identical one is answered
+from the recording (the greedy requests here repeat after the warm-up), so the upstream
+costs about 5 µs of CPU per token and the proxy is the limit, as in front of a GPU that
+does the upstream's work on its own hardware.
 
     flock /tmp/tt-bench.lock python benchmarks/bench_workers.py \\
-        [--workers 2] [--clients 32] [--output benchmarks/results/workers.md]
+        [--workers 2] [--clients 32] [--replay] [--output /tmp/workers.md]
 """
 
 from __future__ import annotations
@@ -153,7 +159,9 @@ def run_once(upstream: tuple[list[subprocess.Popen[bytes]], str], workers: int,
         before = replay_stats(upstream_url) if args.replay else None
         cpu_proxy = cpu_seconds(proxy.pid)
         cpu_up = sum(cpu_seconds(p.pid) for p in procs)
+        cpu_clients = time.process_time()
         tokens, seconds = asyncio.run(load(url, args))
+        cpu_clients = time.process_time() - cpu_clients
         cpu_proxy = cpu_seconds(proxy.pid) - cpu_proxy
         cpu_up = sum(cpu_seconds(p.pid) for p in procs) - cpu_up
         after = replay_stats(upstream_url) if args.replay else None
@@ -163,6 +171,8 @@ def run_once(upstream: tuple[list[subprocess.Popen[bytes]], str], workers: int,
     return {"workers": workers, "tokens": tokens, "seconds": seconds,
             "tokens_per_s": tokens / seconds, "proxy_us_per_token": 1e6 * cpu_proxy / tokens,
             "upstream_us_per_token": 1e6 * cpu_up / tokens,
+            "clients_us_per_token": 1e6 * cpu_clients / tokens,
+            "cores_busy": (cpu_proxy + cpu_up + cpu_clients) / seconds,
             **({"replay_misses": after["misses"] - before["misses"],
                 "replay_hits": after["hits"] - before["hits"]}
                if before and after else {})}  # fmt: skip
@@ -192,13 +202,15 @@ def report(runs: list[dict[str, float]], args: argparse.Namespace) -> str:
         f"streamed completions of {args.max_tokens} tokens, logprobs {TOP}; "
         f"medians of {args.rounds} alternating rounds.",
         "",
-        "| workers | tokens/s | ratio to 1 worker | proxy CPU µs/token | upstream CPU µs/token |",
-        "|---:|---:|---:|---:|---:|",
+        "| workers | tokens/s | ratio to 1 worker | proxy CPU µs/token | upstream CPU µs/token "
+        "| clients' CPU µs/token | machine's cores busy |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for w in (1, args.workers):
         lines.append(
             f"| {w} | {med(w, 'tokens_per_s'):,.0f} | {med(w, 'tokens_per_s') / one_w:.2f}x | "
-            f"{med(w, 'proxy_us_per_token'):,.0f} | {med(w, 'upstream_us_per_token'):,.0f} |"
+            f"{med(w, 'proxy_us_per_token'):,.0f} | {med(w, 'upstream_us_per_token'):,.0f} | "
+            f"{med(w, 'clients_us_per_token'):,.0f} | {med(w, 'cores_busy'):.2f} |"
         )
     lines += ["", f"Ratio {args.workers} workers / 1: **{many / one_w:.2f}x**.", "",
               "Every round:", "", "```", *(json.dumps(r) for r in runs), "```", ""]  # fmt: skip

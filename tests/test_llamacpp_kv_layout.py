@@ -90,6 +90,23 @@ def test_stream_batch_generate_gives_each_prompt_its_stream_generate_run(
             assert top == top2
 
 
+def test_a_private_batch_stays_within_the_engines_own_context(smol: tuple[Any, Any]) -> None:
+    """`stream_batch_generate`'s split batch takes no more KV cells than the engine was
+    loaded with unless the caller names `max_batch`: as many sequences as fit, each with
+    room for the longest (llama.cpp's 256-cell rounding), at least one."""
+    engine, _ = smol
+    assert engine.context_length == 2048
+    for longest, most in [(40, 32), (100, 32), (300, 32), (700, 5), (3000, 32), (1, 2)]:
+        n, layout = engine.solo_batch(longest, None, most)
+        assert layout["kv_unified"] is False
+        share = layout["n_ctx"] // n
+        assert share >= min(longest, 2048) and share % 256 == 0
+        assert 1 <= n <= most and layout["n_ctx"] <= 2048
+        assert n == most or (n + 1) * share > 2048  # no room left for one more
+    n, layout = engine.solo_batch(100, 12, 32)  # named: kept, and the memory it needs
+    assert n == 12 and layout["n_ctx"] == 12 * 256
+
+
 def test_split_batch_lists_sequence_ids_in_order_without_gaps(smol_fa_off: tuple[Any, Any]) -> None:
     """llama.cpp cuts a split cache's batch into ubatches of consecutive sequence ids as
     they come (`split_equal`, sequential), one pass over the weights each: the batch

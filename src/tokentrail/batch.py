@@ -205,10 +205,11 @@ def stream_batch_generate(
     logprobs, alternatives, stop strings; its last response has a `finish_reason`).
     On llama.cpp the call's batch splits its KV cache among its sequences, each share
     sized for the longest (a shared cache lets neighbours move a sequence's logprobs and
-    even its greedy tokens there; docs/engines.md).
+    even its greedy tokens there; docs/engines.md), and without `max_batch` it runs as
+    many at once as such shares fit in the engine's own context.
     Every sampling keyword takes one value for all prompts or a list with one per
     prompt (for `stop`, a list of lists). With `n > 1` and a `seed`, choice j uses
-    `seed + j`. `max_batch` sequences decode at once (default: all, up to 32); the rest
+    `seed + j`. `max_batch` sequences decode at once (default: all, up to 32; on llama.cpp, see below); the rest
     join as others finish. `prompt_cache_bytes` (default None: no cache) turns on a prompt
     cache of that many bytes, shared by the call's sequences: one that joins after another
     with a common prefix finished reuses its KV cache. `tools`, `tool_choice` and
@@ -241,21 +242,26 @@ def stream_batch_generate(
                              vocab_size=engine.vocab_size, constraint=constraint)
         for j in range(n):
             jobs.append(_Job(i * n + j, j, ids, params, limit, stops[i]))
-    if max_batch is None:
-        max_batch = min(len(jobs), DEFAULT_MAX_BATCH)
-    if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
+    if max_batch is not None and (
+        isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1
+    ):
         raise ValueError(f"max_batch must be an int >= 1, got {max_batch!r}")
     # A one-shot call's batch is private and short-lived, so its prompt cache only pays
     # off when asked for (sequences that follow others with a common prefix).
-    options = {"prompt_cache_bytes": 0 if prompt_cache_bytes is None else prompt_cache_bytes}
+    options: dict[str, Any] = {
+        "prompt_cache_bytes": 0 if prompt_cache_bytes is None else prompt_cache_bytes
+    }
     # An engine whose batch can lay out its cache so no sequence sees another (llama.cpp:
     # split) is asked to, sized for the longest sequence: each equals its solo run.
-    solo = getattr(engine, "solo_batch_options", None)
+    solo = getattr(engine, "solo_batch", None)
     if callable(solo):
         longest = max(len(j.ids) + (j.limit if j.limit is not None else 0) for j in jobs)
         if any(j.limit is None for j in jobs):
             longest = max(longest, engine.context_length or longest)
-        options.update(solo(max_batch, longest))
+        max_batch, layout = solo(longest, max_batch, min(len(jobs), DEFAULT_MAX_BATCH))
+        options.update(layout)
+    elif max_batch is None:
+        max_batch = min(len(jobs), DEFAULT_MAX_BATCH)
     output = (skip_special_tokens, parser, tools, alarm)
     early = {i * n: EarlyStop(n) for i in range(count)} if early_stop else {}
     return _run(engine, tokenizer, jobs, max_batch, output, options, early)

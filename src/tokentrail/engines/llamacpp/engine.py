@@ -360,16 +360,22 @@ class LlamaCppEngine:
         """A `Batch` over llama.cpp's parallel sequences (see `llamacpp.batch`)."""
         return LlamaCppBatch(self, max_batch, **options)
 
-    def solo_batch_options(self, max_batch: int, longest: int) -> dict[str, Any]:
-        """Options for a private batch whose sequences must each equal their solo run
-        (`stream_batch_generate`): a split KV cache (a unified one lets a sequence's
-        logprobs, even its greedy tokens, move with its neighbours in llama.cpp), sized
-        so each of `max_batch` sequences holds `longest` tokens (llama.cpp's padding of
-        256 cells, at most the engine's context)."""
+    def solo_batch(
+        self, longest: int, max_batch: int | None, most: int
+    ) -> tuple[int, dict[str, Any]]:
+        """How many sequences, and the batch options, for a private batch whose sequences
+        must each equal their solo run (`stream_batch_generate`): a split KV cache (a
+        unified one lets a sequence's logprobs, even its greedy tokens, move with its
+        neighbours in llama.cpp), each share holding `longest` tokens (rounded up to
+        llama.cpp's 256 cells, at most the engine's context). `max_batch` is kept when
+        given; None takes as many as fit in the engine's own context (the memory its
+        load asked for), at least one and at most `most`."""
         per = -(-max(1, longest) // _CTX_PAD) * _CTX_PAD
         if self.context_length:
             per = min(per, self.context_length)
-        return {"kv_unified": False, "n_ctx": per * max_batch}
+        if max_batch is None:
+            max_batch = max(1, min(most, (self.context_length or per) // per))
+        return max_batch, {"kv_unified": False, "n_ctx": per * max_batch}
 
     def _eval(self, owner: object, sequence: list[int], new: list[int]) -> None:
         """Make the KV cache hold `sequence + new` (reusing what it holds), run the model."""

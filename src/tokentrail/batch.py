@@ -209,10 +209,11 @@ def stream_batch_generate(
     many at once as such shares fit in the engine's own context.
     Every sampling keyword takes one value for all prompts or a list with one per
     prompt (for `stop`, a list of lists). With `n > 1` and a `seed`, choice j uses
-    `seed + j`. `max_batch` sequences decode at once (default: all, up to 32; on llama.cpp, see below); the rest
-    join as others finish. `prompt_cache_bytes` (default None: no cache) turns on a prompt
-    cache of that many bytes, shared by the call's sequences: one that joins after another
-    with a common prefix finished reuses its KV cache. `tools`, `tool_choice` and
+    `seed + j`. `max_batch` sequences decode at once (default: all, up to 32; on
+    llama.cpp, see above); the rest join as others finish. `prompt_cache_bytes`
+    (default None: no cache) turns on a prompt cache of that many bytes, shared by the
+    call's sequences: one that joins after another with a common prefix finished reuses
+    its KV cache. `tools`, `tool_choice` and
     `tool_parser` (one set for every prompt; the prompts are chat messages) parse tool
     calls as `stream_generate` does; `alarm` (one for every sequence) flags and stops
     as `stream_generate`'s. `early_stop` (with `n` > 1) stops a choice whose

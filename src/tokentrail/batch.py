@@ -243,6 +243,16 @@ def stream_batch_generate(
                              vocab_size=engine.vocab_size, constraint=constraint)
         for j in range(n):
             jobs.append(_Job(i * n + j, j, ids, params, limit, stops[i]))
+    max_batch, options = _batch_shape(engine, jobs, max_batch, prompt_cache_bytes)
+    output = (skip_special_tokens, parser, tools, alarm)
+    early = {i * n: EarlyStop(n) for i in range(count)} if early_stop else {}
+    return _run(engine, tokenizer, jobs, max_batch, output, options, early)
+
+
+def _batch_shape(
+    engine: Any, jobs: deque[_Job], max_batch: int | None, prompt_cache_bytes: int | None
+) -> tuple[int, dict[str, Any]]:
+    """How many sequences decode at once, and the options of the call's batch."""
     if max_batch is not None and (
         isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1
     ):
@@ -263,9 +273,7 @@ def stream_batch_generate(
         options.update(layout)
     elif max_batch is None:
         max_batch = min(len(jobs), DEFAULT_MAX_BATCH)
-    output = (skip_special_tokens, parser, tools, alarm)
-    early = {i * n: EarlyStop(n) for i in range(count)} if early_stop else {}
-    return _run(engine, tokenizer, jobs, max_batch, output, options, early)
+    return max_batch, options
 
 
 def _check_shape(prompts: Any, n: Any, early_stop: bool) -> None:

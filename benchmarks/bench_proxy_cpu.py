@@ -77,10 +77,8 @@ def start_llama(args: argparse.Namespace, logs: Path) -> tuple[subprocess.Popen[
     return proc, url
 
 
-async def one(
-    client: httpx.AsyncClient, url: str, model: str, prompt: str, n: int, top: int | None
-) -> tuple[int, float, int]:
-    """(tokens, time to first content, HTTP status) of one streamed chat request;
+def chat_body(model: str, prompt: str, n: int, top: int | None) -> dict[str, Any]:
+    """One streamed greedy chat request of exactly `n` tokens (end tokens barred);
     `top` None asks no logprobs."""
     body: dict[str, Any] = {
         "model": model,
@@ -93,6 +91,21 @@ async def one(
     if top is not None:
         body["logprobs"] = True
         body["top_logprobs"] = top
+    return body
+
+
+def has_content(payload: str | bytes) -> bool:
+    """Whether a chunk's JSON carries text in its first choice's delta."""
+    choices = json.loads(payload).get("choices") or [{}]
+    return bool((choices[0].get("delta") or {}).get("content"))
+
+
+async def one(
+    client: httpx.AsyncClient, url: str, model: str, prompt: str, n: int, top: int | None
+) -> tuple[int, float, int]:
+    """(tokens, time to first content, HTTP status) of one streamed chat request;
+    `top` None asks no logprobs."""
+    body = chat_body(model, prompt, n, top)
     start = time.perf_counter()
     ttft = float("nan")
     async with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
@@ -102,8 +115,7 @@ async def one(
         async for line in r.aiter_lines():
             if ttft == ttft or not line.startswith("data: ") or line == "data: [DONE]":
                 continue
-            choices = json.loads(line[6:]).get("choices") or [{}]
-            if (choices[0].get("delta") or {}).get("content"):
+            if has_content(line[6:]):
                 ttft = time.perf_counter() - start
     return n, ttft, 200
 
@@ -113,17 +125,7 @@ async def one_aiohttp(
 ) -> tuple[int, float, int]:
     """`one` on aiohttp: the same request and timing, a cheaper reader (the clients share
     this machine's cores with both servers)."""
-    body: dict[str, Any] = {
-        "model": model,
-        "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": n,
-        "temperature": 0,
-        "stream": True,
-        "logit_bias": {str(e): -100 for e in EOS},
-    }
-    if top is not None:
-        body["logprobs"] = True
-        body["top_logprobs"] = top
+    body = chat_body(model, prompt, n, top)
     start = time.perf_counter()
     ttft = float("nan")
     async with client.post(url + "/v1/chat/completions", json=body) as r:
@@ -133,10 +135,17 @@ async def one_aiohttp(
         async for line in r.content:
             if ttft == ttft or not line.startswith(b"data: {"):
                 continue
-            choices = json.loads(line[6:]).get("choices") or [{}]
-            if (choices[0].get("delta") or {}).get("content"):
+            if has_content(line[6:]):
                 ttft = time.perf_counter() - start
     return n, ttft, 200
+
+
+async def client_json(client: Any, url: str) -> Any:
+    """GET `url` as JSON with either client."""
+    if isinstance(client, httpx.AsyncClient):
+        return (await client.get(url)).json()
+    async with client.get(url) as r:
+        return await r.json()
 
 
 async def round_(url: str, clients: int, n: int, top: int | None) -> tuple[float, float, int]:
@@ -145,27 +154,21 @@ async def round_(url: str, clients: int, n: int, top: int | None) -> tuple[float
         import aiohttp
 
         conn = aiohttp.TCPConnector(limit=0)
-        async with aiohttp.ClientSession(
+        opened: Any = aiohttp.ClientSession(
             connector=conn, timeout=aiohttp.ClientTimeout(total=600)
-        ) as session:
-            async with session.get(url + "/v1/models") as r:
-                model = (await r.json())["data"][0]["id"]
-            start = time.perf_counter()
-            results = await asyncio.gather(*(
-                one_aiohttp(session, url, model, PROMPTS[k % len(PROMPTS)], n, top)
-                for k in range(clients)
-            ))  # fmt: skip
-            wall = time.perf_counter() - start
+        )
+        ask = one_aiohttp
     else:
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-        async with httpx.AsyncClient(timeout=600, limits=limits) as client:
-            model = (await client.get(url + "/v1/models")).json()["data"][0]["id"]
-            start = time.perf_counter()
-            results = await asyncio.gather(*(
-                one(client, url, model, PROMPTS[k % len(PROMPTS)], n, top)
-                for k in range(clients)
-            ))  # fmt: skip
-            wall = time.perf_counter() - start
+        opened = httpx.AsyncClient(timeout=600, limits=limits)
+        ask = one
+    async with opened as client:
+        model = (await client_json(client, url + "/v1/models"))["data"][0]["id"]
+        start = time.perf_counter()
+        results = await asyncio.gather(
+            *(ask(client, url, model, PROMPTS[k % len(PROMPTS)], n, top) for k in range(clients))
+        )
+        wall = time.perf_counter() - start
     ttfts = [x for _, x, s in results if s == 200 and x == x]
     median = statistics.median(ttfts) if ttfts else float("nan")
     return sum(t for t, _, _ in results) / wall, median, sum(s != 200 for _, _, s in results)

@@ -102,10 +102,16 @@ Record = tuple[int, float, Sequence[tuple[int, float]], bool, str, "float | None
 
 
 def record_of(step: Step) -> Record:
-    """The parts of `step` a replay needs (never the engine's full logprob vector)."""
+    """The parts of `step` a replay needs (never the engine's full logprob vector).
+
+    Tuples of plain numbers and strings only: Python's collector stops tracking such
+    tuples after one pass, so the memory's tens of thousands of records cost nothing in
+    the full collections of a long-running server (a list here kept every record
+    tracked: about a third of the proxy's CPU per token went to traversing them)."""
+    top = step.top_logprobs
     return (
-        step.token, step.logprob, step.top_logprobs, step.from_draft, step.distribution,
-        step.allowed_mass,
+        step.token, step.logprob, tuple(map(tuple, top)) if top else (), step.from_draft,
+        step.distribution, step.allowed_mass,
     )  # fmt: skip
 
 

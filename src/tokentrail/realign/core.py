@@ -10,6 +10,7 @@ the aligner is given (`tokentrail.engines.upstream.engine` turns them into steps
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
@@ -34,6 +35,12 @@ from .vocabmap import reverse
 from .wire import REPLACEMENT, Frame, WireToken, token_string_bytes
 
 log = logging.getLogger("tokentrail.realign")
+
+
+def _note(warnings: list[str], message: str) -> None:
+    """A warning: reported through the result (and the CLI's summary); logged for -v."""
+    log.info("%s", message)
+    warnings.append(message)
 
 
 class Realigner:
@@ -75,18 +82,21 @@ class Realigner:
         #: decoding rules, a character it left open), as `Aligner(prompt_ids=...)`.
         self.prompt_ids: tuple[int, ...] = tuple(prompt_ids or ())
         self._rev = reverse(self.vocab)
+        self._warnings: list[str] = []
+        # The feeder warns into the same list, through a function that does not hold
+        # this realigner: no reference cycle, so a finished stream's realigner, feeder
+        # and segments are freed at once instead of waiting for a full collection.
         self._feeder = Feeder(
             self.vocab,
             skip_special_tokens,
             self.prompt_ids,
-            warn=self._warn,
+            warn=functools.partial(_note, self._warnings),
             on_token=on_token,
             alternatives=alternatives,
         )
         self._n = 0  # tokens seen
         self._n_chunks = 0
         self._refused: list[RefusedToken] = []
-        self._warnings: list[str] = []
         self._errors: list[str] = []
         self._sources: list[str] = []
         self._ambiguous = 0
@@ -239,9 +249,7 @@ class Realigner:
     # -- reading the wire --------------------------------------------------------------------
 
     def _warn(self, message: str) -> None:
-        # Reported through the result (and the CLI's summary); logged for -v.
-        log.info("%s", message)
-        self._warnings.append(message)
+        _note(self._warnings, message)
 
     def _source(self, name: str) -> None:
         if name and name not in self._sources:

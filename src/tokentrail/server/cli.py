@@ -258,6 +258,22 @@ def _build_app(args: argparse.Namespace, config: ServerConfig, loader: Loader | 
         return 2
 
 
+def _settle_heap() -> None:
+    """Once the model and tokenizer are loaded: collect, then freeze what is left.
+
+    A loaded tokenizer is hundreds of thousands of objects the collector would traverse
+    at every full collection for the life of the server. Measured on the proxy
+    (``benchmarks/results/proxy-cpu.md``, "Garbage collection"): without this each full
+    collection took about 200 ms, every few seconds under load, a stall of every stream
+    and a fifth of the proxy's CPU; frozen, a few milliseconds. (vLLM's servers freeze
+    their start-up heap for the same reason.) Objects made later are collected as
+    usual."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+
+
 def _serve(app: Any, sock: socket.socket, listen: ListenConfig, seat: Seat | None = None) -> int:
     """Load the model, then run uvicorn on `sock` until interrupted; as the worker at
     `seat` of ``--workers N``, say so in `/health` and an ``x-tokentrail-worker`` header
@@ -270,6 +286,7 @@ def _serve(app: Any, sock: socket.socket, listen: ListenConfig, seat: Seat | Non
     except (OSError, ValueError, ImportError, TypeError) as e:
         sock.close()
         return fail(f"cannot load the model: {e}", "tokentrail serve")
+    _settle_heap()
     url = _url(sock)
 
     heartbeat: Heartbeat | None = None

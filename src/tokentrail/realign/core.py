@@ -61,7 +61,10 @@ class Realigner:
     did not identify (see `TokenEvent`). `alternatives` False leaves the alternatives
     out of the realigner's own segments (the events still carry them): for a subscriber
     that aligns the tokens again itself, as the proxy does, it saves a lookup of every
-    alternative per token.
+    alternative per token. `segments` False goes further, for a subscriber that wants
+    only the events: `feed` and `finish` return no segments and `result` holds none
+    (nor the text, nor the checks against the content that releasing them makes); the
+    events are the same.
     """
 
     def __init__(
@@ -73,6 +76,7 @@ class Realigner:
         prompt_ids: Sequence[int] | None = None,
         on_token: TokenHook | None = None,
         alternatives: bool = True,
+        segments: bool = True,
     ) -> None:
         from ..vocab import load_vocab
 
@@ -81,6 +85,7 @@ class Realigner:
         #: The prompt the stream continues, when known: realigned in its context (its
         #: decoding rules, a character it left open), as `Aligner(prompt_ids=...)`.
         self.prompt_ids: tuple[int, ...] = tuple(prompt_ids or ())
+        self._segments = segments
         self._rev = reverse(self.vocab)
         self._warnings: list[str] = []
         # The feeder warns into the same list, through a function that does not hold
@@ -93,6 +98,7 @@ class Realigner:
             warn=functools.partial(_note, self._warnings),
             on_token=on_token,
             alternatives=alternatives,
+            segments=segments,
         )
         self._n = 0  # tokens seen
         self._n_chunks = 0
@@ -174,6 +180,8 @@ class Realigner:
             if self._total_pin:
                 self._pins[self._n - 1] = frame.total
         released = self._feeder.advance()
+        if not self._segments:
+            return []
         if (self._open_gaps or (self._chat and self._llama)) and self._ext is None:
             # Positions may still move: after a fold of unknown count, and on llama.cpp's
             # chat streams, where only the counts at the end can show unlisted tokens.
@@ -201,6 +209,8 @@ class Realigner:
         self._trailing = list(self._feeder.trailing)
         released = self._settle_counts(self._deferred + released)
         self._deferred = []
+        if not self._segments:
+            return []
         if self._ext is not None:
             self._ours.extend(released)
             return []
@@ -317,8 +327,11 @@ class Realigner:
             return None
         out = []
         seen = set()
+        size, pieces = self.vocab.size, self.vocab.pieces
         for w in wires:
-            tid, _, _ = self._identify(w, main=False)
+            tid = w.id
+            if tid is None or not 0 <= tid < size or pieces[tid] is None:
+                tid, _, _ = self._identify(w, main=False)  # (an id in the vocabulary: itself)
             if tid is None or w.logprob is None:
                 self._alts_dropped += 1
                 continue

@@ -46,6 +46,8 @@ class Feeder:
     reports a problem in one line; `on_token` (optional) receives a `TokenEvent` for
     every token given to the aligner, in order, and for every refused token that had no
     bytes. `alternatives` False: the segments carry no alternatives (the events still do).
+    `segments` False: no segments at all, only the events (`advance` and `finish` return
+    none, and the content is not checked against the tokens' text).
     """
 
     def __init__(
@@ -57,12 +59,15 @@ class Feeder:
         warn: Callable[[str], None],
         on_token: TokenHook | None = None,
         alternatives: bool = True,
+        segments: bool = True,
     ) -> None:
         self.vocab = vocab
         self.prompt_ids = tuple(prompt_ids)
         self.on_token = on_token
         #: Whether the segments carry each token's alternatives (see `Realigner`).
         self.alternatives = alternatives
+        #: Whether segments are made and released (see the class).
+        self.segments = segments
         #: The stream was seen to send raw bytes (not UTF-8 on their own), so a U+FFFD it
         #: sends is a real U+FFFD; set by the reader.
         self.raw_seen = False
@@ -113,7 +118,8 @@ class Feeder:
         self._grew = bool(text)
         if text:
             self._content.append(text)
-            self._unconfirmed += text
+            if self.segments:
+                self._unconfirmed += text
             self._cb += text.encode("utf-8")
 
     def add(self, obs: Obs) -> None:
@@ -132,6 +138,9 @@ class Feeder:
             outs = {skip: al.finish() for skip, al in self._aligners.items()}
             self._take(outs[self._primary])
         released = self._release(final=True)
+        if not self.segments:
+            self._orphans.clear()
+            return released  # none were made
         if self.diverged is None and self._unconfirmed:
             r = RefusedToken(None, "the streamed content has text that no token data accounts for")
             self.refused.append(r)
@@ -384,6 +393,12 @@ class Feeder:
 
     def _take(self, segments: list[Segment]) -> None:
         """Aligner output -> realigned segments (stream indices, refused tokens), held."""
+        if not self.segments:  # only where the pushed tokens end in the content
+            for seg in segments:
+                self._text_emitted += len(seg.text.encode("utf-8"))
+                self._piece_emitted += sum(t.end - t.start for t in seg.tokens)
+            self._orphans.clear()  # their events were given already
+            return
         for seg in segments:
             self._text_emitted += len(seg.text.encode("utf-8"))
             self._piece_emitted += sum(t.end - t.start for t in seg.tokens)

@@ -131,7 +131,7 @@ def token_string_bytes(token: str) -> bytes:
 _MISSING = object()
 
 
-def _plain_entry(e: dict[str, Any]) -> WireToken | None:
+def plain_entry(e: dict[str, Any]) -> WireToken | None:
     """`entry` for the shape llama.cpp streams (an integer ``id``, a string ``token``, a
     finite float ``logprob``, a ``bytes`` list, plain entries in ``top_logprobs``),
     without building the error locations `entry` names; None for anything else, which
@@ -162,7 +162,7 @@ def _plain_entry(e: dict[str, Any]) -> WireToken | None:
             return None
         top = []
         for t in top_src:
-            alt = _plain_entry(t) if t.__class__ is dict else None
+            alt = plain_entry(t) if t.__class__ is dict else None
             if alt is None:
                 return None
             top.append(alt)
@@ -172,7 +172,7 @@ def _plain_entry(e: dict[str, Any]) -> WireToken | None:
 def entry(e: Any, where: str, source: str) -> WireToken:
     """A logprobs entry: OpenAI chat (token, logprob, bytes, top_logprobs) or llama.cpp."""
     if e.__class__ is dict:
-        plain = _plain_entry(e)
+        plain = plain_entry(e)
         if plain is not None:
             return plain
     if not isinstance(e, Mapping):

@@ -101,6 +101,7 @@ class StepReader:
             prompt_ids=prompt_ids,
             on_token=self._events.append,
             alternatives=False,  # the output stage's aligner builds them from the steps
+            segments=False,  # only the events are read: the output stage makes its own
         )
         self._tail = b""
         self._n = 0

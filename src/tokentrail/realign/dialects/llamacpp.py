@@ -33,10 +33,13 @@ def parse(chunk: Mapping[str, Any], choice: int, where: str) -> Frame | None:
     probs = chunk.get("completion_probabilities") or []
     if not isinstance(probs, list):
         raise RealignError(f"{where}.completion_probabilities must be a list")
-    entries = [
-        wire.entry(e, f"{where}.completion_probabilities[{k}]", "llama.cpp")
-        for k, e in enumerate(probs)
-    ]
+    entries = []
+    for k, e in enumerate(probs):
+        # llama.cpp's own shape is read without naming where (only an error needs it).
+        w = wire.plain_entry(e) if e.__class__ is dict else None
+        if w is None:
+            w = wire.entry(e, f"{where}.completion_probabilities[{k}]", "llama.cpp")
+        entries.append(w)
     ids = chunk.get("tokens")
     if ids is not None and (not isinstance(ids, list) or not all(wire.is_int(i) for i in ids)):
         raise RealignError(f"{where}.tokens must be a list of integers")

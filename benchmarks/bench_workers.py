@@ -14,6 +14,9 @@ upstream, read from /proc (Linux).
 The clients run in this process (one asyncio loop on aiohttp, raw SSE bytes, only the
 last chunk's usage parsed; their CPU per token is reported too), so on a small machine
 the clients, the upstream and the proxy share the cores: say so next to the figures.
+Each client also times the gaps between successive reads of its stream: a stall of the
+proxy (a garbage collection of its whole heap, say) shows as a long one (p99 and max).
+`--proxy-repo` runs the proxy from another checkout's src/ (before and after a change).
 
 `--replay` puts `replay_upstream.py` between the proxy and llama-server: each request it
 has not seen goes to llama-server and is recorded, each later identical one is answered
@@ -67,15 +70,18 @@ def cpu_seconds(pid: int) -> float:
     return total + sum(cpu_seconds(int(k)) for k in kids)
 
 
-def start_proxy(upstream: str, workers: int, logs: Path) -> tuple[subprocess.Popen[bytes], str]:
-    """The proxy with `workers` workers, once all serve and their startup checks of the
-    upstream are over (their requests would share the upstream with measured ones)."""
+def start_proxy(
+    upstream: str, workers: int, logs: Path, repo: Path = REPO
+) -> tuple[subprocess.Popen[bytes], str]:
+    """The proxy with `workers` workers (from `repo`'s src/), once all serve and their
+    startup checks of the upstream are over (their requests would share the upstream
+    with measured ones)."""
     port = free_port()
     cmd = [sys.executable, "-m", "tokentrail", "serve", "--upstream", upstream]
     cmd += ["--tokenizer", str(DEMO), "--port", str(port), "--log-level", "info"]
     cmd += ["--workers", str(workers)]
     log = logs / f"proxy-{workers}.log"
-    proc = spawn(cmd, log, {"PYTHONPATH": str(REPO / "src")})
+    proc = spawn(cmd, log, {"PYTHONPATH": str(repo / "src")})
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 600
     serving = re.compile(rf"serving \S+ on {re.escape(url)}")
@@ -88,20 +94,29 @@ def start_proxy(upstream: str, workers: int, logs: Path) -> tuple[subprocess.Pop
     return proc, url
 
 
-async def one(client: aiohttp.ClientSession, url: str, prompt: str, n: int) -> int:
-    """Completion tokens of one streamed request (from its usage chunk)."""
+async def one(
+    client: aiohttp.ClientSession, url: str, prompt: str, n: int, gaps: list[float] | None = None
+) -> int:
+    """Completion tokens of one streamed request (from its usage chunk); `gaps` gets the
+    seconds between successive reads of its stream (a stall shows as a long one)."""
     body = {
         "prompt": prompt, "max_tokens": n, "temperature": 0,
         "stream": True, "logprobs": TOP, "stream_options": {"include_usage": True},
         "logit_bias": {str(i): -100 for i in EOS_IDS},
     }  # fmt: skip
     tail = b""
+    last = None
     async with client.post(url + "/v1/completions", json=body) as r:
         if r.status != 200:
             await r.read()
             return 0
         async for part in r.content.iter_any():
             tail = (tail + part)[-8192:]
+            if gaps is not None:
+                now = time.perf_counter()
+                if last is not None:
+                    gaps.append(now - last)
+                last = now
     for line in reversed(tail.split(b"\n")):
         if line.startswith(b"data: {") and b'"usage"' in line:
             usage = json.loads(line[6:]).get("usage") or {}
@@ -109,15 +124,17 @@ async def one(client: aiohttp.ClientSession, url: str, prompt: str, n: int) -> i
     return 0
 
 
-async def load(url: str, args: argparse.Namespace) -> tuple[int, float]:
+async def load(
+    url: str, args: argparse.Namespace, gaps: list[float] | None = None
+) -> tuple[int, float]:
     """(tokens, seconds) of `--clients` clients each making `--requests` requests."""
     conn = aiohttp.TCPConnector(limit=args.clients)
     timeout = aiohttp.ClientTimeout(total=600)
     async with aiohttp.ClientSession(connector=conn, timeout=timeout) as client:
 
         async def user(i: int) -> int:
-            return sum([await one(client, url, PROMPTS[(i + k) % len(PROMPTS)], args.max_tokens)
-                        for k in range(args.requests)])  # fmt: skip
+            return sum([await one(client, url, PROMPTS[(i + k) % len(PROMPTS)], args.max_tokens,
+                                  gaps) for k in range(args.requests)])  # fmt: skip
 
         start = time.perf_counter()
         counts = await asyncio.gather(*(user(i) for i in range(args.clients)))
@@ -153,14 +170,15 @@ def replay_stats(url: str) -> dict[str, int] | None:
 def run_once(upstream: tuple[list[subprocess.Popen[bytes]], str], workers: int,
              args: argparse.Namespace, logs: Path) -> dict[str, float]:  # fmt: skip
     procs, upstream_url = upstream
-    proxy, url = start_proxy(upstream_url, workers, logs)
+    proxy, url = start_proxy(upstream_url, workers, logs, args.proxy_repo or REPO)
     try:
         asyncio.run(load(url, argparse.Namespace(**{**vars(args), "requests": 1})))  # warm-up
         before = replay_stats(upstream_url) if args.replay else None
         cpu_proxy = cpu_seconds(proxy.pid)
         cpu_up = sum(cpu_seconds(p.pid) for p in procs)
         cpu_clients = time.process_time()
-        tokens, seconds = asyncio.run(load(url, args))
+        gaps: list[float] = []
+        tokens, seconds = asyncio.run(load(url, args, gaps))
         cpu_clients = time.process_time() - cpu_clients
         cpu_proxy = cpu_seconds(proxy.pid) - cpu_proxy
         cpu_up = sum(cpu_seconds(p.pid) for p in procs) - cpu_up
@@ -173,9 +191,18 @@ def run_once(upstream: tuple[list[subprocess.Popen[bytes]], str], workers: int,
             "upstream_us_per_token": 1e6 * cpu_up / tokens,
             "clients_us_per_token": 1e6 * cpu_clients / tokens,
             "cores_busy": (cpu_proxy + cpu_up + cpu_clients) / seconds,
+            "gap_p99_ms": 1e3 * quantile(gaps, 0.99), "gap_max_ms": 1e3 * max(gaps, default=0.0),
             **({"replay_misses": after["misses"] - before["misses"],
                 "replay_hits": after["hits"] - before["hits"]}
                if before and after else {})}  # fmt: skip
+
+
+def quantile(values: list[float], q: float) -> float:
+    """The `q` quantile of `values` (nearest rank; 0 for none)."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def report(runs: list[dict[str, float]], args: argparse.Namespace) -> str:
@@ -200,17 +227,19 @@ def report(runs: list[dict[str, float]], args: argparse.Namespace) -> str:
         )
         + f". Load: {args.clients} clients x {args.requests} "
         f"streamed completions of {args.max_tokens} tokens, logprobs {TOP}; "
-        f"medians of {args.rounds} alternating rounds.",
+        f"medians of {args.rounds} alternating rounds."
+        + (f" Proxy from `{args.proxy_repo}`." if args.proxy_repo else ""),
         "",
         "| workers | tokens/s | ratio to 1 worker | proxy CPU µs/token | upstream CPU µs/token "
-        "| clients' CPU µs/token | machine's cores busy |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
+        "| clients' CPU µs/token | machine's cores busy | gap between reads p99 / max ms |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for w in (1, args.workers):
         lines.append(
             f"| {w} | {med(w, 'tokens_per_s'):,.0f} | {med(w, 'tokens_per_s') / one_w:.2f}x | "
             f"{med(w, 'proxy_us_per_token'):,.0f} | {med(w, 'upstream_us_per_token'):,.0f} | "
-            f"{med(w, 'clients_us_per_token'):,.0f} | {med(w, 'cores_busy'):.2f} |"
+            f"{med(w, 'clients_us_per_token'):,.0f} | {med(w, 'cores_busy'):.2f} | "
+            f"{med(w, 'gap_p99_ms'):.0f} / {med(w, 'gap_max_ms'):.0f} |"
         )
     lines += ["", f"Ratio {args.workers} workers / 1: **{many / one_w:.2f}x**.", "",
               "Every round:", "", "```", *(json.dumps(r) for r in runs), "```", ""]  # fmt: skip
@@ -237,6 +266,9 @@ def main() -> None:
         "is the limit (a GPU upstream spends its own hardware)",
     )
     parser.add_argument("--output", type=Path)
+    parser.add_argument(
+        "--proxy-repo", type=Path, help="run the proxy from this checkout's src/ (before/after)"
+    )
     parser.add_argument("--logs", type=Path, help="keep the servers' logs here")
     args = parser.parse_args()
     if args.gguf is None:

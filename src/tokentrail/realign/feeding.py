@@ -393,15 +393,12 @@ class Feeder:
 
     def _take(self, segments: list[Segment]) -> None:
         """Aligner output -> realigned segments (stream indices, refused tokens), held."""
-        if not self.segments:  # only where the pushed tokens end in the content
-            for seg in segments:
-                self._text_emitted += len(seg.text.encode("utf-8"))
-                self._piece_emitted += sum(t.end - t.start for t in seg.tokens)
-            self._orphans.clear()  # their events were given already
-            return
         for seg in segments:
             self._text_emitted += len(seg.text.encode("utf-8"))
             self._piece_emitted += sum(t.end - t.start for t in seg.tokens)
+            if not self.segments:  # only where the pushed tokens end in the content
+                self._orphans.clear()  # their events were given already
+                continue
             spans = []
             refused: list[RefusedToken] = []
             if self._orphans:

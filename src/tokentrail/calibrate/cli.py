@@ -98,8 +98,8 @@ def run(args: argparse.Namespace) -> int:
             args.data, args.out, model=model, tokenizer=tokenizer, url=args.url,
             model_name=args.model, api_key=args.api_key, calibration=args.calibration,
             fit=args.fit, match=args.match, adapt=args.adapt, resume=args.resume,
-            limit=args.limit, part=args.half, max_tokens=args.max_tokens,
-            top_logprobs=args.top_logprobs, n_boot=args.bootstrap, progress=not args.quiet,
+            limit=args.limit, part=args.half, max_tokens=args.max_tokens, top_logprobs=args.top_logprobs,
+            n_boot=args.bootstrap, progress=not args.quiet,
         )
     except CalibrationError as e:
         return fail(e)

@@ -32,7 +32,6 @@ from typing import Any
 
 import numpy as np
 
-from tokentrail.calibrate.adapt import adapt_rows
 from tokentrail.calibrate.fit import fit_calibration, log_loss
 from tokentrail.calibrate.metrics import brier, ece
 from tokentrail.calibrate.run import ITEMS, read_rows
@@ -52,17 +51,10 @@ def floor(p: np.ndarray, draws: int = 500, seed: int = 0) -> float:
     return float(np.median([ece(p, rng.random(len(p)) < p) for _ in range(draws)]))
 
 
-ADAPT = False
-
-
 def evaluate(fit_rows: Sequence[Mapping[str, Any]], test_rows: Sequence[Mapping[str, Any]],
              ) -> dict[str, Any]:
     cal = fit_calibration(fit_rows, {}, {"rows": len(fit_rows)})
     got = [(cal.answer(r["measures"]), bool(r["correct"])) for r in test_rows]
-    if ADAPT:  # the test set's base rate estimated from its unlabelled answers
-        rows = [{"calibrated": p} for (p, _), _ in got]
-        adapt_rows(rows, [name for (_, name), _ in got], cal.maps)
-        got = [((r["calibrated"], name), y) for r, ((_, name), y) in zip(rows, got, strict=True)]
     used = Counter(name for (p, name), _ in got if p is not None)
     pairs = [(p, y) for (p, _), y in got if p is not None]
     p = np.array([a for a, _ in pairs])
@@ -90,12 +82,7 @@ def main() -> None:
     ap.add_argument("--families", action="store_true", help="also leave one family out")
     ap.add_argument("--splits", type=int, default=0, metavar="N",
                     help="also N random halvings of each set (the spread of half -> half)")
-    ap.add_argument("--adapt", action="store_true",
-                    help="estimate each reported set's base rate from its own answers "
-                    "(tokentrail.calibrate.adapt), as `calibrate` does on another set")
     args = ap.parse_args()
-    global ADAPT
-    ADAPT = args.adapt
     sets = {p.name if p.is_dir() else p.parent.name: load(p) for p in args.runs}
     print("| fitted on → reported on | n | right | ECE | floor | Brier | log loss "
           "| measure (map) | certain: n, said / right |")

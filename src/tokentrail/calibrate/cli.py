@@ -49,10 +49,6 @@ def register(sub: Any) -> None:
     p.add_argument("--api-key", metavar="KEY", help="bearer token for --url")
     p.add_argument("--fit", metavar="OUT.json", help="fit calibration maps on these answers")
     p.add_argument("--calibration", metavar="FILE", help="apply a fitted calibration")
-    p.add_argument("--adapt", action=argparse.BooleanOptionalAction, default=None,
-                   help="move the calibrated figures to this set's base rate, estimated "
-                   "from its answers without their labels (default: when --calibration was "
-                   "fitted on another file)")
     p.add_argument("--match", default="words", choices=sorted(MATCH_RULES),
                    help="how free text is matched to the answer (default: words)")
     p.add_argument("--resume", action="store_true",
@@ -97,8 +93,8 @@ def run(args: argparse.Namespace) -> int:
         report = calibrate(
             args.data, args.out, model=model, tokenizer=tokenizer, url=args.url,
             model_name=args.model, api_key=args.api_key, calibration=args.calibration,
-            fit=args.fit, match=args.match, adapt=args.adapt, resume=args.resume,
-            limit=args.limit, part=args.half, max_tokens=args.max_tokens, top_logprobs=args.top_logprobs,
+            fit=args.fit, match=args.match, resume=args.resume, limit=args.limit,
+            part=args.half, max_tokens=args.max_tokens, top_logprobs=args.top_logprobs,
             n_boot=args.bootstrap, progress=not args.quiet,
         )
     except CalibrationError as e:

@@ -200,7 +200,6 @@ def fit_map(
     spec = fit_kind(kind, c, y, ch)
     spec["cv_log_loss"] = {k: None if v is None else round(v, 6) for k, v in losses.items()}
     spec["n"] = len(c)
-    spec["base_rate"] = float(y.mean())  # what `adapt` moves from on another set
     return spec
 
 

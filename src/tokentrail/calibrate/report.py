@@ -151,10 +151,7 @@ def print_table(report: Mapping[str, Any], console: Any = None) -> None:
     from rich.table import Table
 
     acc = report["accuracy"]
-    moved = "; ".join(f"{m}: base rate {a['from']:.2f} → {a['to']:.2f} (estimated)"
-                      for m, a in (report.get("adapted") or {}).items())
-    table = Table(title=f"{report['n']} answers, accuracy {_fmt(acc)}",
-                  caption=f"calibrated adapted to this set, {moved}" if moved else None)
+    table = Table(title=f"{report['n']} answers, accuracy {_fmt(acc)}")
     for h in HEADER:
         table.add_column(h, justify="left" if h == "measure" else "right")
     for row in _rows_of(report):

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CalibrationError
-from .adapt import adapt_rows
 from .answer import HttpAnswerer, LocalAnswerer, Reply
 from .apply import Calibration
 from .data import Item, half, read_items
@@ -62,13 +61,10 @@ def score_rows(
     rows: Mapping[str, Mapping[str, Any]],
     match: str,
     calibration: Calibration | None,
-    adapt: bool = False,
-) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+) -> list[dict[str, Any]]:
     """items.jsonl's lines for `items` (those scored in `rows`, by id), in order, with
-    `correct` and `calibrated` computed afresh; and, with `adapt`, what
-    `adapt.adapt_rows` moved (the calibrated figures then hold this set's estimated
-    base rate; None without it)."""
-    out, used = [], []
+    `correct` and `calibrated` computed afresh."""
+    out = []
     for item in items:
         r = rows.get(item.id)
         if r is None:
@@ -77,14 +73,11 @@ def score_rows(
         measures = dict(r["measures"])
         if item.choices:  # what guessing gets right (apply.apply_map's chance)
             measures["chance"] = 1.0 / len(item.choices)
-        calibrated, by = (None, None) if calibration is None else calibration.answer(measures)
-        used.append(by)
+        calibrated = None if calibration is None else calibration.answer(measures)[0]
         out.append({"id": item.id, "output": r["output"],
                     "correct": is_correct(r["output"], item.answers, exact),
                     "measures": measures, "calibrated": calibrated})
-    if calibration is None or not adapt:
-        return out, None
-    return out, adapt_rows(out, used, calibration.maps)
+    return out
 
 
 def _row(item: Item, a: Reply) -> dict[str, Any]:
@@ -103,11 +96,6 @@ def _used_measure(calibration: Calibration | None, rows: list[dict[str, Any]]) -
 
 def _sha256(path: str | os.PathLike[str]) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
-def _same_data(calibration: Calibration, data: str | os.PathLike[str]) -> bool:
-    """Whether `calibration` was fitted on (a part of) the file `data`."""
-    return calibration.fitted_on.get("sha256") == _sha256(data)
 
 
 def _answerer(
@@ -161,7 +149,6 @@ def calibrate(
     calibration: Calibration | str | os.PathLike[str] | None = None,
     fit: str | os.PathLike[str] | None = None,
     match: str = "words",
-    adapt: bool | None = None,
     resume: bool = False,
     limit: int | None = None,
     part: int | None = None,
@@ -177,11 +164,7 @@ def calibrate(
 
     `calibration` (a `Calibration` or its file, checked against the model's fingerprint)
     adds the calibrated probability as one more measure; `fit` fits maps on these
-    answers and saves them there. `adapt` moves the calibrated figures to this set's
-    base rate, estimated from its answers without their labels (`tokentrail.calibrate.
-    adapt`); None (the default) does so when the calibration was fitted on another set
-    (its data's sha256 differs), not on another part of the same file. `match` is the
-    free-text rule (`match.MATCH_RULES`);
+    answers and saves them there. `match` is the free-text rule (`match.MATCH_RULES`);
     `resume` continues a run in `out`; `limit` takes the first N items; `part` 1 or 2
     takes alternate items (fit on one half, report on the other).
     """
@@ -210,15 +193,13 @@ def calibrate(
                 bar.advance(task)
     finally:
         answerer.close()
-    if adapt is None:  # another set than the map's own: its base rate is not the map's
-        adapt = calibration is not None and not _same_data(calibration, data)
-    rows, adapted = score_rows(items, done, match, calibration, adapt)
+    rows = score_rows(items, done, match, calibration)
     tmp = outdir / (ITEMS + ".tmp")
     tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), "utf-8")
     tmp.replace(outdir / ITEMS)
     settings = {"data": str(data), "match": match, "part": part, "model": fingerprint["name"],
                 "calibration": None if calibration is None else calibration.source or True,
-                "calibrated_by": _used_measure(calibration, rows), "adapted": adapted}
+                "calibrated_by": _used_measure(calibration, rows)}
     report = build_report(rows, n_boot=n_boot, **settings)
     (outdir / REPORT).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     write_reliability(report, outdir, f"{Path(data).name} · {fingerprint['name']}")

@@ -47,6 +47,7 @@ import aiohttp
 import httpx
 from bench_proxy import free_port, spawn, wait
 from bench_proxy_cpu import start_llama
+from bench_server import percentile
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "src" / "tokentrail" / "demo_model"
@@ -191,18 +192,10 @@ def run_once(upstream: tuple[list[subprocess.Popen[bytes]], str], workers: int,
             "upstream_us_per_token": 1e6 * cpu_up / tokens,
             "clients_us_per_token": 1e6 * cpu_clients / tokens,
             "cores_busy": (cpu_proxy + cpu_up + cpu_clients) / seconds,
-            "gap_p99_ms": 1e3 * quantile(gaps, 0.99), "gap_max_ms": 1e3 * max(gaps, default=0.0),
+            "gap_p99_ms": 1e3 * percentile(gaps, 0.99), "gap_max_ms": 1e3 * max(gaps, default=0.0),
             **({"replay_misses": after["misses"] - before["misses"],
                 "replay_hits": after["hits"] - before["hits"]}
                if before and after else {})}  # fmt: skip
-
-
-def quantile(values: list[float], q: float) -> float:
-    """The `q` quantile of `values` (nearest rank; 0 for none)."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def report(runs: list[dict[str, float]], args: argparse.Namespace) -> str:

@@ -160,9 +160,7 @@ class ChannelTracker:
     def _add(self, w: WireToken) -> None:
         tid, why = w.id, None
         raw = w.raw if w.raw is not None else (token_string_bytes(w.token) if w.token else None)
-        if tid is not None and not (
-            0 <= tid < self.vocab.size and self.vocab.pieces[tid] is not None
-        ):
+        if tid is not None and not self.vocab.has_id(tid):
             tid, why = None, f"id {tid} is outside the vocabulary"
         if tid is None and why is None and raw:
             ids = self._rev.ids.get(raw)

@@ -285,7 +285,7 @@ class Realigner:
         """(id, claimed bytes, why not) for one wire token (`main`: not an alternative)."""
         v = self.vocab
         if w.id is not None:
-            if not 0 <= w.id < v.size or v.pieces[w.id] is None:
+            if not v.has_id(w.id):
                 return None, w.raw, f"id {w.id} is outside the vocabulary of {v.name}"
             return w.id, w.raw, None
         tok = w.token
@@ -327,11 +327,11 @@ class Realigner:
             return None
         out = []
         seen = set()
-        size, pieces = self.vocab.size, self.vocab.pieces
+        has_id = self.vocab.has_id
         for w in wires:
             tid = w.id
-            if tid is None or not 0 <= tid < size or pieces[tid] is None:
-                tid, _, _ = self._identify(w, main=False)  # (an id in the vocabulary: itself)
+            if tid is None or not has_id(tid):  # (an id in the vocabulary is itself)
+                tid, _, _ = self._identify(w, main=False)
             if tid is None or w.logprob is None:
                 self._alts_dropped += 1
                 continue

@@ -265,7 +265,7 @@ def _settle_heap() -> None:
     at every full collection for the life of the server. Measured on the proxy
     (``benchmarks/results/proxy-cpu.md``, "Garbage collection"): without this each full
     collection took about 200 ms, every few seconds under load, a stall of every stream
-    and a fifth of the proxy's CPU; frozen, a few milliseconds. (vLLM's servers freeze
+    and a third of the proxy's CPU; frozen, a few milliseconds. (vLLM's servers freeze
     their start-up heap for the same reason.) Objects made later are collected as
     usual."""
     import gc

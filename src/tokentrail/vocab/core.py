@@ -196,6 +196,11 @@ class Vocab:
             except UnicodeDecodeError:
                 self.texts.append(None)
 
+    def has_id(self, token_id: int) -> bool:
+        """Whether the int `token_id` is a token of this vocabulary (in range, with a
+        piece: ids a model has but its tokenizer lacks are not)."""
+        return 0 <= token_id < self.size and self.pieces[token_id] is not None
+
     def check_id(self, token_id: int) -> None:
         """Raise a ValueError naming the problem when `token_id` is not in the vocabulary."""
         if type(token_id) is not int:
@@ -205,7 +210,7 @@ class Vocab:
                 raise TypeError(
                     f"token id must be an int, got {type(token_id).__name__}: {token_id!r}"
                 ) from None
-        if not 0 <= token_id < self.size or self.pieces[token_id] is None:
+        if not self.has_id(token_id):
             raise ValueError(
                 f"token id {token_id} is outside the vocabulary of {self.name} "
                 f"(valid ids are 0..{self.size - 1})"

@@ -24,6 +24,6 @@ def identify(token: str, vocab: Vocab) -> tuple[int | None, str | None]:
         tid = int(token[len(PREFIX) :])
     except ValueError:
         return None, f"{token!r} is not a token id"
-    if not 0 <= tid < vocab.size or vocab.pieces[tid] is None:
+    if not vocab.has_id(tid):
         return None, f"id {tid} is outside the vocabulary of {vocab.name}"
     return tid, None

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -73,8 +74,6 @@ def metric(server: Server, name: str, **labels: str) -> float:
 
 def wait_idle(server: Server, within: float = 60.0) -> None:
     """Until the server runs no request (a generous bound: not a hang)."""
-    import time
-
     deadline = time.monotonic() + within
     while server.health()["active"]:
         assert time.monotonic() < deadline, server.health()
@@ -139,8 +138,15 @@ def test_one_upstream_client_is_kept_and_reused(proxy: Server, upstream: Server)
         with httpx.stream("POST", proxy.url + "/v1/chat/completions", json=body, timeout=120) as r:
             assert r.status_code == 200
             r.read()
-    logged = upstream.log.read_text()[len(before) :]
-    ports = re.findall(r'127\.0\.0\.1:(\d+) "POST /v1/chat/completions', logged)
+    # The upstream writes its access line once its response is out, which can come after
+    # the proxy's answer reached us: read the log until the third line is there.
+    deadline = time.monotonic() + 30
+    while True:
+        logged = upstream.log.read_text()[len(before) :]
+        ports = re.findall(r'127\.0\.0\.1:(\d+) "POST /v1/chat/completions', logged)
+        if len(ports) >= 3 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     assert len(ports) == 3 and len(set(ports)) == 1, logged[-2000:]
     # Counted as the batch's requests are.
     wait_idle(proxy)

@@ -22,7 +22,9 @@ proxy (a garbage collection of its whole heap, say) shows as a long one (p99 and
 has not seen goes to llama-server and is recorded, each later identical one is answered
 from the recording (the greedy requests here repeat after the warm-up), so the upstream
 costs about 5 µs of CPU per token and the proxy is the limit, as in front of a GPU that
-does the upstream's work on its own hardware.
+does the upstream's work on its own hardware. `--pace MS` has the replay space each
+stream's events by MS ms (a model making a token every MS ms per sequence): each read of
+the proxy then brings one event, the low-load cost per event.
 
     flock /tmp/tt-bench.lock python benchmarks/bench_workers.py \\
         [--workers 2] [--clients 32] [--replay] [--output /tmp/workers.md]
@@ -142,11 +144,13 @@ async def load(
         return sum(counts), time.perf_counter() - start
 
 
-def start_replay(target: str, logs: Path) -> tuple[subprocess.Popen[bytes], str]:
-    """`replay_upstream.py` in front of `target`, once it answers."""
+def start_replay(
+    target: str, logs: Path, pace: float = 0.0
+) -> tuple[subprocess.Popen[bytes], str]:
+    """`replay_upstream.py` in front of `target` (events `pace` ms apart), once it answers."""
     port = free_port()
     cmd = [sys.executable, str(Path(__file__).with_name("replay_upstream.py")),
-           "--target", target, "--port", str(port)]  # fmt: skip
+           "--target", target, "--port", str(port), "--pace", str(pace)]  # fmt: skip
     proc = spawn(cmd, logs / "replay.log")
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
@@ -218,6 +222,7 @@ def report(runs: list[dict[str, float]], args: argparse.Namespace) -> str:
             if args.replay
             else ""
         )
+        + (f", each stream's events {args.pace:g} ms apart" if args.replay and args.pace else "")
         + f". Load: {args.clients} clients x {args.requests} "
         f"streamed completions of {args.max_tokens} tokens, logprobs {TOP}; "
         f"medians of {args.rounds} alternating rounds."
@@ -258,6 +263,9 @@ def main() -> None:
         "measured requests are answered from its recording, so the proxy "
         "is the limit (a GPU upstream spends its own hardware)",
     )
+    parser.add_argument(
+        "--pace", type=float, default=0.0, help="with --replay: ms between a stream's events"
+    )
     parser.add_argument("--output", type=Path)
     parser.add_argument(
         "--proxy-repo", type=Path, help="run the proxy from this checkout's src/ (before/after)"
@@ -274,7 +282,7 @@ def main() -> None:
         procs, url = [llama[0]], llama[1]
         try:
             if args.replay:
-                replay = start_replay(url, logs)
+                replay = start_replay(url, logs, args.pace)
                 procs, url = [llama[0], replay[0]], replay[1]
             for _ in range(args.rounds):
                 for workers in (1, args.workers):

@@ -13,7 +13,13 @@ interleave as they would from a batching server). Greedy requests with fixed pro
 repeat exactly, so after one warm-up every request is answered from the recording at
 a few microseconds of CPU per event.
 
-    python benchmarks/replay_upstream.py --target http://127.0.0.1:8081 --port 8090
+`--pace MS` spaces each stream's events by MS milliseconds, as a model producing one
+token every MS ms per sequence would: then each read of the proxy brings one event, the
+low-load case where the cost per event (a read, a write and the task switches between)
+shows, with no model's CPU on the same cores. Without it the events go out as fast as
+they are read.
+
+    python benchmarks/replay_upstream.py --target http://127.0.0.1:8081 --port 8090 [--pace 5]
 
 `GET /_replay/stats` answers `{"hits": n, "misses": n, "recorded": n}`.
 """
@@ -38,8 +44,9 @@ class Recording:
 
 
 class Replay:
-    def __init__(self, target: str) -> None:
+    def __init__(self, target: str, pace: float = 0.0) -> None:
         self.target = target.rstrip("/")
+        self.pace = pace  # seconds between one stream's events
         self.recorded: dict[tuple[str, str, bytes], Recording] = {}
         self.hits = 0
         self.misses = 0
@@ -106,13 +113,13 @@ class Replay:
         for event in rec.events:
             writer.write(b"%x\r\n%s\r\n" % (len(event), event))
             await writer.drain()
-            await asyncio.sleep(0)  # let the other streams' events go out between ours
+            await asyncio.sleep(self.pace)  # (0: let the other streams' events go out)
         writer.write(b"0\r\n\r\n")
         await writer.drain()
 
 
-async def serve(target: str, host: str, port: int) -> None:
-    replay = Replay(target)
+async def serve(target: str, host: str, port: int, pace: float) -> None:
+    replay = Replay(target, pace)
     server = await asyncio.start_server(replay.handle, host, port, backlog=1024)
     print(f"replaying {target} on http://{host}:{port}", flush=True)
     async with server:
@@ -124,6 +131,7 @@ def main() -> None:
     parser.add_argument("--target", required=True, help="the real upstream's base URL")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--pace", type=float, default=0.0, help="ms between a stream's events")
     args = parser.parse_args()
     try:
         import uvloop
@@ -131,7 +139,7 @@ def main() -> None:
         uvloop.install()
     except ImportError:
         pass
-    asyncio.run(serve(args.target, args.host, args.port))
+    asyncio.run(serve(args.target, args.host, args.port, args.pace / 1000))
 
 
 if __name__ == "__main__":

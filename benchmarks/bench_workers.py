@@ -144,9 +144,7 @@ async def load(
         return sum(counts), time.perf_counter() - start
 
 
-def start_replay(
-    target: str, logs: Path, pace: float = 0.0
-) -> tuple[subprocess.Popen[bytes], str]:
+def start_replay(target: str, logs: Path, pace: float = 0.0) -> tuple[subprocess.Popen[bytes], str]:
     """`replay_upstream.py` in front of `target` (events `pace` ms apart), once it answers."""
     port = free_port()
     cmd = [sys.executable, str(Path(__file__).with_name("replay_upstream.py")),

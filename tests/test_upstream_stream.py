@@ -339,3 +339,49 @@ async def _clients(proxy: Server, k: int, n: int) -> list[tuple[int, int]]:
 
     async with httpx.AsyncClient(timeout=300) as client:
         return list(await asyncio.gather(*(one(client, i) for i in range(k))))
+
+
+def test_a_wait_with_nothing_arriving_ends_within_its_limit(engines: dict[str, Any]) -> None:
+    """The scheduler relies on a pass every `wait` seconds while sequences run (to reap
+    stalled clients): the limit is one standing timer, and every wait ends within it,
+    on the batch's own loop and attached to a running one."""
+    from tokentrail.engines.upstream.stream import AsyncUpstreamBatch
+
+    engine = next(iter(engines.values()))
+    import threading
+
+    batch = AsyncUpstreamBatch(engine, 4, wait=0.3)
+    try:
+        for _ in range(3):  # each after the previous tick fired
+            done: list[Any] = []
+            waiting = threading.Thread(target=lambda d=done: d.append(batch.step()), daemon=True)
+            waiting.start()
+            waiting.join(5.0)
+            assert done == [[]], "a step with nothing arriving outlived its wait"
+    finally:
+        batch.close()
+
+    async def attached() -> list[float]:
+        batch = AsyncUpstreamBatch(engine, 4, wait=0.3)
+        batch.attach(asyncio.get_running_loop())
+        took = []
+        try:
+            for _ in range(4):
+                t0 = time.monotonic()
+                await asyncio.wait_for(batch.arrival(batch.wait), 5.0)
+                took.append(time.monotonic() - t0)
+                await asyncio.sleep(0.1)  # a pass in between: the tick may fire meanwhile
+            t0 = time.monotonic()
+            never = asyncio.ensure_future(batch.arrival(None))  # no limit: only a wake
+            await asyncio.sleep(0.8)
+            assert not never.done()
+            batch.wake()
+            await asyncio.wait_for(never, 5)
+            took.append(time.monotonic() - t0)
+        finally:
+            await batch.aclose()
+        return took
+
+    took = asyncio.run(attached())
+    assert all(t <= 0.3 + 1.0 for t in took[:4]), took  # within its limit (+ a loaded machine)
+    assert took[4] >= 0.8, took

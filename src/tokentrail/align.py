@@ -388,7 +388,9 @@ class Aligner:
         no complete character as `<0xNN>`. Held bytes combine with any token in a byte
         stream, and only with byte tokens inside byte-fallback runs (another token ends
         the run)."""
-        items = top.items() if isinstance(top, Mapping) else top
+        kind = top.__class__  # (a list or tuple without the ABC check: the usual case)
+        plain = kind is list or kind is tuple or not isinstance(top, Mapping)
+        items = top if plain else top.items()
         out = []
         cache = self._alt_cache
         held = self._dec.getstate()[0] if self._pending else b""

@@ -175,26 +175,46 @@ def _exp(x: float) -> float:
     return math.exp(x) if x < 709.0 else math.inf
 
 
+def _entropy(top: tuple[Alternative, ...], shift: float = 0.0) -> float | None:
+    """The entropy over listed alternatives, renormalised (p_i = e^l_i / z):
+    H = -sum p_i log p_i = log z - sum(e^l_i * l_i) / z, in one pass. Where every
+    e^l_i is so small that it loses digits (l_i below about -690), again with the
+    logprobs shifted by their largest (the same H, computed on normal numbers)."""
+    exp = math.exp
+    z = weighted = 0.0
+    for a in top:
+        lp = a.logprob - shift
+        p = exp(lp)
+        if p > 0.0:
+            z += p
+            weighted += p * lp
+    if z < 1e-300 and shift == 0.0:
+        finite = [a.logprob for a in top if a.logprob > -math.inf]
+        if finite:
+            return _entropy(top, max(finite))
+    return max(0.0, math.log(z) - weighted / z) if z > 0.0 else None
+
+
 def confidence_of(tokens: tuple[TokenSpan, ...] | list[TokenSpan]) -> Confidence | None:
     """Aggregate the logprobs of `tokens`; None when none of them carries a logprob."""
+    if len(tokens) == 1:  # most segments: the same figures without the lists and sums
+        t = tokens[0]
+        lp = t.logprob
+        if lp is None:
+            return None
+        lp = float(lp)
+        return Confidence(lp, lp, _exp(-lp), _exp(lp),
+                          _entropy(t.top_logprobs) if t.top_logprobs else None, 1)  # fmt: skip
     lps = [t.logprob for t in tokens if t.logprob is not None]
     if not lps:
         return None
     mean = math.fsum(lps) / len(lps)
     entropies = []
-    exp, log = math.exp, math.log
     for t in tokens:
         if t.top_logprobs:
-            # Over the listed alternatives, renormalised (p_i = e^l_i / z):
-            # H = -sum p_i log p_i = log z - sum(e^l_i * l_i) / z, in one pass.
-            z = weighted = 0.0
-            for a in t.top_logprobs:
-                p = exp(a.logprob)
-                if p > 0.0:
-                    z += p
-                    weighted += p * a.logprob
-            if z > 0.0:
-                entropies.append(max(0.0, log(z) - weighted / z))
+            h = _entropy(t.top_logprobs)
+            if h is not None:
+                entropies.append(h)
     return Confidence(
         mean_logprob=mean,
         min_logprob=min(lps),

@@ -7,9 +7,11 @@ from typing import Any
 
 from ..fastjson import dumps
 from ..output.record import TokenOutput
-from ..segment import WIRE_NEG_INF, Alternative, TokenSpan, json_number
+from ..segment import Alternative, TokenSpan, json_number
 from ..vocab import Vocab
 from .protocol import GenRequest
+from .wire_tokens import spellings
+from .wire_tokens import wire_logprob as _lp
 
 
 def _field(found: Any) -> dict[str, Any]:
@@ -19,79 +21,6 @@ def _field(found: Any) -> dict[str, Any]:
 
 
 # -- response formatting ----------------------------------------------------------------------
-
-
-def wire_logprob(value: float | None) -> float | None:
-    """A logprob JSON can carry: -inf becomes -9999.0 as in OpenAI's API."""
-    return json_number(value, WIRE_NEG_INF)
-
-
-_lp = wire_logprob
-
-
-# -- one token on the wire: the rules every chat writer shares (`Formatter`, and the
-# -- upstream chat's ChatWriter in server/proxy_chat.py) --------------------------------------
-
-
-def token_text(vocab: Vocab, token_id: int) -> str:
-    """A token's text; "" for an id the model has but the tokenizer lacks (padding rows)."""
-    try:
-        return vocab.token_text(token_id)
-    except ValueError:
-        return ""
-
-
-def token_bytes(vocab: Vocab, token_id: int) -> list[int]:
-    try:
-        return list(vocab.token_bytes(token_id))
-    except ValueError:
-        return []
-
-
-def skipped(vocab: Vocab, token_id: int | None) -> bool:
-    """A token that writes no text into the content (special or hidden)."""
-    return token_id in vocab.special or token_id in vocab.hidden
-
-
-def alternatives_json(
-    alts: tuple[Alternative, ...] | list[Alternative], top: int | None
-) -> list[Any]:
-    """The extension's `top_logprobs` of a token: its first `top` alternatives."""
-    return [
-        {"id": a.id, "logprob": _lp(a.logprob), "bytes": list(a.bytes), "text": a.text,
-         "display": a.display or a.text}
-        for a in list(alts)[:top]
-    ]  # fmt: skip
-
-
-def span_json(vocab: Vocab, span: TokenSpan) -> dict[str, Any]:
-    """A token of an extension segment, without its alternatives (`alternatives_json`)."""
-    return {
-        "index": span.index,
-        "id": span.id,
-        "start": span.start,
-        "end": span.end,
-        "logprob": _lp(span.logprob),
-        "text": token_text(vocab, span.id),
-        "bytes": token_bytes(vocab, span.id),
-    }
-
-
-def chat_logprob(vocab: Vocab, span: TokenSpan, top: int | None) -> dict[str, Any]:
-    """One token of a chat choice's `logprobs` (see `Formatter`'s standard-logprobs
-    rule: a token the content skips is `""` with no bytes, listed or an alternative)."""
-    silent = span.start == span.end and skipped(vocab, span.id)
-    return {
-        "token": "" if silent else token_text(vocab, span.id),
-        "logprob": _lp(span.logprob),
-        "bytes": [] if silent else token_bytes(vocab, span.id),
-        "top_logprobs": [
-            {"token": "", "logprob": _lp(a.logprob), "bytes": []}
-            if skipped(vocab, a.id)
-            else {"token": a.text, "logprob": _lp(a.logprob), "bytes": list(a.bytes)}
-            for a in list(span.top_logprobs or ())[:top]
-        ],
-    }
 
 
 class Formatter:
@@ -104,6 +33,7 @@ class Formatter:
         self.choice = choice
         self.cached_tokens = 0
         self.vocab = vocab
+        self.spell = spellings(vocab)
         self.created = int(time.time())
         self.chars = 0  # completion characters final so far
         self.first = True
@@ -124,7 +54,7 @@ class Formatter:
     # -- pieces --
 
     def _token_text(self, token_id: int) -> str:
-        return token_text(self.vocab, token_id)
+        return self.spell.token_text(token_id)
 
     def _completion_token(self, token_id: int, raw: bytes | None = None) -> str:
         """A completions-API token string: its text, or OpenAI's `bytes:\\xNN` form when
@@ -141,17 +71,17 @@ class Formatter:
         return text if raw else self._token_text(token_id)
 
     def _token_bytes(self, token_id: int) -> list[int]:
-        return token_bytes(self.vocab, token_id)
+        return self.spell.token_bytes(token_id)
 
     def _alternatives(self, alts: tuple[Alternative, ...]) -> list[Alternative]:
         return list(alts[: self.req.top_logprobs])
 
     def _span(self, span: TokenSpan) -> dict[str, Any]:
-        out = span_json(self.vocab, span)
+        out = self.spell.span(span)
         if self.constrained:
             out["allowed_mass"] = json_number(self.mass.get(span.index))
         if self.req.top_logprobs and span.top_logprobs:
-            out["top_logprobs"] = alternatives_json(span.top_logprobs, self.req.top_logprobs)
+            out["top_logprobs"] = self.spell.alternatives(span.top_logprobs, self.req.top_logprobs)
         return out
 
     def segment(self, step: TokenOutput) -> dict[str, Any] | None:
@@ -175,12 +105,14 @@ class Formatter:
         out = []
         for part in step.parts:
             conf = part.confidence
-            out.append({
-                "text": part.text,
-                "channel": part.channel,
-                "tokens": [self._span(t) for t in part.tokens],
-                "confidence": None if conf is None else conf.to_dict(),
-            })
+            out.append(
+                {
+                    "text": part.text,
+                    "channel": part.channel,
+                    "tokens": [self._span(t) for t in part.tokens],
+                    "confidence": None if conf is None else conf.to_dict(),
+                }
+            )
         return out
 
     def _structure(self, ext: dict[str, Any], step: TokenOutput, whole: bool) -> None:
@@ -238,9 +170,7 @@ class Formatter:
             return "tool_calls"
         return reason
 
-    def _message(
-        self, steps: list[TokenOutput], text: str, ext: dict[str, Any]
-    ) -> dict[str, Any]:
+    def _message(self, steps: list[TokenOutput], text: str, ext: dict[str, Any]) -> dict[str, Any]:
         """A whole chat reply's `message`: content, reasoning, tool calls (whose fields
         go in `ext`)."""
         message: dict[str, Any] = {"role": "assistant", "content": text}
@@ -296,7 +226,7 @@ class Formatter:
 
     def _skipped(self, token_id: int) -> bool:
         """A token that writes no text into the content (special or hidden)."""
-        return skipped(self.vocab, token_id)
+        return token_id in self.spell.skip
 
     def _silent(self, span: TokenSpan) -> bool:
         """A special token that added no text to the content."""
@@ -354,7 +284,7 @@ class Formatter:
     def chat_logprob(self, span: TokenSpan) -> dict[str, Any]:
         """One listed token in chat's shape, every token spelled by the one rule above
         (a skipped token is `""` with no bytes, listed or among the alternatives)."""
-        return chat_logprob(self.vocab, span, self.req.top_logprobs)
+        return self.spell.chat_logprob(span, self.req.top_logprobs)
 
     def _completion_top(self, span: TokenSpan) -> dict[str, float | None]:
         top: dict[str, float | None] = {}
@@ -547,4 +477,3 @@ def sse(obj: Any) -> bytes:
     """One server-sent event carrying `obj` as compact JSON (never NaN or Infinity;
     `tokentrail.fastjson`: orjson where installed)."""
     return b"data: " + dumps(obj) + b"\n\n"
-

@@ -36,16 +36,16 @@ from ..errors import APIError, StructureError, UpstreamError
 from ..realign.chat import ChannelPart, ChannelTracker, ChatToken, arguments_span, json_span
 from ..segment import Alternative, Segment, TokenSpan, confidence_of
 from ..structure.fields import json_fields
-from .formatting import (
+from .formatting import sse
+from .jobs import Job
+from .protocol import GenRequest, bad_request
+from .wire_tokens import (
     alternatives_json,
     chat_logprob,
     span_json,
-    sse,
     token_text,
     wire_logprob,
 )
-from .jobs import Job
-from .protocol import GenRequest, bad_request
 
 __all__ = ["ChatWriter", "UpstreamChat", "read_chunk"]
 
@@ -374,7 +374,8 @@ class UpstreamChat:
             )
         if req.structure.retry is not None:  # the upstream's chat cannot take tokens back
             raise bad_request(
-                "tokentrail.retry", "'tokentrail.retry' is not supported with --upstream-chat",
+                "tokentrail.retry",
+                "'tokentrail.retry' is not supported with --upstream-chat",
                 "unsupported_value",
             )
 

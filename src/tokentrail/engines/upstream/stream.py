@@ -101,6 +101,7 @@ class AsyncUpstreamBatch(BaseBatch):
         self._out: list[tuple[int, Any]] = []
         self._ready: asyncio.Future[None] | None = None
         self._woken = False
+        self._tick: asyncio.TimerHandle | None = None  # the standing limit on a wait
         self._attached: asyncio.AbstractEventLoop | None = None
         self._own: asyncio.AbstractEventLoop | None = None
         self._session: Any = None
@@ -213,15 +214,25 @@ class AsyncUpstreamBatch(BaseBatch):
             self._woken = True
 
     def _arm(self, timeout: float | None) -> asyncio.Future[None]:
+        """The wait for the next arrival, ended at the latest `timeout` seconds from now.
+
+        The limit is one standing timer (`_tick`), made again only once it has fired,
+        not a timer made and cancelled on every wait (a pass per upstream event at low
+        load): a wait may then end sooner than `timeout`, at the tick an earlier wait
+        set, which costs one empty pass and never a later one."""
         loop = self._loop
         self._ready = ready = loop.create_future()
         if self._woken or self._out:
             self._woken = False
             ready.set_result(None)
-        elif timeout is not None:
-            timer = loop.call_later(timeout, _settle, ready)
-            ready.add_done_callback(lambda _f: timer.cancel())
+        elif timeout is not None and self._tick is None:
+            self._tick = loop.call_later(timeout, self._on_tick)
         return ready
+
+    def _on_tick(self) -> None:
+        self._tick = None
+        if self._ready is not None:
+            _settle(self._ready)
 
     async def arrival(self, timeout: float | None) -> None:
         """(Attached) until a stream has produced something, `wake` is called, or
@@ -250,6 +261,9 @@ class AsyncUpstreamBatch(BaseBatch):
 
     async def aclose(self) -> None:
         """(Attached) cancel every stream and close the session, on the loop."""
+        if self._tick is not None:
+            self._tick.cancel()
+            self._tick = None
         tasks = [t for t in self._live.values() if not t.done()]
         self._live.clear()
         for task in tasks:
@@ -262,6 +276,9 @@ class AsyncUpstreamBatch(BaseBatch):
 
     def close(self) -> None:
         if self._attached is not None:  # its loop's own business (`aclose`)
+            if self._tick is not None:
+                self._tick.cancel()
+                self._tick = None
             for task in self._live.values():
                 task.cancel()
             self._live.clear()

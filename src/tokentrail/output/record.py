@@ -57,7 +57,7 @@ class SequenceEnd:
     tool_content: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class TokenOutput:
     """One generated token (`index` in the reply, `token`, its `logprob` and `top`
     alternatives, from `distribution` "raw" or "processed", `allowed_mass` under a
@@ -80,6 +80,10 @@ class TokenOutput:
     record when an alarm's "stop" ended the reply there.
     `stopped_by` is "early_stop" when the scheduler's vote stopped it
     (`tokentrail.output.vote`).
+
+    A record is read-only by contract (every consumer of the step reads the same one;
+    make a changed copy with `dataclasses.replace`), though not frozen: a frozen
+    dataclass of these 26 fields took 2.8 µs to make against 0.4 µs, once per token.
     """
 
     index: int

@@ -54,7 +54,7 @@ def test_a_shared_byte_list_is_equal_to_a_fresh_one() -> None:
     ids = [i for i in range(vocab.size) if vocab.has_id(i)][:50]
     first = [spell.token_bytes(i) for i in ids]
     again = [spell.token_bytes(i) for i in ids]
-    assert all(a is b for a, b in zip(first, again))  # made once
+    assert all(a is b for a, b in zip(first, again, strict=True))  # made once
     assert again == [list(vocab.token_bytes(i)) for i in ids]
 
 
@@ -63,8 +63,9 @@ def test_chat_logprob_spells_a_skipped_alternative_as_empty() -> None:
     special = min(vocab.special)
     plain = next(i for i in range(vocab.size) if vocab.has_id(i) and i not in vocab.special)
     raw = vocab.token_bytes(plain)
+    named = vocab.token_text(special)
     alts = (Alternative(plain, -0.1, raw, vocab.token_text(plain)),
-            Alternative(special, -2.5, vocab.token_bytes(special), vocab.token_text(special)))  # fmt: skip
+            Alternative(special, -2.5, vocab.token_bytes(special), named))  # fmt: skip
     span = TokenSpan(0, plain, 0, len(raw), -0.1, alts, False)
     out = chat_logprob(vocab, span, 5)
     assert out["token"] == vocab.token_text(plain) and out["bytes"] == list(raw)

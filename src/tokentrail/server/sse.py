@@ -20,8 +20,9 @@ per token (``benchmarks/results/proxy-cpu.md``). Here a send is one plain ``awai
 The limit on a send is one timer per stream, not one per send (``asyncio.timeout``
 around each send cost about 4.5 µs, a timer made and cancelled for every token): the
 writer notes when each send begins, and the stream's watchdog looks every
-``send_timeout`` seconds, or when the send under way would reach the limit: a stream
-whose send has waited ``send_timeout`` seconds is dropped then, as before.
+``send_timeout`` seconds (no more often than every 50 ms while no send is under way),
+or when the send under way would reach the limit: a stream whose send has waited ``send_timeout`` seconds is dropped then, as
+before (with a limit under 50 ms, at most 50 ms later).
 """
 
 from __future__ import annotations
@@ -49,6 +50,11 @@ _START = {
         (b"connection", b"keep-alive"),
     ],
 }
+
+
+#: The longest the watchdog waits between looks while no send is under way, when the
+#: limit is shorter (a send that begins meanwhile is dropped at most this late).
+_IDLE_LOOK = 0.05
 
 
 class EventStream:
@@ -134,7 +140,9 @@ class EventStream:
             self._stuck = True
             self._cancel_writer()
             return
-        wait = limit if since is None else since + limit - loop.time()
+        # With no send under way, look again a limit later (at least _IDLE_LOOK: a tiny
+        # limit must not spin the loop while the stream waits for its next event).
+        wait = max(limit, _IDLE_LOOK) if since is None else since + limit - loop.time()
         self._watchdog = loop.call_later(max(wait, 0.0), self._watch)
 
     async def _write(self, send: Send) -> None:

@@ -21,8 +21,9 @@ The limit on a send is one timer per stream, not one per send (``asyncio.timeout
 around each send cost about 4.5 µs, a timer made and cancelled for every token): the
 writer notes when each send begins, and the stream's watchdog looks every
 ``send_timeout`` seconds (no more often than every 50 ms while no send is under way),
-or when the send under way would reach the limit: a stream whose send has waited ``send_timeout`` seconds is dropped then, as
-before (with a limit under 50 ms, at most 50 ms later).
+or when the send under way would reach the limit: a stream whose send has waited
+``send_timeout`` seconds is dropped then, as before (with a limit under 50 ms, at most
+50 ms later).
 """
 
 from __future__ import annotations

@@ -105,14 +105,12 @@ class Formatter:
         out = []
         for part in step.parts:
             conf = part.confidence
-            out.append(
-                {
-                    "text": part.text,
-                    "channel": part.channel,
-                    "tokens": [self._span(t) for t in part.tokens],
-                    "confidence": None if conf is None else conf.to_dict(),
-                }
-            )
+            out.append({
+                "text": part.text,
+                "channel": part.channel,
+                "tokens": [self._span(t) for t in part.tokens],
+                "confidence": None if conf is None else conf.to_dict(),
+            })
         return out
 
     def _structure(self, ext: dict[str, Any], step: TokenOutput, whole: bool) -> None:
@@ -170,7 +168,9 @@ class Formatter:
             return "tool_calls"
         return reason
 
-    def _message(self, steps: list[TokenOutput], text: str, ext: dict[str, Any]) -> dict[str, Any]:
+    def _message(
+        self, steps: list[TokenOutput], text: str, ext: dict[str, Any]
+    ) -> dict[str, Any]:
         """A whole chat reply's `message`: content, reasoning, tool calls (whose fields
         go in `ext`)."""
         message: dict[str, Any] = {"role": "assistant", "content": text}
@@ -477,3 +477,4 @@ def sse(obj: Any) -> bytes:
     """One server-sent event carrying `obj` as compact JSON (never NaN or Infinity;
     `tokentrail.fastjson`: orjson where installed)."""
     return b"data: " + dumps(obj) + b"\n\n"
+

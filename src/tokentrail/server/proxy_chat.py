@@ -374,8 +374,7 @@ class UpstreamChat:
             )
         if req.structure.retry is not None:  # the upstream's chat cannot take tokens back
             raise bad_request(
-                "tokentrail.retry",
-                "'tokentrail.retry' is not supported with --upstream-chat",
+                "tokentrail.retry", "'tokentrail.retry' is not supported with --upstream-chat",
                 "unsupported_value",
             )
 

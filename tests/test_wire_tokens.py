@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from tests.helpers.env import REPO, corpus_path
 from tokentrail import load_vocab
 from tokentrail.segment import Alternative, TokenSpan, confidence_of
-from tokentrail.server.wire_tokens import Spellings, chat_logprob, spellings, wire_logprob
+from tokentrail.server.wire_tokens import Spellings, spellings, wire_logprob
 
 DEMO = REPO / "src" / "tokentrail" / "demo_model"
 
@@ -67,12 +67,12 @@ def test_chat_logprob_spells_a_skipped_alternative_as_empty() -> None:
     alts = (Alternative(plain, -0.1, raw, vocab.token_text(plain)),
             Alternative(special, -2.5, vocab.token_bytes(special), named))  # fmt: skip
     span = TokenSpan(0, plain, 0, len(raw), -0.1, alts, False)
-    out = chat_logprob(vocab, span, 5)
+    out = spellings(vocab).chat_logprob(span, 5)
     assert out["token"] == vocab.token_text(plain) and out["bytes"] == list(raw)
     assert out["top_logprobs"][0] == {"token": vocab.token_text(plain), "logprob": -0.1,
                                       "bytes": list(raw)}  # fmt: skip
     assert out["top_logprobs"][1] == {"token": "", "logprob": -2.5, "bytes": []}
-    assert len(chat_logprob(vocab, span, 1)["top_logprobs"]) == 1
+    assert len(spellings(vocab).chat_logprob(span, 1)["top_logprobs"]) == 1
 
 
 @given(st.one_of(st.none(), st.floats(allow_nan=True, allow_infinity=True)))

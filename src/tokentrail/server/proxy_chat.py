@@ -39,13 +39,7 @@ from ..structure.fields import json_fields
 from .formatting import sse
 from .jobs import Job
 from .protocol import GenRequest, bad_request
-from .wire_tokens import (
-    alternatives_json,
-    chat_logprob,
-    span_json,
-    token_text,
-    wire_logprob,
-)
+from .wire_tokens import spellings, wire_logprob
 
 __all__ = ["ChatWriter", "UpstreamChat", "read_chunk"]
 
@@ -60,6 +54,7 @@ class ChatWriter:
         self, vocab: Any, payload: Mapping[str, Any], model: str, request_id: str | None = None
     ) -> None:
         self.vocab = vocab
+        self.spell = spellings(vocab)
         self.logprobs = bool(payload.get("logprobs"))
         top = payload.get("top_logprobs")
         self.top = top if isinstance(top, int) and not isinstance(top, bool) else 0
@@ -71,7 +66,7 @@ class ChatWriter:
 
     def _text(self, tok: ChatToken) -> str:
         if tok.id is not None:
-            return token_text(self.vocab, tok.id)
+            return self.spell.token_text(tok.id)
         return tok.data.decode("utf-8", "replace")
 
     def _alternatives(self, tok: ChatToken) -> tuple[Alternative, ...]:
@@ -82,7 +77,7 @@ class ChatWriter:
                 i,  # type: ignore[arg-type]
                 lp,  # type: ignore[arg-type]
                 b,
-                token_text(self.vocab, i) if i is not None else b.decode("utf-8", "replace"),
+                self.spell.token_text(i) if i is not None else b.decode("utf-8", "replace"),
             )
             for i, lp, b in tok.top
         )
@@ -94,17 +89,17 @@ class ChatWriter:
         return TokenSpan(tok.index, tid, start, end, tok.logprob, self._alternatives(tok))
 
     def _token(self, tok: ChatToken, start: int, end: int) -> dict[str, Any]:
-        """A segment's token, written by the main path's rule (`span_json`); one the
+        """A segment's token, written by the main path's rule (`Spellings.span`); one the
         upstream's data did not identify has its bytes, id null and `refused`."""
         span = self._span(tok, start, end)
         if tok.id is not None:
-            out = span_json(self.vocab, span)
+            out = self.spell.span(span)
         else:
             out = {"index": tok.index, "id": None, "start": start, "end": end,
                    "logprob": wire_logprob(tok.logprob), "text": self._text(tok),
                    "bytes": list(tok.data)}  # fmt: skip
         if self.top and span.top_logprobs:
-            out["top_logprobs"] = alternatives_json(span.top_logprobs, self.top)
+            out["top_logprobs"] = self.spell.alternatives(span.top_logprobs, self.top)
         if tok.refused is not None:
             out["refused"] = tok.refused
         return out
@@ -142,14 +137,14 @@ class ChatWriter:
         return out
 
     def _entry(self, tok: ChatToken, start: int, end: int) -> dict[str, Any]:
-        """A token of `logprobs`, by the main path's rule (`chat_logprob`)."""
+        """A token of `logprobs`, by the main path's rule (`Spellings.chat_logprob`)."""
         if tok.id is not None:
-            return chat_logprob(self.vocab, self._span(tok, start, end), self.top)
+            return self.spell.chat_logprob(self._span(tok, start, end), self.top)
         return {
             "token": self._text(tok),
             "logprob": wire_logprob(tok.logprob),
             "bytes": list(tok.data),
-            "top_logprobs": chat_logprob(self.vocab, self._span(tok, start, end), self.top)[
+            "top_logprobs": self.spell.chat_logprob(self._span(tok, start, end), self.top)[
                 "top_logprobs"
             ],
         }

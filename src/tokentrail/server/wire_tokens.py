@@ -13,17 +13,7 @@ from weakref import WeakKeyDictionary
 from ..segment import WIRE_NEG_INF, Alternative, TokenSpan, json_number
 from ..vocab import Vocab
 
-__all__ = [
-    "Spellings",
-    "alternatives_json",
-    "chat_logprob",
-    "skipped",
-    "span_json",
-    "spellings",
-    "token_bytes",
-    "token_text",
-    "wire_logprob",
-]
+__all__ = ["Spellings", "spellings", "wire_logprob"]
 
 
 _INF = math.inf
@@ -146,40 +136,3 @@ def spellings(vocab: Vocab) -> Spellings:
     if found is None:
         found = _SPELLINGS[vocab] = Spellings(vocab)
     return found
-
-
-def token_text(vocab: Vocab, token_id: int) -> str:
-    """A token's text; "" for an id the model has but the tokenizer lacks (padding rows)."""
-    return spellings(vocab).token_text(token_id)
-
-
-def token_bytes(vocab: Vocab, token_id: int) -> list[int]:
-    """A token's bytes as a list (shared: do not change it)."""
-    return spellings(vocab).token_bytes(token_id)
-
-
-def skipped(vocab: Vocab, token_id: int | None) -> bool:
-    """A token that writes no text into the content (special or hidden)."""
-    return token_id in spellings(vocab).skip
-
-
-def alternatives_json(
-    alts: tuple[Alternative, ...] | list[Alternative], top: int | None
-) -> list[Any]:
-    """The extension's `top_logprobs` of a token: its first `top` alternatives
-    (`Spellings.alternatives` shares their byte lists)."""
-    return [
-        {"id": a.id, "logprob": _lp(a.logprob), "bytes": list(a.bytes), "text": a.text,
-         "display": a.display or a.text}
-        for a in alts[:top]
-    ]  # fmt: skip
-
-
-def span_json(vocab: Vocab, span: TokenSpan) -> dict[str, Any]:
-    """A token of an extension segment, without its alternatives (`alternatives_json`)."""
-    return spellings(vocab).span(span)
-
-
-def chat_logprob(vocab: Vocab, span: TokenSpan, top: int | None) -> dict[str, Any]:
-    """One token of a chat choice's `logprobs` (see `Spellings.chat_logprob`)."""
-    return spellings(vocab).chat_logprob(span, top)

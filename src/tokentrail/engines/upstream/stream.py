@@ -234,6 +234,11 @@ class AsyncUpstreamBatch(BaseBatch):
         if self._ready is not None:
             _settle(self._ready)
 
+    def _stop_tick(self) -> None:
+        if self._tick is not None:
+            self._tick.cancel()
+            self._tick = None
+
     async def arrival(self, timeout: float | None) -> None:
         """(Attached) until a stream has produced something, `wake` is called, or
         `timeout` seconds pass (None: no limit)."""
@@ -261,9 +266,7 @@ class AsyncUpstreamBatch(BaseBatch):
 
     async def aclose(self) -> None:
         """(Attached) cancel every stream and close the session, on the loop."""
-        if self._tick is not None:
-            self._tick.cancel()
-            self._tick = None
+        self._stop_tick()
         tasks = [t for t in self._live.values() if not t.done()]
         self._live.clear()
         for task in tasks:
@@ -276,9 +279,7 @@ class AsyncUpstreamBatch(BaseBatch):
 
     def close(self) -> None:
         if self._attached is not None:  # its loop's own business (`aclose`)
-            if self._tick is not None:
-                self._tick.cancel()
-                self._tick = None
+            self._stop_tick()
             for task in self._live.values():
                 task.cancel()
             self._live.clear()

@@ -18,7 +18,7 @@ from typing import Any
 
 from ..segment import Segment, TokenSpan
 from ..vocab import Vocab
-from .dialects import parse_chunk, tokentrail
+from .dialects import llamacpp, parse_chunk, tokentrail
 from .dialects import token_ids as token_id_strings
 from .feeding import Feeder
 from .placement import Obs
@@ -151,6 +151,10 @@ class Realigner:
         if self._done:
             raise RuntimeError("this Realigner is finished; make a new one for a new stream")
         self._n_chunks += 1
+        if chunk.__class__ is dict and self._ext is None:
+            plain = llamacpp.plain_frame(chunk)  # llama.cpp's usual frame: read directly
+            if plain is not None and self._plain_token(plain):
+                return self._released(self._feeder.advance())
         where = f"chunk {self._n_chunks}"
         frame = parse_chunk(chunk, self.choice, where)
         if frame is None:
@@ -179,7 +183,12 @@ class Realigner:
             self._total_pin = bool(frame.tokens) and frame.first_index is None
             if self._total_pin:
                 self._pins[self._n - 1] = frame.total
-        released = self._feeder.advance()
+        return self._released(self._feeder.advance(), ext_segments)
+
+    def _released(
+        self, released: list[Segment], ext_segments: Sequence[RealignedSegment] = ()
+    ) -> list[Segment]:
+        """What `feed` returns of the segments the feeder released after one chunk."""
         if not self._segments:
             return []
         if (self._open_gaps or (self._chat and self._llama)) and self._ext is None:
@@ -347,6 +356,37 @@ class Realigner:
             return b""
         return v.pieces[tid] or b""
 
+    def _plain_token(self, plain: llamacpp.PlainFrame) -> bool:
+        """`_observe` for llama.cpp's usual frame (`llamacpp.plain_frame`), without its
+        `Frame` and `WireToken`s, where reading it takes none of `_observe`'s other
+        turns: the count says it is the next token, its id and its alternatives' ids are
+        in the vocabulary, and the content holds no bytes of frames llama.cpp dropped.
+        False (nothing read yet, the content included): the general path reads it."""
+        content, tid, lp, alts, n = plain
+        has_id = self.vocab.has_id
+        if n - 1 != self._n or not has_id(tid):
+            return False
+        sent = content.encode("utf-8")
+        own = self._piece(tid)
+        if len(sent) > len(own) and sent.endswith(own):
+            return False  # a content gap: see _observe
+        top: tuple[tuple[int, float], ...] | None = None
+        if alts:
+            seen: set[int] = set()
+            out = []
+            for alt in alts:
+                if not has_id(alt[0]):
+                    return False  # identified by its bytes: see _alternatives
+                if alt[0] not in seen:
+                    seen.add(alt[0])
+                    out.append(alt)
+            top = tuple(out)
+        self._feeder.add_content(content)
+        self._source("llama.cpp")
+        self._n = n
+        self._feeder.add(Obs("token", n - 1, tid, lp, top))
+        return True
+
     def _observe(self, frame: Frame, where: str) -> None:
         """Turn a frame's wire tokens into observations queued for the aligner."""
         dropped: list[int] = []
@@ -360,7 +400,8 @@ class Realigner:
         if (
             frame.folded_content
             and frame.tokens
-            and all(w.id is not None and not w.folded for w in frame.tokens)
+            and all(w.id is not None and not w.folded and self.vocab.has_id(w.id)
+                    for w in frame.tokens)
         ):
             # llama.cpp without byte data: its content holds what dropped frames held.
             sent = frame.content.encode("utf-8")

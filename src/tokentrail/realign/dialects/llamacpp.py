@@ -68,3 +68,69 @@ def parse(chunk: Mapping[str, Any], choice: int, where: str) -> Frame | None:
     if wire.is_int(n) and (not chunk.get("stop") or not frame.tokens):
         frame.first_index = n - len(frame.tokens)
     return frame
+
+
+#: What `plain_frame` reads from llama.cpp's usual streamed frame: (content, the token's
+#: id, its logprob, its alternatives as (id, logprob) pairs, ``tokens_predicted``).
+PlainFrame = tuple[str, int, float, list[tuple[int, float]], int]
+
+
+def _plain_entry(e: dict[str, Any]) -> tuple[int, float] | None:
+    """(id, logprob) of an entry in llama.cpp's own shape (an integer id, a string token,
+    a finite float logprob, a valid ``bytes`` list) with no ``top_probs`` or ``probs``;
+    None for anything else. Its list of alternatives is the caller's to read."""
+    tid, lp, raw = e.get("id"), e.get("logprob"), e.get("bytes")
+    if (
+        tid.__class__ is not int
+        or e.get("token").__class__ is not str
+        or lp.__class__ is not float
+        or raw.__class__ is not list
+        or not lp > wire.WIRE_NEG_INF
+        or "top_probs" in e
+        or "probs" in e
+    ):
+        return None
+    try:
+        bytes(raw)  # (checked as `parse` checks it, though the id, not these, is read)
+    except (TypeError, ValueError):
+        return None
+    return tid, lp
+
+
+def plain_frame(chunk: dict[str, Any]) -> PlainFrame | None:
+    """llama.cpp's usual streamed frame, read without building its `Frame`: one token
+    (``tokens`` is its id alone, and ``completion_probabilities`` one entry for it in
+    llama.cpp's own shape, its alternatives with no lists of their own), a
+    ``tokens_predicted`` count, not the last frame. None for any other chunk, which
+    `parse` then reads (or says what is wrong with): this reads the same values `parse`
+    would, and nothing `parse` would refuse."""
+    probs = chunk.get("completion_probabilities")
+    ids = chunk.get("tokens")
+    if (
+        probs.__class__ is not list
+        or len(probs) != 1
+        or ids.__class__ is not list
+        or len(ids) != 1
+        or ids[0].__class__ is not int
+        or "choices" in chunk
+        or "tokentrail" in chunk
+        or chunk.get("stop")
+    ):
+        return None
+    content, n, e = chunk.get("content"), chunk.get("tokens_predicted"), probs[0]
+    if content.__class__ is not str or n.__class__ is not int or e.__class__ is not dict:
+        return None
+    own = _plain_entry(e)
+    if own is None or own[0] != ids[0]:
+        return None
+    top = e.get("top_logprobs")
+    alts: list[tuple[int, float]] = []
+    if top is not None:
+        if top.__class__ is not list:
+            return None
+        for t in top:
+            alt = _plain_entry(t) if t.__class__ is dict and "top_logprobs" not in t else None
+            if alt is None:
+                return None
+            alts.append(alt)
+    return content, own[0], own[1], alts, n

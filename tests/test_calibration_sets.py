@@ -17,7 +17,8 @@ from tokentrail.calibrate.data import read_items
 from tokentrail.calibrate.match import is_correct
 
 SETS = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "calibration"
-FILES = ("facts.jsonl", "arithmetic.jsonl", "generated.jsonl", "knowledge.jsonl")
+FILES = ("facts.jsonl", "arithmetic.jsonl", "generated.jsonl", "knowledge.jsonl",
+         "atlas.jsonl")
 
 
 def test_make_sets_rebuilds_every_file_byte_for_byte(tmp_path: Path) -> None:
@@ -43,6 +44,39 @@ def test_knowledge_free_text_is_not_matched_by_its_question() -> None:
         if it.choices is None:
             assert not is_correct(_question(it), it.answers), it
             assert is_correct(f"It is {it.answers[0]}.", it.answers), it
+
+
+def test_make_atlas_rebuilds_its_file_byte_for_byte(tmp_path: Path) -> None:
+    # (it imports make_sets, make_knowledge and its two tables of facts)
+    for script in ("make_sets.py", "make_knowledge.py", "make_atlas.py", "atlas_facts.py",
+                   "atlas_places.py"):
+        (tmp_path / script).write_bytes((SETS / script).read_bytes())
+    subprocess.run([sys.executable, str(tmp_path / "make_atlas.py")], check=True,
+                   timeout=60, capture_output=True)
+    name = "atlas.jsonl"
+    assert (tmp_path / name).read_bytes() == (SETS / name).read_bytes()
+
+
+def test_atlas_free_text_is_not_matched_by_its_question() -> None:
+    """An accepted answer never sits in its question: a reply that echoes it is wrong."""
+    for it in read_items(SETS / "atlas.jsonl"):
+        if it.choices is None:
+            assert not is_correct(_question(it), it.answers), it
+            assert is_correct(f"It is {it.answers[0]}.", it.answers), it
+
+
+def test_atlas_questions_are_new_and_its_halves_mix_the_families() -> None:
+    """No question repeats within atlas.jsonl or one of facts.jsonl or knowledge.jsonl, and
+    the halves (`--half 1|2`, alternate lines) split every family evenly (to one item)."""
+    atlas = read_items(SETS / "atlas.jsonl")
+    questions = [_question(it) for it in atlas]
+    assert len(set(questions)) == len(questions)
+    for name in ("facts.jsonl", "knowledge.jsonl"):
+        assert not set(questions) & {_question(it) for it in read_items(SETS / name)}, name
+    one, two = (Counter(it.id.rsplit("-", 1)[0] for it in half)
+                for half in (atlas[0::2], atlas[1::2]))
+    assert len(one) >= 40 and set(one) == set(two)
+    assert all(abs(one[f] - two[f]) <= 1 for f in one)
 
 
 @pytest.mark.parametrize("name", FILES)

@@ -11,33 +11,14 @@ without segments are equal, and their identified ids are the recording's true id
 
 from __future__ import annotations
 
-import functools
-import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.helpers.llamacpp import find_smollm2
-from tokentrail import load_vocab
+from tests.helpers.realign_recordings import llama_recordings as _recordings
+from tests.helpers.realign_recordings import recording_chunks
+from tests.helpers.realign_recordings import recording_vocab as _vocab
 from tokentrail.realign import Realigner
-
-DATA = Path(__file__).resolve().parent / "data" / "realign"
-DEMO_MODEL = Path(__file__).resolve().parents[1] / "src" / "tokentrail" / "demo_model"
-FOLDERS = ("llamacpp_demo", "llamacpp", "llamacpp_folds")
-
-
-def _recordings() -> list[tuple[str, dict[str, Any]]]:
-    out = []
-    for folder in FOLDERS:
-        manifest = json.loads((DATA / folder / "MANIFEST.json").read_text("utf-8"))
-        out += [(folder, rec) for rec in manifest["recordings"]]
-    return out
-
-
-@functools.cache
-def _vocab(folder: str) -> Any:
-    return load_vocab(DEMO_MODEL if folder == "llamacpp_demo" else find_smollm2())
 
 
 def _events(vocab: Any, chunks: list[Any], segments: bool) -> tuple[list[Any], Any]:
@@ -53,8 +34,7 @@ def _events(vocab: Any, chunks: list[Any], segments: bool) -> tuple[list[Any], A
 )
 def test_events_without_segments_are_the_events_with_them(folder: str, rec: dict[str, Any]) -> None:
     vocab = _vocab(folder)
-    lines = (DATA / folder / rec["file"]).read_text("utf-8").splitlines()
-    chunks = [json.loads(line) for line in lines if line.strip()]
+    chunks = recording_chunks(folder, rec)
     with_segments, (segments, full) = _events(vocab, chunks, True)
     alone, (none, bare) = _events(vocab, chunks, False)
     assert alone == with_segments

@@ -14,42 +14,18 @@ equal those of the general path alone (the oracle: `parse_chunk` and `_observe`)
 from __future__ import annotations
 
 import copy
-import functools
-import json
 import math
-from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.helpers.llamacpp import find_smollm2
-from tokentrail import load_vocab
+from tests.helpers.realign_recordings import llama_recordings as _recordings
+from tests.helpers.realign_recordings import recording_chunks as _chunks
+from tests.helpers.realign_recordings import recording_vocab as _vocab
 from tokentrail.realign import Realigner, RealignError
 from tokentrail.realign.dialects import llamacpp
-
-DATA = Path(__file__).resolve().parent / "data" / "realign"
-DEMO_MODEL = Path(__file__).resolve().parents[1] / "src" / "tokentrail" / "demo_model"
-FOLDERS = ("llamacpp_demo", "llamacpp", "llamacpp_folds")
-
-
-def _recordings() -> list[tuple[str, dict[str, Any]]]:
-    out = []
-    for folder in FOLDERS:
-        manifest = json.loads((DATA / folder / "MANIFEST.json").read_text("utf-8"))
-        out += [(folder, rec) for rec in manifest["recordings"]]
-    return out
-
-
-@functools.cache
-def _vocab(folder: str) -> Any:
-    return load_vocab(DEMO_MODEL if folder == "llamacpp_demo" else find_smollm2())
-
-
-def _chunks(folder: str, rec: dict[str, Any]) -> list[Any]:
-    lines = (DATA / folder / rec["file"]).read_text("utf-8").splitlines()
-    return [json.loads(line) for line in lines if line.strip()]
 
 
 def _run(vocab: Any, chunks: list[Any], segments: bool, direct: bool) -> tuple[Any, ...]:

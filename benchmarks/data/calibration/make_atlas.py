@@ -21,6 +21,7 @@ below). Run `python make_atlas.py` to rebuild the file byte for byte (one seed,
 
 from __future__ import annotations
 
+import functools
 import random
 import sys
 from collections import Counter
@@ -68,7 +69,7 @@ from atlas_places import (  # noqa: E402
     country,
 )
 from make_knowledge import CONTINENT_ALSO, CONTINENTS, words  # noqa: E402
-from make_sets import CAPITALS, ELEMENTS, SYSTEM, chat, write  # noqa: E402
+from make_sets import CAPITALS, ELEMENTS, SYSTEM, write  # noqa: E402
 
 SEED = 3232
 #: The share of a family's questions asked as a choice (families with choices).
@@ -111,19 +112,7 @@ def earlier_questions() -> set[str]:
 def atlas(rng: random.Random) -> list[dict]:
     items: list[dict] = []
 
-    def add(family: str, question: str, answers: list[str],
-            choices: list[str] | None = None) -> None:
-        if choices is None:  # an echo of the question must never match an answer
-            for a in answers:
-                assert words(a) and f" {words(a)} " not in f" {words(question)} ", (question, a)
-        else:
-            assert len(answers) == 1 and answers[0] in choices, (question, choices)
-            assert 2 <= len({words(c) for c in choices}) == len(choices) <= 4, (question, choices)
-        item: dict = {"id": f"{family}-{len(items):04d}", "messages": chat(question),
-                      "answer": answers[0] if len(answers) == 1 else answers}
-        if choices is not None:
-            item["choices"] = choices
-        items.append(item)
+    add = functools.partial(make_knowledge.add_item, items)
 
     def family(name: str, entries: list[tuple[str, list[str]]], choices: bool = True) -> None:
         """Add a family's questions; with `choices`, a share of them (drawn) as a two- or
@@ -237,12 +226,4 @@ if __name__ == "__main__":
     items = atlas(random.Random(SEED))
     assert items[0]["messages"][0]["content"] == SYSTEM
     write("atlas.jsonl", items)
-    first: dict[str, int] = {}  # family -> its first id number, to print in creation order
-    for item in items:
-        family, number_ = item["id"].rsplit("-", 1)
-        first[family] = min(first.get(family, len(items)), int(number_))
-    counts = Counter(item["id"].rsplit("-", 1)[0] for item in items)
-    for family in sorted(first, key=first.__getitem__):
-        print(f"{family:20} {counts[family]}")
-    choices = sum(n for f, n in counts.items() if f.endswith("_choice"))
-    print(f"{'total':20} {len(items)} ({choices} choices, {choices / len(items):.0%})")
+    make_knowledge.print_families(items)

@@ -14,6 +14,7 @@ rebuild the file byte for byte (one seed, `random.Random(3131)`).
 
 from __future__ import annotations
 
+import functools
 import random
 import sys
 import unicodedata
@@ -206,22 +207,28 @@ def words(text: str) -> str:
                             for c in text).split())
 
 
+def add_item(items: list[dict], family: str, question: str, answers: list[str],
+             choices: list[str] | None = None) -> None:
+    """Append one question (id: its family and its place in `items`), checked: a
+    free-text answer never sits in its question as whole words (an echo must not match),
+    a choice's answer is one of 2 to 4 options that read differently."""
+    if choices is None:
+        for a in answers:
+            assert words(a) and f" {words(a)} " not in f" {words(question)} ", (question, a)
+    else:
+        assert len(answers) == 1 and answers[0] in choices, (question, choices)
+        assert 2 <= len({words(c) for c in choices}) == len(choices) <= 4, (question, choices)
+    item: dict = {"id": f"{family}-{len(items):04d}", "messages": chat(question),
+                  "answer": answers[0] if len(answers) == 1 else answers}
+    if choices is not None:
+        item["choices"] = choices
+    items.append(item)
+
+
 def knowledge(rng: random.Random) -> list[dict]:
     items: list[dict] = []
 
-    def add(family: str, question: str, answers: list[str],
-            choices: list[str] | None = None) -> None:
-        if choices is None:  # an echo of the question must never match an answer
-            for a in answers:
-                assert words(a) and f" {words(a)} " not in f" {words(question)} ", (question, a)
-        else:
-            assert len(answers) == 1 and answers[0] in choices, (question, choices)
-            assert 2 <= len(set(choices)) == len(choices) <= 4, (question, choices)
-        item: dict = {"id": f"{family}-{len(items):04d}", "messages": chat(question),
-                      "answer": answers[0] if len(answers) == 1 else answers}
-        if choices is not None:
-            item["choices"] = choices
-        items.append(item)
+    add = functools.partial(add_item, items)
 
     for verb, answers in PAST.items():
         add("past", f"What is the past tense of '{verb}'?", answers)
@@ -267,15 +274,21 @@ def knowledge(rng: random.Random) -> list[dict]:
     return items
 
 
-if __name__ == "__main__":
-    items = knowledge(random.Random(SEED))
-    assert items[0]["messages"][0]["content"] == SYSTEM
-    write("knowledge.jsonl", items)
-    first: dict[str, int] = {}  # family -> its first id number, to print in creation order
+def print_families(items: list[dict]) -> None:
+    """How many items each family has (in the order they were made), and the total."""
+    first: dict[str, int] = {}  # family -> its first id number
     for item in items:
         family, number = item["id"].rsplit("-", 1)
         first[family] = min(first.get(family, len(items)), int(number))
     counts = Counter(item["id"].rsplit("-", 1)[0] for item in items)
     for family in sorted(first, key=first.__getitem__):
-        print(f"{family:16} {counts[family]}")
-    print(f"{'total':16} {len(items)}")
+        print(f"{family:20} {counts[family]}")
+    choices = sum("choices" in item for item in items)
+    print(f"{'total':20} {len(items)} ({choices} choices, {choices / len(items):.0%})")
+
+
+if __name__ == "__main__":
+    items = knowledge(random.Random(SEED))
+    assert items[0]["messages"][0]["content"] == SYSTEM
+    write("knowledge.jsonl", items)
+    print_families(items)

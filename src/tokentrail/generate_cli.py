@@ -109,8 +109,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                            help="constrain the reply to one of these comma-separated strings")
     p.add_argument("--json", action="store_true", help="print one JSON object per token")
     p.add_argument("--calibration", metavar="FILE", default=None,
-                   help="a map from `tokentrail calibrate --fit`: adds confidence.calibrated "
-                   "and colours by it (refused for another model)")
+                   help="a map from `tokentrail calibrate --fit`, or a built-in one's name "
+                   "(smollm2): adds confidence.calibrated and colours by it (refused for "
+                   "another model)")
     p.set_defaults(func=run, chat="auto")
 
 

@@ -1,6 +1,8 @@
 """A fitted calibration map, loaded and applied: measure in, probability of being right out.
 
-`Calibration.load(path)` reads what `tokentrail calibrate --fit` wrote. Applying it needs
+`Calibration.load(path)` reads what `tokentrail calibrate --fit` wrote, or a map that
+ships with tokentrail by its name (`builtin_calibrations`: ``smollm2``, fitted on the
+1,431 questions of ``benchmarks/data/calibration/atlas.jsonl``). Applying it needs
 nothing beyond the standard library (no numpy, no scikit-learn), so `generate` and
 `serve` can take `--calibration` on any install. Two kinds of map, per measure:
 
@@ -25,6 +27,7 @@ from bisect import bisect_right
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from itertools import pairwise
+from pathlib import Path
 from typing import Any
 
 from ..errors import CalibrationError
@@ -33,10 +36,17 @@ from .measures import MEASURES, SEGMENT_MEASURES, segment_measures
 
 log = logging.getLogger(__name__)
 
-__all__ = ["FORMAT", "Calibration", "apply_map", "check_fingerprint", "is_choice"]
+__all__ = [
+    "FORMAT", "Calibration", "apply_map", "builtin_calibrations", "check_fingerprint",
+    "is_choice",
+]
 
 #: The `format` field of a calibration file.
 FORMAT = "tokentrail-calibration"
+#: The calibrations that ship with tokentrail: ``NAME.json``, each fitted with
+#: `tokentrail calibrate DATA --fit` on the model it is named after (its fingerprint says
+#: which; `docs/calibration.md` has the command).
+BUILTIN = Path(__file__).with_name("maps")
 #: Probabilities are kept this far from 0 and 1 before taking a logit.
 EPS = 1e-6
 #: A chance-adjusted constant is kept within [CHANCE_FLOOR, 1 - CHANCE_FLOOR].
@@ -191,8 +201,17 @@ class Calibration:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Calibration:
-        """Read a calibration file; a missing, non-JSON or malformed one is a
+        """Read a calibration file, or the built-in calibration of that name (a file of
+        that name comes first); a missing, non-JSON or malformed one is a
         CalibrationError naming it."""
+        name = os.fspath(path)
+        if name in builtin_calibrations() and not os.path.exists(name):
+            path = BUILTIN / f"{name}.json"
+        elif not os.path.exists(name) and os.sep not in name and "." not in name:
+            raise CalibrationError(
+                f"no calibration file {name!r}, and no built-in calibration of that name "
+                f"(built in: {', '.join(builtin_calibrations()) or 'none'})"
+            )
         try:
             with open(path, encoding="utf-8") as f:
                 data = json.load(f)
@@ -249,3 +268,8 @@ class Calibration:
         if conf is None:
             return None
         return replace(conf, calibrated=self.segment(conf))
+
+
+def builtin_calibrations() -> list[str]:
+    """The names of the calibrations that ship with tokentrail (`Calibration.load`)."""
+    return sorted(p.stem for p in BUILTIN.glob("*.json"))

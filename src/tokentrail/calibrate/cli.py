@@ -48,7 +48,8 @@ def register(sub: Any) -> None:
     p.add_argument("--url", metavar="URL", help="an OpenAI-compatible server instead")
     p.add_argument("--api-key", metavar="KEY", help="bearer token for --url")
     p.add_argument("--fit", metavar="OUT.json", help="fit calibration maps on these answers")
-    p.add_argument("--calibration", metavar="FILE", help="apply a fitted calibration")
+    p.add_argument("--calibration", metavar="FILE",
+                   help="apply a fitted calibration (a file, or a built-in one's name: smollm2)")
     p.add_argument("--match", default="words", choices=sorted(MATCH_RULES),
                    help="how free text is matched to the answer (default: words)")
     p.add_argument("--resume", action="store_true",

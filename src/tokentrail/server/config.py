@@ -270,8 +270,9 @@ class ServerConfig:
         default_note="detected from the chat template",
     ))
     calibration: str | os.PathLike[str] | None = field(default=None, metadata=declare(
-        Flag("--calibration", "a map fitted by `tokentrail calibrate`: adds "
-             "confidence.calibrated and makes level follow it (refused for another model)",
+        Flag("--calibration", "a map fitted by `tokentrail calibrate`, or a built-in "
+             "one's name (smollm2): adds confidence.calibrated and makes level follow it "
+             "(refused for another model)",
              metavar="FILE"),
     ))
 

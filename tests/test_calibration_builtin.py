@@ -1,0 +1,98 @@
+"""The calibration that ships with tokentrail: ``--calibration smollm2``.
+
+`tokentrail/calibrate/maps/smollm2.json` was written by `tokentrail calibrate
+benchmarks/data/calibration/atlas.jsonl --fit ... --engine llamacpp --model smollm2`
+(docs/calibration.md): maps for SmolLM2-135M-Instruct Q4_1 on llama.cpp, fitted on the
+broad real set, whose maps transfer to sets they never saw
+(benchmarks/results/calibration.md). It must name the data it was fitted on exactly (so
+that a changed set shows it is stale), belong to the real model by fingerprint, work by
+name wherever a calibration file does, and be refused for any other model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import tokentrail
+from tokentrail.calibrate import Calibration
+from tokentrail.calibrate.apply import builtin_calibrations
+from tokentrail.calibrate.fingerprint import calibration_for, file_digest
+from tokentrail.cli import main
+from tokentrail.errors import CalibrationError
+from tokentrail.segment import probability_level
+
+ATLAS = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "calibration" / "atlas.jsonl"
+
+
+def test_the_builtin_map_names_the_set_it_was_fitted_on() -> None:
+    assert "smollm2" in builtin_calibrations()
+    cal = Calibration.load("smollm2")
+    on = cal.fitted_on
+    assert on["data"] == ATLAS.name and on["part"] is None
+    assert on["sha256"] == hashlib.sha256(ATLAS.read_bytes()).hexdigest(), (
+        "atlas.jsonl changed: refit the built-in map (docs/calibration.md)"
+    )
+    assert on["n"] == len(ATLAS.read_text("utf-8").splitlines())
+    assert cal.fingerprint["engine"] == "llamacpp" and cal.segment_measure is not None
+    # On atlas.jsonl the tokens' geometric mean (what `level` is cut on) states 0.50 on
+    # average where 39% of the answers are right, and the product of a sentence's token
+    # probabilities 0.03: the map lowers the one and raises the other; every map keeps
+    # the order of its measure.
+    assert cal.map("geo_prob", 0.5) < 0.45 and cal.map("prob", 0.03) > 0.3
+    grid = [i / 20 for i in range(1, 20)]
+    for name in cal.maps:
+        if name != "field_prob":
+            mapped = [cal.map(name, v) for v in grid]
+            assert mapped == sorted(mapped) and all(0 < p < 1 for p in mapped), name
+
+
+def test_an_unknown_name_is_an_error_naming_the_builtin_ones(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(CalibrationError, match=r"no built-in calibration.*smollm2"):
+        Calibration.load("smollm3")
+    with pytest.raises(SystemExit) as stop:
+        main(["generate", "--max-tokens", "2", "--calibration", "smollm3", "def"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "smollm3" in err and err.count("\n") == 1
+
+
+def test_the_builtin_map_is_refused_for_another_model(demo: tuple[Any, Any]) -> None:
+    model, tokenizer = demo
+    with pytest.raises(CalibrationError, match="fitted for another model"):
+        calibration_for("smollm2", model, tokenizer)
+
+
+def test_the_builtin_map_calibrates_smollm2_on_llamacpp(smollm2_gguf: Path, llama_cpp: Any) -> None:
+    cal = Calibration.load("smollm2")
+    assert cal.fingerprint["weights"] == file_digest(smollm2_gguf)
+    model, tokenizer = tokentrail.load(str(smollm2_gguf), engine="llamacpp")
+    assert calibration_for(cal, model, tokenizer) is cal  # its own model: accepted
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    seen = []
+    for r in tokentrail.stream_generate(model, tokenizer, messages, max_tokens=8,
+                                        calibration="smollm2"):
+        if r.confidence is not None:
+            c = r.confidence
+            seen.append(c)
+            assert c.calibrated is not None and 0.0 <= c.calibrated <= 1.0
+            assert c.level == probability_level(c.calibrated)  # the level follows it
+            assert json.loads(json.dumps(c.to_dict()))["calibrated"] == c.calibrated
+    assert seen
+
+
+def test_generate_takes_the_builtin_map_by_name(
+    smollm2_gguf: Path, llama_cpp: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["generate", "--engine", "llamacpp", "--model", str(smollm2_gguf),
+                 "--calibration", "smollm2", "--max-tokens", "4", "--json", "Capital of Peru?"])
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.strip()]
+    confs = [x["confidence"] for x in lines if x.get("confidence")]
+    assert code == 0 and confs
+    assert all(0.0 <= c["calibrated"] <= 1.0 and c["level"] == probability_level(c["calibrated"])
+               for c in confs)

@@ -37,6 +37,12 @@ from .wire import REPLACEMENT, Frame, WireToken, token_string_bytes
 log = logging.getLogger("tokentrail.realign")
 
 
+#: The most tokens a count may say the server generated beyond those it described
+#: (llama.cpp's folds hold a few, a chat stream's unlisted end token one): a count past
+#: that is broken or hostile, and is refused rather than enumerated.
+MAX_UNDESCRIBED = 4096
+
+
 def _note(warnings: list[str], message: str) -> None:
     """A warning: reported through the result (and the CLI's summary); logged for -v."""
     log.info("%s", message)
@@ -176,6 +182,11 @@ class Realigner:
         if frame.finish is not None:
             self._finish = frame.finish
         if frame.total is not None:
+            if frame.total > self._n + MAX_UNDESCRIBED:
+                raise RealignError(
+                    f"{where}: usage.completion_tokens is {frame.total}, but the stream "
+                    f"described {self._n} tokens: more than any server leaves out"
+                )
             # The last count sent is the total only if no entry came after it; one sent
             # with entries also says how many tokens came up to its last entry.
             self._total = frame.total
@@ -391,6 +402,11 @@ class Realigner:
         """Turn a frame's wire tokens into observations queued for the aligner."""
         dropped: list[int] = []
         if frame.first_index is not None:
+            if frame.first_index > self._n + MAX_UNDESCRIBED:
+                raise RealignError(
+                    f"{where}: tokens_predicted says {frame.first_index - self._n} tokens "
+                    "came without frames since the last one: more than any fold holds"
+                )
             if frame.first_index > self._n:
                 dropped = list(range(self._n, frame.first_index))
                 self._n = frame.first_index

@@ -37,9 +37,11 @@ from .wire import REPLACEMENT, Frame, WireToken, token_string_bytes
 log = logging.getLogger("tokentrail.realign")
 
 
-#: The most tokens a count may say the server generated beyond those it described
-#: (llama.cpp's folds hold a few, a chat stream's unlisted end token one): a count past
-#: that is broken or hostile, and is refused rather than enumerated.
+#: How many tokens a stream's counts may say the server generated without describing
+#: them or sending their bytes (llama.cpp's folds send theirs in the next frame; tokens
+#: cut off by a stop string and a chat stream's unlisted end token are a few): past
+#: that, a count is broken or hostile. `tokens_predicted` beyond it is refused, a usage
+#: total beyond it is not believed; neither is enumerated (a billion refused records).
 MAX_UNDESCRIBED = 4096
 
 
@@ -124,6 +126,7 @@ class Realigner:
         self._open_gaps: list[Fold] = []
         #: Counts sent mid-stream: raw index of a chunk's last entry -> tokens up to it.
         self._pins: dict[int, int] = {}
+        self._unbacked = 0  # tokens counted with neither data nor bytes (MAX_UNDESCRIBED)
         self._deferred: list[Segment] = []
         self._total: int | None = None
         self._total_at = 0  # entries seen when the last count came
@@ -182,11 +185,6 @@ class Realigner:
         if frame.finish is not None:
             self._finish = frame.finish
         if frame.total is not None:
-            if frame.total > self._n + MAX_UNDESCRIBED:
-                raise RealignError(
-                    f"{where}: usage.completion_tokens is {frame.total}, but the stream "
-                    f"described {self._n} tokens: more than any server leaves out"
-                )
             # The last count sent is the total only if no entry came after it; one sent
             # with entries also says how many tokens came up to its last entry.
             self._total = frame.total
@@ -402,10 +400,15 @@ class Realigner:
         """Turn a frame's wire tokens into observations queued for the aligner."""
         dropped: list[int] = []
         if frame.first_index is not None:
-            if frame.first_index > self._n + MAX_UNDESCRIBED:
+            jump = frame.first_index - self._n
+            # Tokens whose frames were dropped send their bytes with this one: a count
+            # past its bytes is of tokens nobody described (`MAX_UNDESCRIBED`).
+            self._unbacked += max(0, jump - len(frame.content.encode("utf-8")))
+            if self._unbacked > MAX_UNDESCRIBED:
                 raise RealignError(
-                    f"{where}: tokens_predicted says {frame.first_index - self._n} tokens "
-                    "came without frames since the last one: more than any fold holds"
+                    f"{where}: tokens_predicted says {jump} tokens came without frames "
+                    f"since the last one, and the stream's counts now hold more than "
+                    f"{MAX_UNDESCRIBED} tokens without data or bytes: not a fold"
                 )
             if frame.first_index > self._n:
                 dropped = list(range(self._n, frame.first_index))
@@ -499,6 +502,11 @@ class Realigner:
         """
         total = None if self._multi or self._total_at != self._n else self._total
         pins = {} if self._multi else self._pins
+        if total is not None and total > self._n + MAX_UNDESCRIBED:
+            self._warn(f"usage.completion_tokens is {total}, but the stream described "
+                       f"{self._n} tokens: not believed")
+            total = None
+        pins = {at: n for at, n in pins.items() if n <= at + 1 + MAX_UNDESCRIBED}
         # llama.cpp's chat streams list no entry for a token that adds no text: only
         # the counts can show one, so they are read even when nothing was folded.
         unlisted = self._chat and self._llama

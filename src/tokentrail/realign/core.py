@@ -22,27 +22,19 @@ from .dialects import llamacpp, parse_chunk, tokentrail
 from .dialects import token_ids as token_id_strings
 from .feeding import Feeder
 from .placement import Obs
-from .positions import Fold, Numbering, end_tokens, number
+from .positions import Fold
 from .result import (
-    POSITION_UNKNOWN,
     RealignedSegment,
     RealignError,
     RealignResult,
     RefusedToken,
     TokenHook,
 )
+from .settle import MAX_UNDESCRIBED, Counts
 from .vocabmap import reverse
 from .wire import REPLACEMENT, Frame, WireToken, token_string_bytes
 
 log = logging.getLogger("tokentrail.realign")
-
-
-#: How many tokens a stream's counts may say the server generated without describing
-#: them or sending their bytes (llama.cpp's folds send theirs in the next frame; tokens
-#: cut off by a stop string and a chat stream's unlisted end token are a few): past
-#: that, a count is broken or hostile. `tokens_predicted` beyond it is refused, a usage
-#: total beyond it is not believed; neither is enumerated (a billion refused records).
-MAX_UNDESCRIBED = 4096
 
 
 def _note(warnings: list[str], message: str) -> None:
@@ -51,7 +43,7 @@ def _note(warnings: list[str], message: str) -> None:
     warnings.append(message)
 
 
-class Realigner:
+class Realigner(Counts):
     """Realigns one streamed choice: feed it chunks, get exact segments back.
 
     >>> r = Realigner("path/to/tokenizer.json")            # doctest: +SKIP
@@ -487,90 +479,6 @@ class Realigner:
             self._open_gaps.append(Fold(self._n, refused[0], data, self._cut_gap))
         self._cut_gap = False
         self._feeder.add(Obs("gap", None, raw=data, refused=refused))
-
-    def _settle_counts(self, segments: list[Segment]) -> list[Segment]:
-        """At the end: account for tokens the server counted but never described.
-
-        ``usage.completion_tokens`` says how many tokens there were. Without open gaps,
-        the missing ones come after every entry (llama.cpp leaves the end-of-turn token
-        out of chat logprobs): they are refused at their indices. With open gaps (folded
-        frames that did not say how many tokens they held), `positions.number` works
-        out what the stream fixes: each entry's position is stated only when every
-        reading of its bytes and counts agrees on it, else None (never a shifted one);
-        a count sent mid-stream or the total at the end can fix positions again after a
-        fold whose own count stays unknown.
-        """
-        total = None if self._multi or self._total_at != self._n else self._total
-        pins = {} if self._multi else self._pins
-        if total is not None and total > self._n + MAX_UNDESCRIBED:
-            self._warn(f"usage.completion_tokens is {total}, but the stream described "
-                       f"{self._n} tokens: not believed")
-            total = None
-        pins = {at: n for at, n in pins.items() if n <= at + 1 + MAX_UNDESCRIBED}
-        # llama.cpp's chat streams list no entry for a token that adds no text: only
-        # the counts can show one, so they are read even when nothing was folded.
-        unlisted = self._chat and self._llama
-        if not self._open_gaps and not (unlisted and (total is not None or pins)):
-            return self._count_tail(segments, total)
-        folds = self._open_gaps
-        self._open_gaps = []
-        tail = end_tokens(self._finish, self._chat, self._stop_cut_at == self._n - 1)
-        end = None if self._total_pin else total  # (a count with entries is a pin only)
-        numbering = number(folds, pins, self._n, end, self._rev, tail, unlisted=unlisted)
-        first = numbering.first_unknown
-        if numbering.unknown_from is not None:
-            self._warn(
-                "the server's token counts contradict its entries (tokens it neither listed "
-                "nor folded into an entry?): positions are unknown (index null)"
-            )
-        elif first is not None:
-            self._warn(
-                f"the server sent fewer entries than tokens without saying where (frames "
-                f"folded into the next entry; on a chat stream, tokens with no text), and "
-                f"neither their bytes nor its counts tell it: the positions of tokens from "
-                f"stream index {first} on are unknown (index null) until a count fixes them"
-            )
-        out = [self._renumber(seg, numbering) for seg in segments]
-        cut = self._renumber(RealignedSegment("", tuple(self._trailing)), numbering)
-        self._trailing = list(cut.tokens)
-        renamed = numbering.refused
-        self._refused = [r for x in self._refused for r in renamed.get(id(x), (x,))]
-        if numbering.end_sum is not None:
-            self._n += numbering.end_sum
-            if total is not None and total > self._n:
-                out = self._count_tail(out, total)
-        self._n = max(self._n, total or 0)
-        return out
-
-    def _renumber(self, seg: Segment, numbering: Numbering) -> Segment:
-        """`seg` with its tokens at their true positions (None where not known)."""
-        spans = tuple(
-            TokenSpan(numbering.index(t.index), t.id, t.start, t.end, t.logprob, t.top_logprobs)  # type: ignore[arg-type]
-            for t in seg.tokens
-        )
-        renamed = numbering.refused
-        refs = tuple(r for x in getattr(seg, "refused", ()) for r in renamed.get(id(x), (x,)))
-        unknown = POSITION_UNKNOWN if any(t.index is None for t in spans) else None
-        return RealignedSegment(seg.text, spans, refs, unknown)
-
-    def _count_tail(self, segments: list[Segment], total: int | None) -> list[Segment]:
-        """Tokens counted after every entry (no open gaps): refused at their indices."""
-        if total is None:
-            return segments
-        missing = total - self._n
-        if missing > 0:
-            why = (
-                "the server counted it (usage.completion_tokens) but sent no logprobs "
-                "entry for it (llama.cpp leaves the end-of-turn token out of chat "
-                "logprobs)"
-            )
-            extra = tuple(RefusedToken(i, why) for i in range(self._n, total))
-            self._refused.extend(extra)
-            segments.append(RealignedSegment("", (), extra))
-            self._n = total
-        elif missing < 0:
-            self._warn(f"usage.completion_tokens is {total}, but the stream held {self._n}")
-        return segments
 
 
 def realign(

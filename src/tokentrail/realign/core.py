@@ -37,6 +37,25 @@ from .wire import REPLACEMENT, Frame, WireToken, token_string_bytes
 log = logging.getLogger("tokentrail.realign")
 
 
+def _lead(data: bytes, own: bytes) -> bytes | None:
+    """The bytes before a token's own at the end of `data` (what llama.cpp's dropped
+    frames held, sent with this one); None when `data` is not more than them."""
+    if len(data) > len(own) and data.endswith(own):
+        return data[: len(data) - len(own)]
+    return None
+
+
+def _first_each(pairs: Iterable[tuple[int, float]]) -> tuple[tuple[int, float], ...]:
+    """Alternatives as (id, logprob), each id once (its first listing)."""
+    seen: set[int] = set()
+    out = []
+    for pair in pairs:
+        if pair[0] not in seen:
+            seen.add(pair[0])
+            out.append(pair)
+    return tuple(out)
+
+
 def _note(warnings: list[str], message: str) -> None:
     """A warning: reported through the result (and the CLI's summary); logged for -v."""
     log.info("%s", message)
@@ -335,8 +354,7 @@ class Realigner(Counts):
     def _alternatives(self, wires: list[WireToken] | None) -> tuple[tuple[int, float], ...] | None:
         if not wires:
             return None
-        out = []
-        seen = set()
+        pairs = []
         has_id = self.vocab.has_id
         for w in wires:
             tid = w.id
@@ -345,10 +363,8 @@ class Realigner(Counts):
             if tid is None or w.logprob is None:
                 self._alts_dropped += 1
                 continue
-            if tid not in seen:
-                seen.add(tid)
-                out.append((tid, w.logprob))
-        return tuple(out)
+            pairs.append((tid, w.logprob))
+        return _first_each(pairs)
 
     def _piece(self, tid: int) -> bytes:
         """What a token adds to a llama.cpp frame: specials add nothing there."""
@@ -367,21 +383,12 @@ class Realigner(Counts):
         has_id = self.vocab.has_id
         if n - 1 != self._n or not has_id(tid):
             return False
-        sent = content.encode("utf-8")
-        own = self._piece(tid)
-        if len(sent) > len(own) and sent.endswith(own):
+        if _lead(content.encode("utf-8"), self._piece(tid)) is not None:
             return False  # a content gap: see _observe
-        top: tuple[tuple[int, float], ...] | None = None
-        if alts:
-            seen: set[int] = set()
-            out = []
-            for alt in alts:
-                if not has_id(alt[0]):
-                    return False  # identified by its bytes: see _alternatives
-                if alt[0] not in seen:
-                    seen.add(alt[0])
-                    out.append(alt)
-            top = tuple(out)
+        for alt in alts:
+            if not has_id(alt[0]):
+                return False  # identified by its bytes: see _alternatives
+        top = _first_each(alts) if alts else None
         self._feeder.add_content(content)
         self._source("llama.cpp")
         self._n = n
@@ -391,11 +398,12 @@ class Realigner(Counts):
     def _observe(self, frame: Frame, where: str) -> None:
         """Turn a frame's wire tokens into observations queued for the aligner."""
         dropped: list[int] = []
+        sent = frame.content.encode("utf-8")
         if frame.first_index is not None:
             jump = frame.first_index - self._n
             # Tokens whose frames were dropped send their bytes with this one: a count
             # past its bytes is of tokens nobody described (`MAX_UNDESCRIBED`).
-            self._unbacked += max(0, jump - len(frame.content.encode("utf-8")))
+            self._unbacked += max(0, jump - len(sent))
             if self._unbacked > MAX_UNDESCRIBED:
                 raise RealignError(
                     f"{where}: tokens_predicted says {jump} tokens came without frames "
@@ -415,10 +423,8 @@ class Realigner(Counts):
                     for w in frame.tokens)
         ):
             # llama.cpp without byte data: its content holds what dropped frames held.
-            sent = frame.content.encode("utf-8")
             own = b"".join(self._piece(w.id) for w in frame.tokens if w.id is not None)
-            if len(sent) > len(own) and sent.endswith(own):
-                content_gap = sent[: len(sent) - len(own)]
+            content_gap = _lead(sent, own)
         for k, w in enumerate(frame.tokens):
             self._source(w.source)
             self._llama = self._llama or w.folded
@@ -426,8 +432,9 @@ class Realigner(Counts):
             gap = content_gap if k == 0 else None
             if w.folded and tid is not None and raw is not None:
                 own = self._piece(tid)
-                if len(raw) > len(own) and raw.endswith(own):
-                    gap = raw[: len(raw) - len(own)]
+                lead = _lead(raw, own)
+                if lead is not None:
+                    gap = lead
                 elif raw not in (own, self.vocab.pieces[tid]):
                     # At a stop string llama.cpp puts the text it held back (the part of
                     # the straddling token before the stop) on the entry of the token

@@ -461,14 +461,14 @@ def test_serve_engine_vllm_batches_concurrent_streams_each_as_it_is_alone(ours: 
     for topic in TOPICS:
         chunks = client.chat.completions.create(model=NAME, stream=True, **chat_body(topic, 40))
         alone[topic] = stream_tokens(chunks)
-    # The same four requests at once, each asking for far more than 40 tokens. Each client
-    # reads its first token, then waits until all four have one. The server does not wait
-    # for a reader (it buffers up to `max_buffered` steps), so 40-token streams could all
-    # have ended by the time the last one began on a busy machine; 1000 cannot. With one
-    # request at a time on vLLM the first would have run to its 1000 before the second
-    # began. Then each reads its first 40 tokens and hangs up.
-    first = threading.Barrier(len(TOPICS) + 1, timeout=600)
-    resume = threading.Barrier(len(TOPICS) + 1, timeout=600)
+    # The same four requests at once, each asking for far more than 40 tokens (no end token
+    # can come: NO_END). Every client reads as the tokens come, so none is dropped as a
+    # reader that stopped (`--client-timeout`, whatever the machine's pace), and keeps
+    # reading until `/health` has shown all four in tokentrail's batch and unfinished in
+    # vLLM at one moment; then each hangs up once it has its first 40 tokens. With one
+    # request at a time on vLLM that moment never comes: the first runs to its 1000 while
+    # the others queue, and the streams end without it.
+    seen = threading.Event()
     together: dict[str, dict[str, Any]] = {}
     failures: list[BaseException] = []
 
@@ -477,39 +477,38 @@ def test_serve_engine_vllm_batches_concurrent_streams_each_as_it_is_alone(ours: 
             stream = client.chat.completions.create(
                 model=NAME, stream=True, **chat_body(topic, 1000)
             )
-            chunks = iter(stream)
-            head = [next(chunks)]
-            while not any(ext(c).get("segments") for c in head if c.model_extra.get("tokentrail")):
-                head.append(next(chunks))
-            first.wait()
-            resume.wait()
-            got = head
-            while len(ext_tokens([ext(c) for c in got if c.model_extra.get("tokentrail")])) < 40:
-                got.append(next(chunks))
+            got = []
+            for chunk in stream:
+                got.append(chunk)
+                if seen.is_set() and len(
+                    ext_tokens([ext(c) for c in got if c.model_extra.get("tokentrail")])
+                ) >= 40:
+                    break
             stream.close()
             exts = [ext(c) for c in got if c.model_extra.get("tokentrail")]
             text = "".join(c.choices[0].delta.content or "" for c in got if c.choices)
             together[topic] = {"text": text, "tokens": ext_tokens(exts)[:40]}
         except BaseException as e:
             failures.append(e)
-            first.abort()
-            resume.abort()
 
     threads = [threading.Thread(target=work, args=(t,)) for t in TOPICS]
     for t in threads:
         t.start()
+    polls: list[dict[str, Any]] = []
     try:
-        first.wait()
-        during = engine_batch(ours)  # every stream has a token, none has its 1000
+        while any(t.is_alive() for t in threads) and not seen.is_set():
+            during = engine_batch(ours)
+            polls.append({k: during[k] for k in ("active", "queued", "live", "vllm_unfinished")})
+            if during["active"] == during["live"] == during["vllm_unfinished"] == len(TOPICS):
+                seen.set()  # all four in tokentrail's batch and running in vLLM at once
+            time.sleep(0.05)
     finally:
-        if not failures:
-            resume.wait()
+        seen.set()
         for t in threads:
             t.join(timeout=600)
     assert not failures, failures
-    # All four in tokentrail's batch and running in vLLM at once.
-    assert during["active"] == len(TOPICS) and during["live"] == len(TOPICS), during
-    assert during["vllm_unfinished"] == len(TOPICS), during
+    assert polls and polls[-1]["active"] == len(TOPICS), polls[-5:]
+    assert polls[-1]["live"] == polls[-1]["vllm_unfinished"] == len(TOPICS), polls[-5:]
     for topic in TOPICS:
         a, b = alone[topic], together[topic]
         assert a["finish"] == "length"

@@ -205,18 +205,22 @@ def calibrate(
     write_reliability(report, outdir, f"{Path(data).name} · {fingerprint['name']}")
     write_html(report, outdir)
     if fit is not None:
-        _fit(rows, fingerprint, data, match, part, fit)
+        decoding = {"max_tokens": max_tokens, "top_logprobs": top_logprobs}
+        _fit(rows, fingerprint, data, match, part, decoding, fit)
     return report
 
 
 def _fit(
     rows: list[dict[str, Any]], fingerprint: dict[str, Any], data: Any, match: str,
-    part: int | None, path: str | os.PathLike[str],
+    part: int | None, decoding: dict[str, int], path: str | os.PathLike[str],
 ) -> None:
+    """Fit maps on `rows` and save them to `path`, with what they were fitted on: the
+    set (name, SHA-256, part, size, accuracy), the match rule and the decoding settings
+    (`decoding`: the answer length and alternatives the measures were taken with)."""
     from .fit import fit_calibration
 
     fitted_on = {"data": Path(data).name, "sha256": _sha256(data), "part": part,
-                 "n": len(rows), "match": match,
+                 "n": len(rows), "match": match, **decoding,
                  "accuracy": sum(bool(r["correct"]) for r in rows) / len(rows)}
     cal = fit_calibration(rows, fingerprint, fitted_on)
     Path(path).write_text(json.dumps(cal.to_dict(), indent=1) + "\n", encoding="utf-8")

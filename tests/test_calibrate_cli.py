@@ -10,6 +10,7 @@ the answers it claims to summarise.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import subprocess
 import sys
@@ -251,7 +252,54 @@ def test_fit_writes_a_calibration_with_the_fingerprint(
     model, tokenizer = demo
     assert cal.fingerprint == model_fingerprint(model, tokenizer)
     assert cal.fitted_on["n"] == 14 and cal.fitted_on["data"] == "big.jsonl"
+    assert cal.fitted_on["max_tokens"] == 6 and cal.fitted_on["top_logprobs"] == 5
     for spec in cal.maps.values():
         assert 0.0 <= cal.map(next(iter(cal.maps)), 0.5) <= 1.0
         assert spec["n"] >= 10
     assert not math.isnan(cal.answer({"geo_prob": 0.3})[0] or 0.0)
+
+
+def test_a_resume_that_would_decode_otherwise_is_refused_and_a_map_says_how_it_was_fitted(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The measures are taken over the whole reply, so answers decoded with another
+    length limit (or number of alternatives) are not like the ones kept: a resumed run
+    that would mix them is refused (exit 2, one line naming the setting); a map fitted
+    on answers decoded otherwise still applies, with a warning."""
+    data = write_set(tmp_path / "set.jsonl")
+    big = tmp_path / "big.jsonl"  # enough answers to fit (10 per measure)
+    lines = data.read_text().splitlines()
+    big.write_text("\n".join(lines + [x.replace('"id": "c', '"id": "d') for x in lines[:6]]))
+    out, fit = tmp_path / "o", tmp_path / "fit.json"
+
+    def cli(*args: str) -> tuple[int, str]:
+        code = main(["calibrate", str(big), "--out", str(out), "--bootstrap", "20", "--quiet",
+                     *args])
+        return code, capsys.readouterr().err
+
+    code, err = cli("--max-tokens", "4", "--limit", "5", "--fit", str(fit))
+    assert code == 2 and "too few" in err  # five answers cannot be fitted; they are kept
+    run = json.loads((out / "run.json").read_text())
+    assert run["max_tokens"] == 4 and run["top_logprobs"] == 5 and run["model"]["weights"]
+    kept = (out / "items.jsonl").read_text()
+    for other in (["--max-tokens", "5"], ["--max-tokens", "4", "--top-logprobs", "3"]):
+        code, err = cli("--resume", *other)
+        assert code == 2 and err.count("\n") == 1, err
+        assert ("max_tokens 4" if other[1] == "5" else "top_logprobs 5") in err, err
+        assert (out / "items.jsonl").read_text() == kept  # nothing added, nothing lost
+    code, err = cli("--resume", "--max-tokens", "4", "--fit", str(fit))
+    assert code == 0, err
+    assert len((out / "items.jsonl").read_text().splitlines()) == 14
+    assert Calibration.load(fit).fitted_on["max_tokens"] == 4
+    # Applied to answers decoded with another limit: a warning naming both, and the run.
+    caplog.set_level(logging.WARNING, logger="tokentrail.calibrate.run")
+    code, err = cli("--max-tokens", "6", "--calibration", str(fit), "--out", str(tmp_path / "p"))
+    assert code == 0, err
+    said = [r.getMessage() for r in caplog.records if "fitted on answers" in r.getMessage()]
+    assert said == [
+        "the calibration was fitted on answers decoded with max_tokens 4; this run decodes "
+        "with max_tokens 6, so its measures may not match the map's"
+    ]
+    caplog.clear()
+    code, err = cli("--max-tokens", "4", "--calibration", str(fit), "--out", str(tmp_path / "q"))
+    assert code == 0 and not [r for r in caplog.records if "fitted on" in r.getMessage()]

@@ -2,7 +2,10 @@
 write items.jsonl as answers finish, then the report (and, if asked, a fitted map).
 
 Items are appended to ``OUT/items.jsonl`` one line each as soon as they are scored, so an
-interrupted run loses nothing; ``resume=True`` skips the ids already there. At the end
+interrupted run loses nothing; ``resume=True`` skips the ids already there. ``OUT/run.json``
+records what decoded them (the model's fingerprint, the answer length and alternatives):
+a resumed run that would decode differently is refused, since its answers and the ones
+kept would not be alike. At the end
 the file is rewritten in the set's order with `correct` and `calibrated` recomputed from
 each line's output and measures (the match rule or calibration may have changed), and
 the report is computed from exactly those lines.
@@ -33,6 +36,9 @@ __all__ = ["ITEMS", "REPORT", "calibrate", "read_rows", "score_rows"]
 
 ITEMS = "items.jsonl"
 REPORT = "report.json"
+RUN = "run.json"
+#: What the answers of a run folder depend on besides the set (`_check_run`).
+_DECODING = ("max_tokens", "top_logprobs")
 
 
 def read_rows(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
@@ -135,6 +141,44 @@ def _open_items(out: Path, resume: bool) -> dict[str, dict[str, Any]]:
     return {r["id"]: r for r in read_rows(path)} if resume else {}
 
 
+def _decoder(fingerprint: Mapping[str, Any]) -> dict[str, Any]:
+    """What identifies the model that answers: its weights and tokenizer, or a server's
+    model name (a local model's display name may be spelled another way)."""
+    if fingerprint.get("engine") == "url":
+        return {"engine": "url", "name": fingerprint.get("name")}
+    return {k: fingerprint.get(k) for k in ("engine", "tokenizer", "weights")}
+
+
+def _check_run(out: Path, settings: dict[str, Any], resume: bool) -> None:
+    """Refuse to add answers decoded otherwise than those already in `out` (its run.json),
+    then record `settings` there."""
+    path = out / RUN
+    if resume and path.exists():
+        try:
+            before = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            before = {}
+        for key, now in settings.items():
+            was = before.get(key, now)
+            if was != now:
+                raise CalibrationError(
+                    f"{out} holds answers decoded with {key} {was}, and this run asks "
+                    f"{now}: resume with the same settings, or give another --out"
+                )
+    path.write_text(json.dumps(settings, indent=1) + "\n", encoding="utf-8")
+
+
+def _warn_if_fitted_otherwise(calibration: Calibration, settings: Mapping[str, Any]) -> None:
+    """A map fitted on replies decoded otherwise (another length limit) still applies, but
+    its measures were taken on other replies: say so."""
+    for key in _DECODING:
+        was = calibration.fitted_on.get(key)
+        if was is not None and was != settings[key]:
+            log.warning("the calibration was fitted on answers decoded with %s %s; this run "
+                        "decodes with %s %s, so its measures may not match the map's",
+                        key, was, key, settings[key])
+
+
 # long: the run's one sequence (check, answer with progress, rewrite, report, fit) reads
 # best in one place; each step is a call.
 def calibrate(
@@ -177,10 +221,17 @@ def calibrate(
     done = _open_items(outdir, resume)
     answerer, fingerprint = _answerer(model, tokenizer, url, model_name, api_key,
                                       max_tokens, top_logprobs)
-    if calibration is not None and not isinstance(calibration, Calibration):
-        calibration = Calibration.load(calibration)
-    if calibration is not None:
-        calibration.check(fingerprint)
+    decoding = {"max_tokens": max_tokens, "top_logprobs": top_logprobs}
+    try:
+        _check_run(outdir, {"model": _decoder(fingerprint), **decoding}, resume)
+        if calibration is not None and not isinstance(calibration, Calibration):
+            calibration = Calibration.load(calibration)
+        if calibration is not None:
+            calibration.check(fingerprint)
+            _warn_if_fitted_otherwise(calibration, decoding)
+    except BaseException:
+        answerer.close()
+        raise
     todo = [it for it in items if it.id not in done]
     bar, task = _progress(len(items), len(items) - len(todo), progress)
     try:
@@ -205,7 +256,6 @@ def calibrate(
     write_reliability(report, outdir, f"{Path(data).name} · {fingerprint['name']}")
     write_html(report, outdir)
     if fit is not None:
-        decoding = {"max_tokens": max_tokens, "top_logprobs": top_logprobs}
         _fit(rows, fingerprint, data, match, part, decoding, fit)
     return report
 

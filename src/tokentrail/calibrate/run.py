@@ -2,13 +2,14 @@
 write items.jsonl as answers finish, then the report (and, if asked, a fitted map).
 
 Items are appended to ``OUT/items.jsonl`` one line each as soon as they are scored, so an
-interrupted run loses nothing; ``resume=True`` skips the ids already there. ``OUT/run.json``
-records what decoded them (the model's fingerprint, the answer length and alternatives):
-a resumed run that would decode differently is refused, since its answers and the ones
-kept would not be alike. At the end
+interrupted run loses nothing; ``resume=True`` skips the ids already there. At the end
 the file is rewritten in the set's order with `correct` and `calibrated` recomputed from
 each line's output and measures (the match rule or calibration may have changed), and
 the report is computed from exactly those lines.
+
+``OUT/run.json`` records what decoded the answers (the model's weights and tokenizer or
+a server's model name, the answer length and alternatives): a resumed run that would
+decode otherwise is refused, since its answers and the ones kept would not be alike.
 """
 
 from __future__ import annotations

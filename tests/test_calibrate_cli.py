@@ -48,6 +48,15 @@ def write_set(path: Path) -> Path:
     return path
 
 
+def write_big_set(tmp_path: Path) -> Path:
+    """`write_set`'s questions and six of its choices again under new ids: fourteen
+    answers, enough to fit (10 per measure)."""
+    lines = write_set(tmp_path / "set.jsonl").read_text().splitlines()
+    big = tmp_path / "big.jsonl"
+    big.write_text("\n".join(lines + [x.replace('"id": "c', '"id": "d') for x in lines[:6]]))
+    return big
+
+
 def run_cli(*args: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
     code = main(["calibrate", *args, "--max-tokens", "6", "--bootstrap", "50", "--quiet"])
     out, err = capsys.readouterr()
@@ -241,10 +250,7 @@ def test_malformed_line_exits_2_with_one_line(tmp_path: Path) -> None:
 def test_fit_writes_a_calibration_with_the_fingerprint(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], demo: tuple[object, object]
 ) -> None:
-    data = write_set(tmp_path / "set.jsonl")
-    big = tmp_path / "big.jsonl"  # twelve answers: enough to fit (10 per measure)
-    lines = data.read_text().splitlines()
-    big.write_text("\n".join(lines + [x.replace('"id": "c', '"id": "d') for x in lines[:6]]))
+    big = write_big_set(tmp_path)
     code, _, err = run_cli(str(big), "--out", str(tmp_path / "o"), "--fit",
                            str(tmp_path / "fit.json"), capsys=capsys)
     assert code == 0, err
@@ -266,10 +272,7 @@ def test_a_resume_that_would_decode_otherwise_is_refused_and_a_map_says_how_it_w
     length limit (or number of alternatives) are not like the ones kept: a resumed run
     that would mix them is refused (exit 2, one line naming the setting); a map fitted
     on answers decoded otherwise still applies, with a warning."""
-    data = write_set(tmp_path / "set.jsonl")
-    big = tmp_path / "big.jsonl"  # enough answers to fit (10 per measure)
-    lines = data.read_text().splitlines()
-    big.write_text("\n".join(lines + [x.replace('"id": "c', '"id": "d') for x in lines[:6]]))
+    big = write_big_set(tmp_path)
     out, fit = tmp_path / "o", tmp_path / "fit.json"
 
     def cli(*args: str) -> tuple[int, str]:

@@ -38,8 +38,6 @@ __all__ = ["ITEMS", "REPORT", "calibrate", "read_rows", "score_rows"]
 ITEMS = "items.jsonl"
 REPORT = "report.json"
 RUN = "run.json"
-#: What the answers of a run folder depend on besides the set (`_check_run`).
-_DECODING = ("max_tokens", "top_logprobs")
 
 
 def read_rows(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
@@ -169,15 +167,15 @@ def _check_run(out: Path, settings: dict[str, Any], resume: bool) -> None:
     path.write_text(json.dumps(settings, indent=1) + "\n", encoding="utf-8")
 
 
-def _warn_if_fitted_otherwise(calibration: Calibration, settings: Mapping[str, Any]) -> None:
+def _warn_if_fitted_otherwise(calibration: Calibration, decoding: Mapping[str, Any]) -> None:
     """A map fitted on replies decoded otherwise (another length limit) still applies, but
     its measures were taken on other replies: say so."""
-    for key in _DECODING:
+    for key, now in decoding.items():
         was = calibration.fitted_on.get(key)
-        if was is not None and was != settings[key]:
+        if was is not None and was != now:
             log.warning("the calibration was fitted on answers decoded with %s %s; this run "
                         "decodes with %s %s, so its measures may not match the map's",
-                        key, was, key, settings[key])
+                        key, was, key, now)
 
 
 # long: the run's one sequence (check, answer with progress, rewrite, report, fit) reads

@@ -9,6 +9,8 @@ library's own fitter (`tokentrail.calibrate.fit.fit_calibration`) and metrics, r
 - random halvings (``--splits N``): N random splits of each set in two, fit on one half,
   report on the other; the median and 10th-90th percentiles of ECE and of its floor
   (one alternate split is one draw of a noisy figure);
+- ``--no-ceilings``: the same with the maps' ceilings removed (what backs the most
+  confident level, `tokentrail.calibrate.fit.top_ceiling`): before and after;
 - by family (``--families``): fit on every family of the sets but one, report on the one
   left out (families are the id's prefix before the first "-").
 
@@ -52,8 +54,11 @@ def floor(p: np.ndarray, draws: int = 500, seed: int = 0) -> float:
 
 
 def evaluate(fit_rows: Sequence[Mapping[str, Any]], test_rows: Sequence[Mapping[str, Any]],
-             ) -> dict[str, Any]:
+             ceilings: bool = True) -> dict[str, Any]:
     cal = fit_calibration(fit_rows, {}, {"rows": len(fit_rows)})
+    if not ceilings:  # the maps as fitted, without what backs the top level
+        for spec in cal.maps.values():
+            spec.pop("ceiling", None)
     got = [(cal.answer(r["measures"]), bool(r["correct"])) for r in test_rows]
     used = Counter(name for (p, name), _ in got if p is not None)
     pairs = [(p, y) for (p, _), y in got if p is not None]
@@ -82,6 +87,8 @@ def main() -> None:
     ap.add_argument("--families", action="store_true", help="also leave one family out")
     ap.add_argument("--splits", type=int, default=0, metavar="N",
                     help="also N random halvings of each set (the spread of half -> half)")
+    ap.add_argument("--no-ceilings", action="store_true",
+                    help="remove the maps' ceilings (what backs the top level: before/after)")
     args = ap.parse_args()
     sets = {p.name if p.is_dir() else p.parent.name: load(p) for p in args.runs}
     print("| fitted on → reported on | n | right | ECE | floor | Brier | log loss "
@@ -89,35 +96,43 @@ def main() -> None:
     print("|---|---:|---:|---:|---:|---:|---:|---|---|")
     for name, rows in sets.items():
         a, b = rows[0::2], rows[1::2]
-        print(line(f"{name} half 1 → half 2", evaluate(a, b)))
-        print(line(f"{name} half 2 → half 1", evaluate(b, a)))
+        print(line(f"{name} half 1 → half 2", evaluate(a, b, not args.no_ceilings)))
+        print(line(f"{name} half 2 → half 1", evaluate(b, a, not args.no_ceilings)))
     for fit_name, fit_rows in sets.items():
         for test_name, test_rows in sets.items():
             if fit_name != test_name:
-                print(line(f"{fit_name} → {test_name}", evaluate(fit_rows, test_rows)))
+                print(line(f"{fit_name} → {test_name}",
+                           evaluate(fit_rows, test_rows, not args.no_ceilings)))
     if args.splits:
         print(f"\nRandom halvings ({args.splits} per set, fit on one half, report on the other):"
               " calibrated ECE and its floor, median [10th–90th percentile]\n")
-        print("| set | n per half | ECE | floor | ECE − floor |")
-        print("|---|---:|---|---|---|")
+        print("| set | n per half | ECE | floor | ECE − floor | top level shown "
+              "| of those, right less often than said |")
+        print("|---|---:|---|---|---|---:|---:|")
         for name, rows in sets.items():
             rng = np.random.default_rng(0)  # each set's splits whatever sets come before it
-            got = []
+            got, shown, overstated = [], 0, 0
             for _ in range(args.splits):
                 order = rng.permutation(len(rows))
                 half = len(rows) // 2
-                r = evaluate([rows[i] for i in order[:half]], [rows[i] for i in order[half:]])
+                r = evaluate([rows[i] for i in order[:half]], [rows[i] for i in order[half:]],
+                             not args.no_ceilings)
                 got.append((r["ece"], r["floor"], r["ece"] - r["floor"]))
+                n, said, right = r["certain"]
+                shown += n > 0
+                overstated += n > 0 and right < said
             q = np.percentile(np.array(got), [50, 10, 90], axis=0)
             cells = " | ".join(f"{q[0, j]:.3f} [{q[1, j]:.3f}–{q[2, j]:.3f}]" for j in range(3))
-            print(f"| {name} | {len(rows) - len(rows) // 2} | {cells} |")
+            print(f"| {name} | {len(rows) - len(rows) // 2} | {cells} | {shown} "
+                  f"| {overstated} |")
     if args.families:
         every = [r for rows in sets.values() for r in rows]
         for fam in sorted({family(r) for r in every}):
             test = [r for r in every if family(r) == fam]
             rest = [r for r in every if family(r) != fam]
             if len(test) >= 20:
-                print(line(f"all but {fam} → {fam}", evaluate(rest, test)))
+                print(line(f"all but {fam} → {fam}",
+                           evaluate(rest, test, not args.no_ceilings)))
 
 
 if __name__ == "__main__":

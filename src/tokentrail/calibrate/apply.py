@@ -14,7 +14,10 @@ nothing beyond the standard library (no numpy, no scikit-learn), so `generate` a
   cross-validation could use, or a set whose answers were all right or all wrong).
 
 A map's ``rows`` says which answers it was fitted on and applies to: ``free`` (free
-text), ``choice`` (a constrained choice, which has ``field_prob``) or ``all``.
+text), ``choice`` (a constrained choice, which has ``field_prob``) or ``all``. Its
+``ceiling`` (optional) caps what it says: the most confident level (calibrated at least
+`tokentrail.segment.CONFIDENCE_LEVELS`' last cut) is given only as far as the answers the
+map was fitted on back it (`tokentrail.calibrate.fit`).
 """
 
 from __future__ import annotations
@@ -78,7 +81,14 @@ def _interp(x: float, xs: list[float], ys: list[float]) -> float:
 def apply_map(spec: Mapping[str, Any], value: float, chance: float | None = None) -> float:
     """The calibrated probability of a measure's `value` under one map `spec`; `chance`
     (1/k for a choice among k) lets a constant map with a ``skill`` follow k (its own
-    rate for a k it was fitted on, ``by_k``)."""
+    rate for a k it was fitted on, ``by_k``). Never above the map's ``ceiling`` (what
+    its fit backs at the most confident level; see the module)."""
+    p = _mapped(spec, value, chance)
+    ceiling = spec.get("ceiling")
+    return p if ceiling is None else min(p, float(ceiling))
+
+
+def _mapped(spec: Mapping[str, Any], value: float, chance: float | None) -> float:
     kind = spec.get("kind")
     if kind == "constant" and chance is not None and "skill" in spec:
         rate = spec.get("by_k", {}).get(str(round(1.0 / chance)))
@@ -110,6 +120,8 @@ def _applies(spec: Mapping[str, Any], choice: bool) -> bool:
 
 def _check_map(name: str, spec: Any) -> None:
     ok = isinstance(spec, dict) and spec.get("rows", "all") in ("all", "free", "choice")
+    ceiling = spec.get("ceiling") if ok else None
+    ok = ok and (ceiling is None or (isinstance(ceiling, (int, float)) and 0 < ceiling <= 1))
     if ok and spec.get("kind") == "temperature":
         t = spec.get("temperature")
         ok = isinstance(t, (int, float)) and t > 0 and isinstance(spec.get("bias"), (int, float))

@@ -47,22 +47,26 @@ def _read(engine: object, stream: tuple[list[bytes], int]) -> int:
     return n + len(reader.finish())
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--passes", type=int, default=50, help="passes over the recordings per run")
-    args = ap.parse_args()
+def workload(endpoint: str) -> tuple[object, list[tuple[list[bytes], int]]]:
+    """(engine stand-in, streams) for the recordings of one endpoint: what `_read` reads."""
     vocab = load_vocab(str(DEMO))
     engine = types.SimpleNamespace(
         url="http://upstream", dialect="llama.cpp", vocab=vocab, eos_ids=(0, 2), filler=lambda: 1
     )
     manifest = json.loads((DATA / "MANIFEST.json").read_text("utf-8"))["recordings"]
+    streams = [(_events(r["name"]), len(r["ids"])) for r in manifest if r["endpoint"] == endpoint]
+    return engine, streams
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--passes", type=int, default=50, help="passes over the recordings per run")
+    args = ap.parse_args()
     where = Path(tokentrail.__file__).resolve().parent
     print(f"StepReader ({where}), medians of {args.repeats} runs of {args.passes} passes:")
     for endpoint in ("completion", "v1_completions"):
-        streams = [
-            (_events(r["name"]), len(r["ids"])) for r in manifest if r["endpoint"] == endpoint
-        ]
+        engine, streams = workload(endpoint)
         tokens = sum(_read(engine, s) for s in streams)  # and a warm-up
         runs = []
         for _ in range(args.repeats):

@@ -265,6 +265,23 @@ def test_fit_writes_a_calibration_with_the_fingerprint(
     assert not math.isnan(cal.answer({"geo_prob": 0.3})[0] or 0.0)
 
 
+def test_fit_says_which_measure_and_whether_the_top_level_is_backed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], demo: tuple[object, object]
+) -> None:
+    """Without --quiet, --fit ends with one line on the map it saved: fourteen answers
+    back no certainty (a ceiling needs n of n right with 0.2 ** (1 / n) >= 0.9, n >= 16)."""
+    big, fit = write_big_set(tmp_path), tmp_path / "fit.json"
+    code = main(["calibrate", str(big), "--out", str(tmp_path / "o"), "--max-tokens", "6",
+                 "--bootstrap", "50", "--fit", str(fit)])
+    out = capsys.readouterr().out
+    assert code == 0
+    line = out.strip().splitlines()[-1]
+    cal = Calibration.load(fit)
+    assert line.startswith(f"calibration saved to {fit}: answers use ")
+    assert any(f"use {m} ({cal.maps[m]['kind']})" in line for m in cal.ranking)
+    assert "most confident level (calibrated >= 0.9) is not backed by these answers" in line
+
+
 def test_a_resume_that_would_decode_otherwise_is_refused_and_a_map_says_how_it_was_fitted(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:

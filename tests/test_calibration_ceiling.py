@@ -106,3 +106,27 @@ def test_the_top_level_is_rarely_overstated_where_an_average_fit_is_half_the_tim
     kept = [v for v in capped if v is not None]
     assert len(kept) >= 18  # 400 answers this sure do back the top level, mostly
     assert sum(kept) <= 0.2 * len(kept)  # and it is rarely overstated
+
+
+def test_the_fit_summary_says_how_far_the_top_level_is_backed(tmp_path) -> None:
+    import json
+
+    from tokentrail.calibrate.cli import fit_summary
+
+    def saved(ceiling: float | None) -> str:
+        spec = {"kind": "temperature", "temperature": 0.5, "bias": 0.0, "rows": "free"}
+        if ceiling is not None:
+            spec["ceiling"] = ceiling
+        choice = {"kind": "constant", "p": 0.5, "rows": "choice", "ceiling": BELOW}
+        path = tmp_path / f"{ceiling}.json"
+        path.write_text(json.dumps({
+            "format": "tokentrail-calibration", "ranking": ["field_prob", "min_prob"],
+            "maps": {"field_prob": choice, "min_prob": spec},
+        }))
+        return fit_summary(str(path))
+
+    # the free-text answers' measure is named, not the choices' ranked above it
+    assert "answers use min_prob (temperature)" in saved(0.948)
+    assert saved(0.948).endswith("is backed by these answers up to 0.948")
+    assert saved(BELOW).endswith("is not backed by these answers: nothing will be shown there")
+    assert saved(None).endswith("has no ceiling")

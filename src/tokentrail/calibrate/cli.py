@@ -104,4 +104,28 @@ def run(args: argparse.Namespace) -> int:
         return fail(f"{type(e).__name__}: {e}" if not str(e) else e)
     if not args.quiet:
         print_table(report)
+        if args.fit:
+            print(fit_summary(args.fit))
     return 0
+
+
+def fit_summary(path: str) -> str:
+    """One line on the calibration `--fit` saved at `path`: the measure its free-text
+    answers are calibrated with, and whether those answers back the most confident level
+    (the map's ``ceiling``, `tokentrail.calibrate.fit.top_ceiling`)."""
+    from ..segment import CONFIDENCE_LEVELS
+    from .apply import Calibration
+
+    cal = Calibration.load(path)
+    name = next((m for m in cal.ranking if cal.maps[m].get("rows", "all") != "choice"),
+                cal.ranking[0])
+    spec, top = cal.maps[name], CONFIDENCE_LEVELS[-1]
+    ceiling = spec.get("ceiling")
+    if ceiling is None:
+        backed = "has no ceiling"
+    elif ceiling >= top:
+        backed = f"is backed by these answers up to {ceiling:.3f}"
+    else:
+        backed = "is not backed by these answers: nothing will be shown there"
+    return (f"calibration saved to {path}: answers use {name} ({spec['kind']}); the most "
+            f"confident level (calibrated >= {top}) {backed}")

@@ -10,8 +10,6 @@ must do so rarely.
 
 from __future__ import annotations
 
-import math
-
 import pytest
 
 np = pytest.importorskip("numpy")
@@ -19,23 +17,28 @@ pytest.importorskip("sklearn", reason="pip install -e '.[calibrate]'")
 
 from tokentrail.calibrate import Calibration  # noqa: E402
 from tokentrail.calibrate.apply import apply_map  # noqa: E402
-from tokentrail.calibrate.fit import TOP, TOP_BACKING, fit_map, top_ceiling  # noqa: E402
+from tokentrail.calibrate.fit import (  # noqa: E402
+    TOP,
+    TOP_BACKING,
+    UNBACKED,
+    fit_map,
+    top_ceiling,
+)
 from tokentrail.errors import CalibrationError  # noqa: E402
 from tokentrail.segment import CONFIDENCE_LEVELS  # noqa: E402
-
-BELOW = math.nextafter(CONFIDENCE_LEVELS[-1], 0.0)
 
 
 def test_the_ceiling_is_the_one_sided_lower_bound_of_the_top_answers() -> None:
     held = np.full(30, 0.95)
     assert CONFIDENCE_LEVELS[-1] == TOP
+    assert CONFIDENCE_LEVELS[-2] < UNBACKED < TOP and len(repr(UNBACKED)) <= 5  # shown as is
     # 30 of 30 right: the lower bound is (1 - backing) ** (1 / 30) = 0.9478...
     assert top_ceiling(held, np.ones(30)) == pytest.approx((1 - TOP_BACKING) ** (1 / 30))
     # 28 of 30 right: the bound (about 0.87) is below the level: capped just under it
-    assert top_ceiling(held, np.array([1.0] * 28 + [0.0] * 2)) == BELOW
+    assert top_ceiling(held, np.array([1.0] * 28 + [0.0] * 2)) == UNBACKED
     # nothing held out reached the level, or none of it was right: just under it
-    assert top_ceiling(np.full(30, 0.5), np.ones(30)) == BELOW
-    assert top_ceiling(held, np.zeros(30)) == BELOW
+    assert top_ceiling(np.full(30, 0.5), np.ones(30)) == UNBACKED
+    assert top_ceiling(held, np.zeros(30)) == UNBACKED
     # answers below the level do not count for or against it
     mixed = np.concatenate([np.full(100, 0.3), np.full(60, 0.97)])
     y = np.concatenate([np.zeros(100), np.ones(60)])
@@ -117,7 +120,7 @@ def test_the_fit_summary_says_how_far_the_top_level_is_backed(tmp_path) -> None:
         spec = {"kind": "temperature", "temperature": 0.5, "bias": 0.0, "rows": "free"}
         if ceiling is not None:
             spec["ceiling"] = ceiling
-        choice = {"kind": "constant", "p": 0.5, "rows": "choice", "ceiling": BELOW}
+        choice = {"kind": "constant", "p": 0.5, "rows": "choice", "ceiling": UNBACKED}
         path = tmp_path / f"{ceiling}.json"
         path.write_text(json.dumps({
             "format": "tokentrail-calibration", "ranking": ["field_prob", "min_prob"],
@@ -128,5 +131,5 @@ def test_the_fit_summary_says_how_far_the_top_level_is_backed(tmp_path) -> None:
     # the free-text answers' measure is named, not the choices' ranked above it
     assert "answers use min_prob (temperature)" in saved(0.948)
     assert saved(0.948).endswith("is backed by these answers up to 0.948")
-    assert saved(BELOW).endswith("is not backed by these answers: nothing will be shown there")
+    assert saved(UNBACKED).endswith("is not backed by these answers: nothing will be shown there")
     assert saved(None).endswith("has no ceiling")

@@ -22,7 +22,7 @@ it was fitted on back it: each map has a ``ceiling``, the one-sided `TOP_BACKING
 Clopper-Pearson lower bound on how often the answers its cross-validation put at that
 level (held out, calibrated at least `TOP`) were right, and it never says more than that.
 A map whose held-out answers never reached the level, or whose bound falls below it, is
-capped just below it: nothing it says is shown at the top level, and below it the map's
+capped at `UNBACKED` (0.899): nothing it says is shown at the top level, and below it the map's
 own values stand. This is the binomial-tail bound that selective classification uses to
 certify a threshold's risk (Geifman and El-Yaniv, "Selective classification for deep
 neural networks", 2017). Without it a map calibrated on average overstates the top level
@@ -76,6 +76,9 @@ MIN_ITEMS = 10
 TOP = CONFIDENCE_LEVELS[-1]
 #: One-sided confidence with which a map's ceiling backs the most confident level.
 TOP_BACKING = 0.8
+#: The ceiling of a map that does not back the most confident level: the level below it,
+#: at its top (0.899, not the float just under 0.9, which prints as 0.9).
+UNBACKED = round(TOP - 0.001, 3)
 
 
 def _sklearn() -> tuple[Any, Any, Any]:
@@ -188,8 +191,8 @@ def _cv_losses(
 def top_ceiling(held: np.ndarray, y: np.ndarray) -> float:
     """The most a map may say (see the module): the `TOP_BACKING` lower bound
     (Clopper-Pearson) on the share right of the answers whose held-out probability
-    `held` reached `TOP`, and never below just under `TOP`."""
-    below = math.nextafter(TOP, 0.0)
+    `held` reached `TOP`, and never below `UNBACKED`."""
+    below = UNBACKED
     top = held >= TOP
     n = int(top.sum())
     if n == 0:

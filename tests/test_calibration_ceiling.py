@@ -12,20 +12,19 @@ from __future__ import annotations
 
 import pytest
 
-np = pytest.importorskip("numpy")
-pytest.importorskip("sklearn", reason="pip install -e '.[calibrate]'")
+for needed in ("numpy", "sklearn"):  # the calibrate extra
+    pytest.importorskip(needed, reason="pip install -e '.[calibrate]'")
+import tokentrail.calibrate.fit as fit  # noqa: E402
+
+np = fit.np  # the fitter's own numpy
 
 from tokentrail.calibrate import Calibration  # noqa: E402
 from tokentrail.calibrate.apply import apply_map  # noqa: E402
-from tokentrail.calibrate.fit import (  # noqa: E402
-    TOP,
-    TOP_BACKING,
-    UNBACKED,
-    fit_map,
-    top_ceiling,
-)
 from tokentrail.errors import CalibrationError  # noqa: E402
 from tokentrail.segment import CONFIDENCE_LEVELS  # noqa: E402
+
+TOP, TOP_BACKING, UNBACKED = fit.TOP, fit.TOP_BACKING, fit.UNBACKED
+fit_map, top_ceiling = fit.fit_map, fit.top_ceiling
 
 
 def test_the_ceiling_is_the_one_sided_lower_bound_of_the_top_answers() -> None:

@@ -49,7 +49,7 @@ def test_a_map_never_says_more_than_its_ceiling() -> None:
     assert apply_map({**spec, "ceiling": 1.0}, 0.99) > 0.99
     assert apply_map(spec, 0.99) == 0.8
     assert apply_map(spec, 0.1) == apply_map({**spec, "ceiling": 1.0}, 0.1) < 0.8
-    for bad in ("high", 0, 1.5, True and [1]):
+    for bad in ("high", 0, 1.5, [1]):
         with pytest.raises(CalibrationError, match="malformed"):
             Calibration.from_dict({
                 "format": "tokentrail-calibration",

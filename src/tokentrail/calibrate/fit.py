@@ -22,8 +22,8 @@ it was fitted on back it: each map has a ``ceiling``, the one-sided `TOP_BACKING
 Clopper-Pearson lower bound on how often the answers its cross-validation put at that
 level (held out, calibrated at least `TOP`) were right, and it never says more than that.
 A map whose held-out answers never reached the level, or whose bound falls below it, is
-capped at `UNBACKED` (0.899): nothing it says is shown at the top level, and below it the map's
-own values stand. This is the binomial-tail bound that selective classification uses to
+capped at `UNBACKED` (0.899): nothing it says is shown at the top level, and below it
+the map's own values stand. This is the binomial-tail bound that selective classification uses to
 certify a threshold's risk (Geifman and El-Yaniv, "Selective classification for deep
 neural networks", 2017). Without it a map calibrated on average overstates the top level
 about half the time by sampling noise alone (fitted on one half of facts.jsonl and shown
@@ -192,17 +192,13 @@ def top_ceiling(held: np.ndarray, y: np.ndarray) -> float:
     """The most a map may say (see the module): the `TOP_BACKING` lower bound
     (Clopper-Pearson) on the share right of the answers whose held-out probability
     `held` reached `TOP`, and never below `UNBACKED`."""
-    below = UNBACKED
     top = held >= TOP
-    n = int(top.sum())
-    if n == 0:
-        return below
-    k = int(y[top].sum())
-    if k == 0:
-        return below
+    n, k = int(top.sum()), int(y[top].sum())
+    if k == 0:  # none reached the level, or none of those was right
+        return UNBACKED
     from scipy.stats import beta  # scikit-learn's own dependency
 
-    return max(float(beta.ppf(1.0 - TOP_BACKING, k, n - k + 1)), below)
+    return max(float(beta.ppf(1.0 - TOP_BACKING, k, n - k + 1)), UNBACKED)
 
 
 def _choose(losses: Mapping[str, np.ndarray]) -> str:

@@ -253,6 +253,11 @@ class Calibration:
             raise CalibrationError(f"no calibration map for measure {measure!r}") from None
         return apply_map(spec, value)
 
+    def first_measure(self, choice: bool = False) -> str | None:
+        """The best-ranked measure whose map applies to answers of that kind (free text,
+        or with `choice` a constrained choice); None when none does."""
+        return next((m for m in self.ranking if _applies(self.maps[m], choice)), None)
+
     def answer(self, measures: Mapping[str, float | None]) -> tuple[float | None, str | None]:
         """(probability, measure used) for an answer's measures: the best-ranked measure
         it has whose map was fitted on answers of its kind (free text or choice);

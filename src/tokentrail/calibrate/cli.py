@@ -117,8 +117,7 @@ def fit_summary(path: str) -> str:
     from .apply import Calibration
 
     cal = Calibration.load(path)
-    name = next((m for m in cal.ranking if cal.maps[m].get("rows", "all") != "choice"),
-                cal.ranking[0])
+    name = cal.first_measure() or cal.ranking[0]
     spec, top = cal.maps[name], CONFIDENCE_LEVELS[-1]
     ceiling = spec.get("ceiling")
     if ceiling is None:

@@ -181,11 +181,18 @@ def _cv_losses(
         split = kfold(n_splits=folds, shuffle=True, random_state=seed + r).split(c, y)
         for train, test in split:
             spec = fit_kind(kind, c[train], y[train], None if chance is None else chance[train])
-            p = [apply_map(spec, float(v), None if chance is None else float(chance[i]))
-                 for i, v in zip(test, c[test], strict=True)]
+            p = _apply_each(spec, c, chance, test)
             total[test] += _item_losses(p, y[test])
             held[test] += p
     return total / REPEATS, held / REPEATS
+
+
+def _apply_each(
+    spec: Mapping[str, Any], c: np.ndarray, chance: np.ndarray | None, rows: np.ndarray
+) -> np.ndarray:
+    """The map `spec` applied to the answers at `rows` (each with its 1/k, for choices)."""
+    return np.array([apply_map(spec, float(c[i]), None if chance is None else float(chance[i]))
+                     for i in rows])
 
 
 def top_ceiling(held: np.ndarray, y: np.ndarray) -> float:
@@ -238,11 +245,8 @@ def fit_map(
     kind = _choose(scored) if scored else "temperature"
     spec = fit_kind(kind, c, y, ch)
     cv = per_item.get(kind)
-    if cv is not None:
-        held = cv[1]
-    else:  # nothing held out (too few of one outcome): the map's own answers, bounded
-        held = np.array([apply_map(spec, float(v), None if ch is None else float(ch[i]))
-                         for i, v in enumerate(c)])
+    # nothing held out (too few of one outcome): the map's own answers are bounded
+    held = cv[1] if cv is not None else _apply_each(spec, c, ch, np.arange(len(c)))
     spec["ceiling"] = top_ceiling(held, y)
     spec["cv_log_loss"] = {k: None if v is None else round(v, 6) for k, v in losses.items()}
     spec["n"] = len(c)

@@ -28,12 +28,18 @@ from tokentrail import load_vocab
 from tokentrail.engines.upstream.wire import StepReader
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = REPO / "tests" / "data" / "realign" / "llamacpp_demo"
+RECORDINGS = REPO / "tests" / "data" / "realign"
+#: The recordings of each endpoint: (folder, the upstream's dialect).
+SOURCES = {
+    "completion": ("llamacpp_demo", "llama.cpp"),
+    "v1_completions": ("llamacpp_demo", "llama.cpp"),
+    "vllm": ("vllm_demo", "vllm"),
+}
 DEMO = REPO / "src" / "tokentrail" / "demo_model"
 
 
-def _events(name: str) -> list[bytes]:
-    lines = (DATA / f"{name}.jsonl").read_text("utf-8").splitlines()
+def _events(folder: Path, name: str) -> list[bytes]:
+    lines = (folder / f"{name}.jsonl").read_text("utf-8").splitlines()
     frames = [json.dumps(json.loads(line), separators=(",", ":")) for line in lines if line]
     return [f"data: {f}\n\n".encode() for f in frames] + [b"data: [DONE]\n\n"]
 
@@ -49,12 +55,16 @@ def _read(engine: object, stream: tuple[list[bytes], int]) -> int:
 
 def workload(endpoint: str) -> tuple[object, list[tuple[list[bytes], int]]]:
     """(engine stand-in, streams) for the recordings of one endpoint: what `_read` reads."""
+    name, dialect = SOURCES[endpoint]
+    folder = RECORDINGS / name
     vocab = load_vocab(str(DEMO))
     engine = types.SimpleNamespace(
-        url="http://upstream", dialect="llama.cpp", vocab=vocab, eos_ids=(0, 2), filler=lambda: 1
+        url="http://upstream", dialect=dialect, vocab=vocab, eos_ids=(0, 2), filler=lambda: 1
     )
-    manifest = json.loads((DATA / "MANIFEST.json").read_text("utf-8"))["recordings"]
-    streams = [(_events(r["name"]), len(r["ids"])) for r in manifest if r["endpoint"] == endpoint]
+    manifest = json.loads((folder / "MANIFEST.json").read_text("utf-8"))["recordings"]
+    kind = "v1_completions" if endpoint == "vllm" else endpoint
+    streams = [(_events(folder, r["name"]), len(r["ids"])) for r in manifest
+               if r["endpoint"] == kind]  # fmt: skip
     return engine, streams
 
 
@@ -65,7 +75,7 @@ def main() -> None:
     args = ap.parse_args()
     where = Path(tokentrail.__file__).resolve().parent
     print(f"StepReader ({where}), medians of {args.repeats} runs of {args.passes} passes:")
-    for endpoint in ("completion", "v1_completions"):
+    for endpoint in SOURCES:
         engine, streams = workload(endpoint)
         tokens = sum(_read(engine, s) for s in streams)  # and a warm-up
         runs = []

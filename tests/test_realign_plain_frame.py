@@ -22,37 +22,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.helpers.realign_recordings import llama_recordings as _recordings
+from tests.helpers.realign_recordings import realign_both_ways
 from tests.helpers.realign_recordings import recording_chunks as _chunks
 from tests.helpers.realign_recordings import recording_vocab as _vocab
-from tokentrail.realign import Realigner, RealignError
 from tokentrail.realign.dialects import llamacpp
 
 
 def _run(vocab: Any, chunks: list[Any], segments: bool, direct: bool) -> tuple[Any, ...]:
-    """Everything a caller sees of one stream: (events, segments fed and finished,
-    result), or the error it raised; and how many frames were read directly."""
-    events: list[Any] = []
-    r = Realigner(vocab, on_token=events.append, segments=segments)
-    taken = 0
-    if not direct:
-        r._plain_token = lambda plain: False  # type: ignore[method-assign]
-    else:
-        own = r._plain_token
-
-        def counted(plain: Any) -> bool:
-            nonlocal taken
-            ok = own(plain)
-            taken += ok
-            return ok
-
-        r._plain_token = counted  # type: ignore[method-assign]
-    try:
-        fed = [seg for chunk in chunks for seg in r.feed(copy.deepcopy(chunk))]
-        fed += r.finish()
-        outcome: tuple[Any, ...] = (events, fed, r.result())
-    except RealignError as e:
-        outcome = ("error", str(e), events)
-    return outcome, taken
+    return realign_both_ways(vocab, chunks, segments, direct, "_plain_token")
 
 
 @pytest.mark.parametrize("segments", [True, False], ids=["segments", "events-only"])

@@ -1,9 +1,11 @@
 """The real llama-server recordings in tests/data/realign (llama.cpp's ``/completion``,
-``/v1/completions`` and ``/v1/chat``, the demo model's and SmolLM2's), for tests that
-read them all."""
+``/v1/completions`` and ``/v1/chat``, the demo model's and SmolLM2's), and the real vLLM
+ones (``/v1/completions`` as the proxy asks vLLM, the demo model's), for tests that read
+them all."""
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 from pathlib import Path
@@ -11,16 +13,29 @@ from typing import Any
 
 from tests.helpers.llamacpp import find_smollm2
 from tokentrail import load_vocab
+from tokentrail.realign import Realigner, RealignError
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "realign"
 DEMO_MODEL = Path(__file__).resolve().parents[2] / "src" / "tokentrail" / "demo_model"
 FOLDERS = ("llamacpp_demo", "llamacpp", "llamacpp_folds")
+VLLM_FOLDERS = ("vllm_demo",)
+#: The folders whose recordings are the demo model's (the rest are SmolLM2's).
+DEMO_FOLDERS = ("llamacpp_demo", "vllm_demo")
 
 
 def llama_recordings() -> list[tuple[str, dict[str, Any]]]:
-    """(folder, manifest entry) of every recording."""
+    """(folder, manifest entry) of every llama-server recording."""
+    return _recordings(FOLDERS)
+
+
+def vllm_recordings() -> list[tuple[str, dict[str, Any]]]:
+    """(folder, manifest entry) of every vLLM recording."""
+    return _recordings(VLLM_FOLDERS)
+
+
+def _recordings(folders: tuple[str, ...]) -> list[tuple[str, dict[str, Any]]]:
     out = []
-    for folder in FOLDERS:
+    for folder in folders:
         manifest = json.loads((DATA / folder / "MANIFEST.json").read_text("utf-8"))
         out += [(folder, rec) for rec in manifest["recordings"]]
     return out
@@ -29,10 +44,38 @@ def llama_recordings() -> list[tuple[str, dict[str, Any]]]:
 @functools.cache
 def recording_vocab(folder: str) -> Any:
     """The vocabulary a folder's recordings were made with."""
-    return load_vocab(DEMO_MODEL if folder == "llamacpp_demo" else find_smollm2())
+    return load_vocab(DEMO_MODEL if folder in DEMO_FOLDERS else find_smollm2())
 
 
 def recording_chunks(folder: str, rec: dict[str, Any]) -> list[Any]:
     """A recording's chunks, parsed."""
     lines = (DATA / folder / rec["file"]).read_text("utf-8").splitlines()
     return [json.loads(line) for line in lines if line.strip()]
+
+
+def realign_both_ways(
+    vocab: Any, chunks: list[Any], segments: bool, direct: bool, method: str
+) -> tuple[tuple[Any, ...], int]:
+    """Everything a caller sees of one stream, read with a `Realigner` whose direct read
+    `method` (``_plain_token``, ``_plain_ids_token``) is on (`direct`) or turned down:
+    ((events, segments fed and finished, result), or ("error", message, events)), and
+    how many frames it read directly."""
+    events: list[Any] = []
+    r = Realigner(vocab, on_token=events.append, segments=segments)
+    taken = 0
+    own = getattr(r, method)
+
+    def counted(plain: Any) -> bool:
+        nonlocal taken
+        ok = bool(own(plain)) if direct else False
+        taken += ok
+        return ok
+
+    setattr(r, method, counted)
+    try:
+        fed = [seg for chunk in chunks for seg in r.feed(copy.deepcopy(chunk))]
+        fed += r.finish()
+        outcome: tuple[Any, ...] = (events, fed, r.result())
+    except RealignError as e:
+        outcome = ("error", str(e), events)
+    return outcome, taken

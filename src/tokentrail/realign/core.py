@@ -18,7 +18,7 @@ from typing import Any
 
 from ..segment import Segment, TokenSpan
 from ..vocab import Vocab
-from .dialects import llamacpp, parse_chunk, tokentrail
+from .dialects import llamacpp, parse_chunk, tokentrail, vllm
 from .dialects import token_ids as token_id_strings
 from .feeding import Feeder
 from .placement import Obs
@@ -172,9 +172,16 @@ class Realigner(Counts):
             raise RuntimeError("this Realigner is finished; make a new one for a new stream")
         self._n_chunks += 1
         if chunk.__class__ is dict and self._ext is None:
-            plain = llamacpp.plain_frame(chunk)  # llama.cpp's usual frame: read directly
-            if plain is not None and self._plain_token(plain):
-                return self._released(self._feeder.advance())
+            # The usual frames of llama.cpp's /completion and of vLLM's /v1/completions
+            # (the proxy's two native upstreams), read directly: see `_plain_token`.
+            if "choices" in chunk:
+                ids = vllm.plain_frame(chunk, self.choice)
+                if ids is not None and self._plain_ids_token(ids):
+                    return self._released(self._feeder.advance())
+            else:
+                plain = llamacpp.plain_frame(chunk)
+                if plain is not None and self._plain_token(plain):
+                    return self._released(self._feeder.advance())
         where = f"chunk {self._n_chunks}"
         frame = parse_chunk(chunk, self.choice, where)
         if frame is None:
@@ -393,6 +400,34 @@ class Realigner(Counts):
         self._source("llama.cpp")
         self._n = n
         self._feeder.add(Obs("token", n - 1, tid, lp, top))
+        return True
+
+    def _plain_ids_token(self, plain: vllm.PlainFrame) -> bool:
+        """`_observe` for vLLM's usual completions frame (`vllm.plain_frame`), without
+        its `Frame` and `WireToken`s, where reading it takes none of the general path's
+        other turns: its id is in the vocabulary, and so is every alternative's
+        ``token_id:N``. False (nothing read yet, the text included): the general path
+        reads it."""
+        text, tid, lp, alts = plain
+        vocab = self.vocab
+        if not vocab.has_id(tid):
+            return False
+        top = None
+        if alts is not None:
+            pairs = []
+            for name, value in alts:
+                if not token_id_strings.claims(name):
+                    return False  # identified by its bytes: see _alternatives
+                aid, _ = token_id_strings.identify(name, vocab)
+                if aid is None:
+                    return False  # left out, and counted: see _alternatives
+                pairs.append((aid, value))
+            top = _first_each(pairs)
+        self._feeder.add_content(text)
+        self._source(vllm.NAME)
+        idx = self._n
+        self._n += 1
+        self._feeder.add(Obs("token", idx, tid, lp, top))
         return True
 
     def _observe(self, frame: Frame, where: str) -> None:

@@ -17,6 +17,11 @@ the clients, the upstream and the proxy share the cores: say so next to the figu
 Each client also times the gaps between successive reads of its stream: a stall of the
 proxy (a garbage collection of its whole heap, say) shows as a long one (p99 and max).
 `--proxy-repo` runs the proxy from another checkout's src/ (before and after a change).
+`--vllm-python PATH` makes the upstream vLLM's OpenAI server (that python's vLLM, CPU
+build) on the same demo model instead of llama-server: the proxy then speaks its vLLM
+dialect (`/v1/completions` with `return_token_ids` and ``token_id:N`` alternatives), the
+frames a GPU-rate vLLM upstream sends; with `--replay` the measured requests are answered
+from vLLM's own recorded responses.
 
 `--replay` puts `replay_upstream.py` between the proxy and llama-server: each request it
 has not seen goes to llama-server and is recorded, each later identical one is answered
@@ -47,7 +52,7 @@ from pathlib import Path
 
 import aiohttp
 import httpx
-from bench_proxy import free_port, spawn, wait
+from bench_proxy import free_port, spawn, stop, wait
 from bench_proxy_cpu import start_llama
 from bench_server import percentile
 
@@ -144,6 +149,27 @@ async def load(
         return sum(counts), time.perf_counter() - start
 
 
+def start_vllm(args: argparse.Namespace, logs: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """vLLM's OpenAI server on the demo model (float32, eager, a context of 512), once
+    it answers."""
+    port = free_port()
+    cmd = [str(args.vllm_python), "-m", "vllm.entrypoints.openai.api_server", "--model",
+           str(DEMO), "--served-model-name", "demo", "--host", "127.0.0.1", "--port", str(port),
+           "--dtype", "float32", "--max-model-len", "512", "--enforce-eager"]  # fmt: skip
+    proc = spawn(cmd, logs / "vllm.log", {"VLLM_CPU_KVCACHE_SPACE": "1"})
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 900
+    while True:
+        try:
+            httpx.get(url + "/v1/models", timeout=5).raise_for_status()
+            return proc, url
+        except httpx.HTTPError as e:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                log = (logs / "vllm.log").read_text(errors="replace")[-3000:]
+                raise SystemExit(f"vLLM did not start:\n{log}") from e
+            time.sleep(2)
+
+
 def start_replay(target: str, logs: Path, pace: float = 0.0) -> tuple[subprocess.Popen[bytes], str]:
     """`replay_upstream.py` in front of `target` (events `pace` ms apart), once it answers."""
     port = free_port()
@@ -211,12 +237,16 @@ def report(runs: list[dict[str, float]], args: argparse.Namespace) -> str:
         f"Command: `flock /tmp/tt-bench.lock python {' '.join(sys.argv)}`",
         f"Machine: {platform.platform()}, {os.cpu_count()} CPUs (usable: "
         f"{len(os.sched_getaffinity(0))}), Python {platform.python_version()}",
-        f"Upstream: llama-server on `{Path(args.gguf).name}`, {args.slots} slots, "
-        f"{args.threads} thread(s)"
+        (
+            "Upstream: vLLM's OpenAI server on the demo model (CPU build, float32, eager)"
+            if args.vllm_python
+            else f"Upstream: llama-server on `{Path(args.gguf).name}`, {args.slots} slots, "
+            f"{args.threads} thread(s)"
+        )
         + (
             ", behind `replay_upstream.py` (measured requests answered from its recording "
-            "of llama-server's own responses; upstream CPU is the replay's and "
-            "llama-server's together)"
+            "of the upstream's own responses; upstream CPU is the replay's and "
+            "the upstream's together)"
             if args.replay
             else ""
         )
@@ -269,27 +299,29 @@ def main() -> None:
         "--proxy-repo", type=Path, help="run the proxy from this checkout's src/ (before/after)"
     )
     parser.add_argument("--logs", type=Path, help="keep the servers' logs here")
+    parser.add_argument(
+        "--vllm-python", type=Path, help="upstream: vLLM's server (this python's) on the demo model"
+    )
     args = parser.parse_args()
-    if args.gguf is None:
+    if args.gguf is None and args.vllm_python is None:
         raise SystemExit("no demo GGUF: run scripts/demo_model_to_gguf.py (or give --gguf)")
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
         logs = args.logs or Path(tmp)
         logs.mkdir(parents=True, exist_ok=True)
-        llama = start_llama(args, logs)
-        procs, url = [llama[0]], llama[1]
+        first = start_vllm(args, logs) if args.vllm_python else start_llama(args, logs)
+        procs, url = [first[0]], first[1]
         try:
             if args.replay:
                 replay = start_replay(url, logs, args.pace)
-                procs, url = [llama[0], replay[0]], replay[1]
+                procs, url = [first[0], replay[0]], replay[1]
             for _ in range(args.rounds):
                 for workers in (1, args.workers):
                     runs.append(run_once((procs, url), workers, args, logs))
                     print(json.dumps(runs[-1]), flush=True)
         finally:
             for proc in procs:
-                proc.terminate()
-                proc.wait(60)
+                stop(proc)
     text = report(runs, args)
     print(text)
     if args.output is not None:

@@ -5,7 +5,8 @@ byte an upstream streams: the server-sent events split, each frame's JSON decode
 realigner fed, one `Step` per token out. Here it reads real llama-server recordings of
 the demo model (`tests/data/realign/llamacpp_demo`: llama.cpp's own ``/completion``, as
 the proxy asks llama-server, and ``/v1/completions``; temperatures 0 and 1.5; top-5
-alternatives on every token), each frame written back as the SSE event it came in, fed
+alternatives on every token) and real vLLM recordings of it (`tests/data/realign/vllm_demo`:
+``/v1/completions`` as the proxy asks vLLM, ``token_id:N`` alternatives), each frame written back as the SSE event it came in, fed
 one event per `feed` (as a proxy reads one event per token at low load). No sockets, no
 event loop: the Python per token, repeatable on a shared machine (medians of repeated
 runs, CPU time).
@@ -29,11 +30,11 @@ from tokentrail.engines.upstream.wire import StepReader
 
 REPO = Path(__file__).resolve().parents[1]
 RECORDINGS = REPO / "tests" / "data" / "realign"
-#: The recordings of each endpoint: (folder, the upstream's dialect).
+#: Each workload's recordings: (folder, the upstream's dialect, their manifest endpoint).
 SOURCES = {
-    "completion": ("llamacpp_demo", "llama.cpp"),
-    "v1_completions": ("llamacpp_demo", "llama.cpp"),
-    "vllm": ("vllm_demo", "vllm"),
+    "completion": ("llamacpp_demo", "llama.cpp", "completion"),
+    "v1_completions": ("llamacpp_demo", "llama.cpp", "v1_completions"),
+    "vllm": ("vllm_demo", "vllm", "v1_completions"),
 }
 DEMO = REPO / "src" / "tokentrail" / "demo_model"
 
@@ -55,14 +56,13 @@ def _read(engine: object, stream: tuple[list[bytes], int]) -> int:
 
 def workload(endpoint: str) -> tuple[object, list[tuple[list[bytes], int]]]:
     """(engine stand-in, streams) for the recordings of one endpoint: what `_read` reads."""
-    name, dialect = SOURCES[endpoint]
+    name, dialect, kind = SOURCES[endpoint]
     folder = RECORDINGS / name
     vocab = load_vocab(str(DEMO))
     engine = types.SimpleNamespace(
         url="http://upstream", dialect=dialect, vocab=vocab, eos_ids=(0, 2), filler=lambda: 1
     )
     manifest = json.loads((folder / "MANIFEST.json").read_text("utf-8"))["recordings"]
-    kind = "v1_completions" if endpoint == "vllm" else endpoint
     streams = [(_events(folder, r["name"]), len(r["ids"])) for r in manifest
                if r["endpoint"] == kind]  # fmt: skip
     return engine, streams

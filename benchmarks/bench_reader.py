@@ -5,9 +5,10 @@ byte an upstream streams: the server-sent events split, each frame's JSON decode
 realigner fed, one `Step` per token out. Here it reads real llama-server recordings of
 the demo model (`tests/data/realign/llamacpp_demo`: llama.cpp's own ``/completion``, as
 the proxy asks llama-server, and ``/v1/completions``; temperatures 0 and 1.5; top-5
-alternatives on every token) and real vLLM recordings of it (`tests/data/realign/vllm_demo`:
-``/v1/completions`` as the proxy asks vLLM, ``token_id:N`` alternatives), each frame written back as the SSE event it came in, fed
-one event per `feed` (as a proxy reads one event per token at low load). No sockets, no
+alternatives on every token) and real vLLM recordings of it
+(`tests/data/realign/vllm_demo`: ``/v1/completions`` as the proxy asks vLLM, ``token_id:N``
+alternatives), each frame written back as the SSE event it came in, fed one event per
+`feed` (as a proxy reads one event per token at low load). No sockets, no
 event loop: the Python per token, repeatable on a shared machine (medians of repeated
 runs, CPU time).
 

@@ -158,16 +158,22 @@ def start_vllm(args: argparse.Namespace, logs: Path) -> tuple[subprocess.Popen[b
            "--dtype", "float32", "--max-model-len", "512", "--enforce-eager"]  # fmt: skip
     proc = spawn(cmd, logs / "vllm.log", {"VLLM_CPU_KVCACHE_SPACE": "1"})
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 900
+    return answering(proc, url, "/v1/models", logs / "vllm.log", 900), url
+
+
+def answering(proc: subprocess.Popen[bytes], url: str, path: str, log: Path,
+              seconds: float) -> subprocess.Popen[bytes]:  # fmt: skip
+    """`proc` once `url` + `path` answers (or exit naming its log, within `seconds`)."""
+    deadline = time.monotonic() + seconds
     while True:
         try:
-            httpx.get(url + "/v1/models", timeout=5).raise_for_status()
-            return proc, url
+            httpx.get(url + path, timeout=5).raise_for_status()
+            return proc
         except httpx.HTTPError as e:
             if proc.poll() is not None or time.monotonic() > deadline:
-                log = (logs / "vllm.log").read_text(errors="replace")[-3000:]
-                raise SystemExit(f"vLLM did not start:\n{log}") from e
-            time.sleep(2)
+                tail = log.read_text(errors="replace")[-3000:]
+                raise SystemExit(f"{log.stem} did not start:\n{tail}") from e
+            time.sleep(0.2)
 
 
 def start_replay(target: str, logs: Path, pace: float = 0.0) -> tuple[subprocess.Popen[bytes], str]:
@@ -177,16 +183,7 @@ def start_replay(target: str, logs: Path, pace: float = 0.0) -> tuple[subprocess
            "--target", target, "--port", str(port), "--pace", str(pace)]  # fmt: skip
     proc = spawn(cmd, logs / "replay.log")
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            httpx.get(url + "/_replay/stats", timeout=2).raise_for_status()
-            return proc, url
-        except httpx.HTTPError as e:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                log = (logs / "replay.log").read_text()
-                raise SystemExit(f"the replay did not start:\n{log}") from e
-            time.sleep(0.2)
+    return answering(proc, url, "/_replay/stats", logs / "replay.log", 60), url
 
 
 def replay_stats(url: str) -> dict[str, int] | None:

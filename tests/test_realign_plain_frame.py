@@ -21,8 +21,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.helpers.realign_recordings import altered_both_ways, realign_both_ways
 from tests.helpers.realign_recordings import llama_recordings as _recordings
-from tests.helpers.realign_recordings import realign_both_ways
 from tests.helpers.realign_recordings import recording_chunks as _chunks
 from tests.helpers.realign_recordings import recording_vocab as _vocab
 from tokentrail.realign.dialects import llamacpp
@@ -144,14 +144,7 @@ def test_altered_frames_read_as_the_general_path_reads_them(
     which: int, changes: list[tuple[int, str, int]], segments: bool
 ) -> None:
     folder, rec = _COMPLETION[which]
-    vocab = _vocab(folder)
-    chunks = _chunks(folder, rec)
-    for at, how, k in changes:
-        frame = chunks[at % len(chunks)]
-        if isinstance(frame, dict):
-            _alter(frame, how, k, vocab.size)
-    direct, _ = _run(vocab, chunks, segments, True)
-    general, _ = _run(vocab, chunks, segments, False)
+    direct, general = altered_both_ways(folder, rec, changes, _alter, segments, "_plain_token")
     assert direct == general
 
 

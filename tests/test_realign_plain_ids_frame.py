@@ -27,7 +27,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.helpers.env import corpus_path
-from tests.helpers.realign_recordings import DATA, realign_both_ways, vllm_recordings
+from tests.helpers.realign_recordings import (
+    DATA,
+    altered_both_ways,
+    realign_both_ways,
+    vllm_recordings,
+)
 from tests.helpers.realign_recordings import recording_chunks as _chunks
 from tests.helpers.realign_recordings import recording_vocab as _vocab
 from tokentrail import load_vocab
@@ -165,14 +170,7 @@ def test_altered_frames_read_as_the_general_path_reads_them(
     which: int, changes: list[tuple[int, str, int]], segments: bool
 ) -> None:
     folder, rec = _RECORDINGS[which]
-    vocab = _vocab(folder)
-    chunks = _chunks(folder, rec)
-    for at, how, k in changes:
-        frame = chunks[at % len(chunks)]
-        if isinstance(frame, dict):
-            _alter(frame, how, k, vocab.size)
-    direct, _ = _run(vocab, chunks, segments, True)
-    general, _ = _run(vocab, chunks, segments, False)
+    direct, general = altered_both_ways(folder, rec, changes, _alter, segments, "_plain_ids_token")
     assert direct == general
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import functools
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -79,3 +80,24 @@ def realign_both_ways(
     except RealignError as e:
         outcome = ("error", str(e), events)
     return outcome, taken
+
+
+def altered_both_ways(
+    folder: str,
+    rec: dict[str, Any],
+    changes: list[tuple[int, str, int]],
+    alter: Callable[[dict[str, Any], str, int, int], None],
+    segments: bool,
+    method: str,
+) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """(direct, general): what `realign_both_ways` gives for a recording with each change
+    (frame index, how, a number) made by `alter(frame, how, number, vocabulary size)`."""
+    vocab = recording_vocab(folder)
+    chunks = recording_chunks(folder, rec)
+    for at, how, k in changes:
+        frame = chunks[at % len(chunks)]
+        if isinstance(frame, dict):
+            alter(frame, how, k, vocab.size)
+    direct, _ = realign_both_ways(vocab, chunks, segments, True, method)
+    general, _ = realign_both_ways(vocab, chunks, segments, False, method)
+    return direct, general

@@ -173,7 +173,8 @@ class Realigner(Counts):
         self._n_chunks += 1
         if chunk.__class__ is dict and self._ext is None:
             # The usual frames of llama.cpp's /completion and of vLLM's /v1/completions
-            # (the proxy's two native upstreams), read directly: see `_plain_token`.
+            # (the proxy's two native upstreams), read directly: see `_plain_token` and
+            # `_plain_ids_token`.
             if "choices" in chunk:
                 ids = vllm.plain_frame(chunk, self.choice)
                 if ids is not None and self._plain_ids_token(ids):

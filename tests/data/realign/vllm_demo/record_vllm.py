@@ -10,13 +10,14 @@ build that ``scripts/setup_vllm.sh`` installs), started here on loopback with
         --dtype float32 --max-model-len 512 --enforce-eager     (VLLM_CPU_KVCACHE_SPACE=1)
 
 For every prompt (CJK, emoji, code, mixed scripts) and temperature (0, and 1.5 with a
-fixed seed) it records one ``/v1/completions`` stream asked the way ``tokentrail serve
---upstream`` asks a vLLM upstream: the prompt as token ids (the chat template applied
-by vLLM's own ``/tokenize``), ``logprobs`` 5, ``return_token_ids``,
-``return_tokens_as_token_ids``, ``skip_special_tokens`` false, ``stream_options``
-``include_usage``; ``min_tokens`` keeps the end-of-text tokens away for the first
-`MIN` tokens so each stream is long enough to time. Each stream is kept as the server
-sent it (one parsed SSE ``data:`` object a line).
+fixed seed), the llama.cpp recorder's (`record_llamacpp.py`), it records one
+``/v1/completions`` stream asked the way ``tokentrail serve --upstream`` asks a vLLM
+upstream: the prompt as token ids (the chat template applied by vLLM's own
+``/tokenize``), ``logprobs`` 5, ``return_token_ids``, ``return_tokens_as_token_ids``,
+``skip_special_tokens`` false, ``stream_options`` ``include_usage``; ``min_tokens`` keeps
+the end-of-text tokens away for the first `MIN` tokens so each stream is long enough to
+time. Each stream is kept as the server sent it (one parsed SSE ``data:`` object a
+line).
 
 Ground truth: the same request once more without streaming (vLLM's ``token_ids`` and
 logprobs for the whole answer). A recording is kept only if the stream's ids and text
@@ -36,19 +37,12 @@ from typing import Any
 
 import httpx
 
+from tests.data.realign.llamacpp.record_llamacpp import PROMPTS, SEED, TEMPS
 from tests.helpers.net import free_port
 
 REPO = Path(__file__).resolve().parents[4]
 HERE = Path(__file__).resolve().parent
 DEMO = REPO / "src" / "tokentrail" / "demo_model"
-PROMPTS = {
-    "cjk": "用中文写一句关于春天的话。",
-    "emoji": "Reply with three emoji and the word 你好.",
-    "code": "Write a Python function that reverses a string. Only code.",
-    "mixed": "Write 'good morning' in Japanese, Korean and Chinese, each with an emoji.",
-}
-TEMPS = {"t0": 0.0, "t15": 1.5}
-SEED = 7
 N = 48
 MIN = 32
 TOP = 5

@@ -11,6 +11,8 @@ library's own fitter (`tokentrail.calibrate.fit.fit_calibration`) and metrics, r
   (one alternate split is one draw of a noisy figure);
 - ``--no-ceilings``: the same with the maps' ceilings removed (what backs the most
   confident level, `tokentrail.calibrate.fit.top_ceiling`): before and after;
+- ``--first MEASURE``: free-text answers calibrated with MEASURE's map, not the one the
+  fitter ranks first (what another choice of measure would have given);
 - by family (``--families``): fit on every family of the sets but one, report on the one
   left out (families are the id's prefix before the first "-").
 
@@ -27,6 +29,7 @@ confidence shows on the same answers ("floor": outcomes drawn as Bernoulli(confi
 from __future__ import annotations
 
 import argparse
+import functools
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -54,8 +57,10 @@ def floor(p: np.ndarray, draws: int = 500, seed: int = 0) -> float:
 
 
 def evaluate(fit_rows: Sequence[Mapping[str, Any]], test_rows: Sequence[Mapping[str, Any]],
-             ceilings: bool = True) -> dict[str, Any]:
+             ceilings: bool = True, first: str | None = None) -> dict[str, Any]:
     cal = fit_calibration(fit_rows, {}, {"rows": len(fit_rows)})
+    if first in cal.maps:  # that measure's map before the fitter's ranking
+        cal.ranking = [first, *(m for m in cal.ranking if m != first)]
     if not ceilings:  # the maps as fitted, without what backs the top level
         for spec in cal.maps.values():
             spec.pop("ceiling", None)
@@ -89,20 +94,23 @@ def main() -> None:
                     help="also N random halvings of each set (the spread of half -> half)")
     ap.add_argument("--no-ceilings", action="store_true",
                     help="remove the maps' ceilings (what backs the top level: before/after)")
+    ap.add_argument("--first", metavar="MEASURE",
+                    help="calibrate free-text answers with this measure's map")
     args = ap.parse_args()
+    study = functools.partial(evaluate, ceilings=not args.no_ceilings, first=args.first)
     sets = {p.name if p.is_dir() else p.parent.name: load(p) for p in args.runs}
     print("| fitted on → reported on | n | right | ECE | floor | Brier | log loss "
           "| measure (map) | certain: n, said / right |")
     print("|---|---:|---:|---:|---:|---:|---:|---|---|")
     for name, rows in sets.items():
         a, b = rows[0::2], rows[1::2]
-        print(line(f"{name} half 1 → half 2", evaluate(a, b, not args.no_ceilings)))
-        print(line(f"{name} half 2 → half 1", evaluate(b, a, not args.no_ceilings)))
+        print(line(f"{name} half 1 → half 2", study(a, b)))
+        print(line(f"{name} half 2 → half 1", study(b, a)))
     for fit_name, fit_rows in sets.items():
         for test_name, test_rows in sets.items():
             if fit_name != test_name:
                 print(line(f"{fit_name} → {test_name}",
-                           evaluate(fit_rows, test_rows, not args.no_ceilings)))
+                           study(fit_rows, test_rows)))
     if args.splits:
         print(f"\nRandom halvings ({args.splits} per set, fit on one half, report on the other):"
               " calibrated ECE and its floor, median [10th–90th percentile]\n")
@@ -115,8 +123,7 @@ def main() -> None:
             for _ in range(args.splits):
                 order = rng.permutation(len(rows))
                 half = len(rows) // 2
-                r = evaluate([rows[i] for i in order[:half]], [rows[i] for i in order[half:]],
-                             not args.no_ceilings)
+                r = study([rows[i] for i in order[:half]], [rows[i] for i in order[half:]])
                 got.append((r["ece"], r["floor"], r["ece"] - r["floor"]))
                 n, said, right = r["certain"]
                 shown += n > 0
@@ -132,7 +139,7 @@ def main() -> None:
             rest = [r for r in every if family(r) != fam]
             if len(test) >= 20:
                 print(line(f"all but {fam} → {fam}",
-                           evaluate(rest, test, not args.no_ceilings)))
+                           study(rest, test)))
 
 
 if __name__ == "__main__":

@@ -6,6 +6,17 @@ A choice is scored by decoding it alone under a one-choice constraint: its token
 then forced, and their raw logprobs (the model's distribution before the mask, which
 is what tokentrail reports by default, here and over HTTP) sum to the model's logprob
 of writing it. The chosen one reuses the tokens of the constrained answer.
+
+A server may report its logprobs after the constraint's mask instead: vLLM's OpenAI
+server applies the grammar's bitmask to the logits before it computes logprobs (its
+``raw_logprobs`` included), so a token the constraint forbids is listed at minus
+infinity (-9999 on the wire) and a forced one at probability 1. A choice decoded alone
+then says nothing (each sums to about 0), and the constrained answer's own tokens say
+it all: their masked probabilities multiply to the probability that the constrained
+decoding writes the chosen choice, which is what `Reply.field_prob` gives there. Such a
+server is recognised by what it sends (an alternative at minus infinity in a
+constrained reply, which the model's own top-k never holds: a softmax gives no token
+probability 0), and the single-choice decodes stop at the first that shows it.
 """
 
 from __future__ import annotations
@@ -17,10 +28,11 @@ from itertools import islice
 from typing import Any
 
 from ..errors import CalibrationError
+from ..segment import WIRE_NEG_INF
 from .data import Item
-from .measures import TokenRecord
+from .measures import TokenRecord, choice_probability
 
-__all__ = ["CONCURRENT", "Answerer", "HttpAnswerer", "LocalAnswerer", "Reply"]
+__all__ = ["CONCURRENT", "Answerer", "HttpAnswerer", "LocalAnswerer", "Reply", "masked"]
 
 #: Requests a server is sent at once.
 CONCURRENT = 8
@@ -29,11 +41,28 @@ CONCURRENT = 8
 @dataclass
 class Reply:
     """A model's reply to one item: its text, its answer tokens (the end-of-sequence
-    token left out), and with choices each choice's summed logprob."""
+    token left out), and with choices each choice's summed logprob, or `masked` where
+    the server reported the constrained answer's logprobs after the mask (see the
+    module)."""
 
     output: str
     tokens: list[TokenRecord]
     choice_logprobs: dict[str, float] = field(default_factory=dict)
+    masked: bool = False
+
+    def field_prob(self) -> float | None:
+        """The chosen choice's probability among the choices: a softmax over the choices'
+        summed logprobs, or, from a server that masks, the product of the constrained
+        answer's token probabilities; None without choices."""
+        if self.masked:
+            return math.exp(math.fsum(t.logprob for t in self.tokens)) if self.tokens else None
+        return choice_probability(self.choice_logprobs, self.output)
+
+
+def masked(tokens: Sequence[TokenRecord]) -> bool:
+    """Whether a constrained reply's logprobs were taken after the constraint's mask: an
+    alternative listed at minus infinity (see the module)."""
+    return any(a <= WIRE_NEG_INF for t in tokens for a in t.top)
 
 
 def _without_end(tokens: list[TokenRecord], ended_by_eos: bool) -> list[TokenRecord]:
@@ -49,12 +78,17 @@ class Answerer:
         raise NotImplementedError
 
     def answer(self, item: Item) -> Reply:
-        """The reply to `item`; with choices, each choice's summed logprob too."""
+        """The reply to `item`; with choices, each choice's summed logprob too (or, from
+        a server that masks, the constrained answer's alone: see the module)."""
         output, tokens = self.ask(item, item.choices)
         scores: dict[str, float] = {}
         if item.choices:
+            if masked(tokens):
+                return Reply(output, tokens, masked=True)
             for c in item.choices:
                 got = tokens if c == output else self.ask(item, [c])[1]
+                if masked(got):
+                    return Reply(output, tokens, masked=True)
                 scores[c] = math.fsum(t.logprob for t in got)
         return Reply(output, tokens, scores)
 

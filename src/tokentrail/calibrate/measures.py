@@ -13,7 +13,9 @@ against accuracy (ECE) and ranked (AUROC, PRR) the same way:
   alternatives (1 when the model had no doubt);
 - ``level``: the segment level of the span (`tokentrail.segment.CONFIDENCE_LEVELS`), / 4;
 - ``field_prob``: with choices, the chosen choice's probability among the choices, each
-  scored by the model's own logprob of its tokens.
+  scored by the model's own logprob of its tokens (from a server that reports logprobs
+  after the constraint's mask, the constrained answer's own masked probability:
+  `tokentrail.calibrate.answer`).
 
 The answer span is the whole reply without its end-of-sequence token (prompts ask for the
 answer alone); a reply with nothing else keeps the end token so that it is scored.

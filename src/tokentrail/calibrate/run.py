@@ -28,7 +28,7 @@ from .answer import HttpAnswerer, LocalAnswerer, Reply
 from .apply import Calibration
 from .data import Item, half, read_items
 from .match import is_correct
-from .measures import choice_probability, measures_of
+from .measures import measures_of
 from .report import build_report, write_html, write_reliability
 
 log = logging.getLogger(__name__)
@@ -86,7 +86,7 @@ def score_rows(
 
 
 def _row(item: Item, a: Reply) -> dict[str, Any]:
-    field = choice_probability(a.choice_logprobs, a.output) if item.choices else None
+    field = a.field_prob() if item.choices else None
     return {"id": item.id, "output": a.output, "correct": None,
             "measures": measures_of(a.tokens, field), "calibrated": None}
 

@@ -1,0 +1,137 @@
+"""`tokentrail calibrate --url` against vLLM's own OpenAI server (any OpenAI-compatible
+server, as issue #30 asks), and how a choice is scored where a server reports logprobs
+after the constraint's mask.
+
+vLLM applies its grammar's bitmask to the logits before it computes logprobs: under
+``structured_outputs`` a forbidden token is listed at -9999 and a choice decoded alone
+comes back near probability 1 (its only doubt is between spellings), whatever the model
+thinks of it. A softmax over those single-choice sums says little; the constrained
+answer's own masked probabilities multiply to the probability that the constrained
+decoding writes it, which is what `field_prob` is there (`tokentrail.calibrate.answer`).
+vLLM itself is the oracle: the test asks it the same requests and recomputes each
+measure from its answers.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.test_vllm_server import CLOSE, model_dir, vllm, vpy  # noqa: F401 (fixtures)
+from tokentrail.calibrate.answer import Answerer, Reply
+from tokentrail.calibrate.data import Item
+from tokentrail.calibrate.measures import TokenRecord
+from tokentrail.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+FACTS = REPO / "benchmarks" / "data" / "calibration" / "facts.jsonl"
+TOP = 5  # calibrate's default --top-logprobs
+MAX_TOKENS = 32  # and its --max-tokens
+
+
+def _items(n_choice: int, n_free: int) -> list[dict[str, Any]]:
+    rows = [json.loads(line) for line in FACTS.read_text("utf-8").splitlines() if line.strip()]
+    choice = [r for r in rows if r.get("choices")][:n_choice]
+    free = [r for r in rows if not r.get("choices")][:n_free]
+    return choice + free
+
+
+def _ask(url: str, row: dict[str, Any], choices: list[str] | None) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": "smollm2", "messages": row["messages"],
+                            "max_tokens": MAX_TOKENS, "temperature": 0.0, "logprobs": True,
+                            "top_logprobs": TOP}  # fmt: skip
+    if choices:
+        body["structured_outputs"] = {"choice": choices}
+    r = httpx.post(url + "/v1/chat/completions", json=body, timeout=300)
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]
+
+
+def _logprobs(choice: dict[str, Any]) -> list[float]:
+    return [e["logprob"] for e in choice["logprobs"]["content"]]
+
+
+def test_calibrate_through_vllms_own_server(vllm: Any, tmp_path: Path) -> None:  # noqa: F811
+    rows = _items(4, 4)
+    data = tmp_path / "set.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out"
+    assert main(["calibrate", str(data), "--url", vllm.url, "--out", str(out), "--quiet"]) == 0
+    items = {json.loads(x)["id"]: json.loads(x) for x in (out / "items.jsonl").open()}
+    report = json.loads((out / "report.json").read_text())
+    assert report["n"] == len(rows) == len(items)
+    assert report["accuracy"] == pytest.approx(
+        sum(bool(r["correct"]) for r in items.values()) / len(items)
+    )
+    for row in rows:
+        got = items[row["id"]]
+        if row.get("choices"):
+            answer = _ask(vllm.url, row, row["choices"])
+            assert got["output"] == answer["message"]["content"]
+            lps = _logprobs(answer)
+            # vLLM masks before its logprobs: forbidden tokens at -9999 among the
+            # alternatives, in the constrained answer and in each choice decoded alone
+            # (whose sum is then that of the masked paths, not the model's own).
+            for reply in (answer, *(_ask(vllm.url, row, [c]) for c in row["choices"])):
+                tops = [a["logprob"] for e in reply["logprobs"]["content"]
+                        for a in e["top_logprobs"]]  # fmt: skip
+                assert min(tops) <= -9999
+            # field_prob: the constrained answer's masked probabilities multiplied.
+            assert got["measures"]["field_prob"] == pytest.approx(
+                math.exp(math.fsum(lps)), rel=CLOSE, abs=CLOSE
+            )
+        else:
+            answer = _ask(vllm.url, row, None)
+            assert got["output"] == answer["message"]["content"]
+            lps = _logprobs(answer)
+            assert got["measures"]["first_prob"] == pytest.approx(math.exp(lps[0]), rel=CLOSE)
+            assert got["measures"]["field_prob"] is None
+
+
+class _Scripted(Answerer):
+    """Replies given in advance (constrained answer first, then each choice alone),
+    counting what is asked."""
+
+    def __init__(self, replies: list[tuple[str, list[TokenRecord]]]) -> None:
+        self.replies = replies
+        self.asked: list[Any] = []
+
+    def ask(self, item: Item, choice: Any) -> tuple[str, list[TokenRecord]]:
+        self.asked.append(choice)
+        return self.replies[len(self.asked) - 1]
+
+
+def _item() -> Item:
+    return Item(id="q", prompt="Capital of France?", answers=("Paris",), choices=("Paris", "Rome"))
+
+
+def test_a_server_that_reports_the_model_s_own_logprobs_is_scored_by_each_choice() -> None:
+    raw = [TokenRecord(-0.2, (-0.2, -1.9, -3.0))]  # the model's top-k: all finite
+    rome = [TokenRecord(-1.9, (-0.2, -1.9, -3.0)), TokenRecord(-0.1, (-0.1, -4.0))]
+    answerer = _Scripted([("Paris", raw), ("Rome", rome)])
+    reply = answerer.answer(_item())
+    assert answerer.asked == [("Paris", "Rome"), ["Rome"]]  # the chosen one reused
+    assert not reply.masked
+    # softmax over the choices' summed logprobs: Paris -0.2, Rome -2.0
+    assert reply.field_prob() == pytest.approx(1 / (1 + math.exp(-1.8)))
+
+
+@pytest.mark.parametrize("seen_in", ["answer", "alone"])
+def test_a_server_that_masks_is_scored_by_the_constrained_answer(seen_in: str) -> None:
+    masked_top = (-0.51, -0.92, -9999.0)  # a forbidden token listed at minus infinity
+    answer = [TokenRecord(-0.51, masked_top if seen_in == "answer" else (-0.51, -0.92)),
+              TokenRecord(-0.02, (-0.02, -4.0))]  # fmt: skip
+    rome_alone = [TokenRecord(0.0, (0.0, -9999.0, -9999.0))]
+    answerer = _Scripted([("Paris", answer), ("Rome", rome_alone)])
+    reply = answerer.answer(_item())
+    assert reply.masked
+    # asked no more than it took to see the mask
+    assert answerer.asked == ([("Paris", "Rome")] if seen_in == "answer"
+                              else [("Paris", "Rome"), ["Rome"]])  # fmt: skip
+    assert reply.field_prob() == pytest.approx(math.exp(-0.53))
+    assert Reply("x", [], masked=True).field_prob() is None

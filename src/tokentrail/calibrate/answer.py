@@ -11,12 +11,13 @@ A server may report its logprobs after the constraint's mask instead: vLLM's Ope
 server applies the grammar's bitmask to the logits before it computes logprobs (its
 ``raw_logprobs`` included), so a token the constraint forbids is listed at minus
 infinity (-9999 on the wire) and a forced one at probability 1. A choice decoded alone
-then says nothing (each sums to about 0), and the constrained answer's own tokens say
-it all: their masked probabilities multiply to the probability that the constrained
-decoding writes the chosen choice, which is what `Reply.field_prob` gives there. Such a
-server is recognised by what it sends (an alternative at minus infinity in a
-constrained reply, which the model's own top-k never holds: a softmax gives no token
-probability 0), and the single-choice decodes stop at the first that shows it.
+then says little (it comes back near probability 1, its only doubt between spellings),
+and the constrained answer's own tokens say it all: their masked probabilities multiply
+to the probability that the constrained decoding writes the chosen choice, which is
+what `Reply.field_prob` gives there. Such a server is recognised by what it sends (an
+alternative at minus infinity in a constrained reply, which the model's own top-k never
+holds: a softmax gives no token probability 0), and the single-choice decodes stop at
+the first that shows it.
 """
 
 from __future__ import annotations

@@ -21,8 +21,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.helpers.realign_recordings import altered_both_ways, realign_both_ways
 from tests.helpers.realign_recordings import llama_recordings as _recordings
+from tests.helpers.realign_recordings import read_both_ways, realign_both_ways
 from tests.helpers.realign_recordings import recording_chunks as _chunks
 from tests.helpers.realign_recordings import recording_vocab as _vocab
 from tokentrail.realign.dialects import llamacpp
@@ -39,11 +39,7 @@ def _run(vocab: Any, chunks: list[Any], segments: bool, direct: bool) -> tuple[A
 def test_the_direct_read_is_the_general_paths(
     folder: str, rec: dict[str, Any], segments: bool
 ) -> None:
-    vocab = _vocab(folder)
-    chunks = _chunks(folder, rec)
-    direct, taken = _run(vocab, chunks, segments, True)
-    general, none = _run(vocab, chunks, segments, False)
-    assert none == 0
+    direct, general, taken = read_both_ways(folder, rec, segments, "_plain_token")
     assert direct == general
     if rec["endpoint"] != "completion":
         assert taken == 0  # OpenAI-shaped chunks are not llama.cpp's frames
@@ -144,7 +140,7 @@ def test_altered_frames_read_as_the_general_path_reads_them(
     which: int, changes: list[tuple[int, str, int]], segments: bool
 ) -> None:
     folder, rec = _COMPLETION[which]
-    direct, general = altered_both_ways(folder, rec, changes, _alter, segments, "_plain_token")
+    direct, general, _ = read_both_ways(folder, rec, segments, "_plain_token", changes, _alter)
     assert direct == general
 
 

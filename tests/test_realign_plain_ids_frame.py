@@ -29,12 +29,10 @@ from hypothesis import strategies as st
 from tests.helpers.env import corpus_path
 from tests.helpers.realign_recordings import (
     DATA,
-    altered_both_ways,
+    read_both_ways,
     realign_both_ways,
     vllm_recordings,
 )
-from tests.helpers.realign_recordings import recording_chunks as _chunks
-from tests.helpers.realign_recordings import recording_vocab as _vocab
 from tokentrail import load_vocab
 from tokentrail.realign.dialects import vllm
 
@@ -52,11 +50,7 @@ def _run(vocab: Any, chunks: list[Any], segments: bool, direct: bool) -> tuple[A
 def test_the_direct_read_is_the_general_paths(
     folder: str, rec: dict[str, Any], segments: bool
 ) -> None:
-    vocab = _vocab(folder)
-    chunks = _chunks(folder, rec)
-    direct, taken = _run(vocab, chunks, segments, True)
-    general, none = _run(vocab, chunks, segments, False)
-    assert none == 0
+    direct, general, taken = read_both_ways(folder, rec, segments, "_plain_ids_token")
     assert direct == general
     events = direct[0]
     assert [e.id for e in events] == rec["ids"]  # vLLM's own ids, its ground truth
@@ -170,7 +164,7 @@ def test_altered_frames_read_as_the_general_path_reads_them(
     which: int, changes: list[tuple[int, str, int]], segments: bool
 ) -> None:
     folder, rec = _RECORDINGS[which]
-    direct, general = altered_both_ways(folder, rec, changes, _alter, segments, "_plain_ids_token")
+    direct, general, _ = read_both_ways(folder, rec, segments, "_plain_ids_token", changes, _alter)
     assert direct == general
 
 

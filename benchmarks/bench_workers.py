@@ -31,6 +31,13 @@ does the upstream's work on its own hardware. `--pace MS` has the replay space e
 stream's events by MS ms (a model making a token every MS ms per sequence): each read of
 the proxy then brings one event, the low-load cost per event.
 
+`--pin` gives the proxy cores of its own: its processes run on the first `--workers`
+usable cores, and the upstream, the replay and the clients (this process) on the rest,
+for both the 1-worker and the N-worker runs (each process inherits the cores it was
+started on). That is the issue's case "when the proxy is the bottleneck" on a machine
+with cores to spare, which a 2-core machine is not: it needs more usable cores than
+`--workers`, and says so otherwise.
+
     flock /tmp/tt-bench.lock python benchmarks/bench_workers.py \\
         [--workers 2] [--clients 32] [--replay] [--output /tmp/workers.md]
 """
@@ -39,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -48,6 +56,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
@@ -64,6 +73,35 @@ PROMPTS = ["Once upon a time", "The cat sat", "In a hole in the ground", "Long a
 EOS_IDS = (0, 2)  # the demo model's end-of-text tokens
 TOP = 5
 TICK = os.sysconf("SC_CLK_TCK")
+
+
+#: Cores for the proxy and for everything else, with --pin (None: no pinning).
+PROXY_CORES: set[int] | None = None
+LOAD_CORES: set[int] | None = None
+
+
+@contextlib.contextmanager
+def cores(which: set[int] | None) -> Iterator[None]:
+    """Run this process on `which` cores inside (a process started there inherits them);
+    nothing when `which` is None. The clients' cores (`LOAD_CORES`, if any) afterwards."""
+    if which is None:
+        yield
+        return
+    os.sched_setaffinity(0, which)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, LOAD_CORES or which)
+
+
+def split_cores(workers: int) -> tuple[set[int], set[int]]:
+    """The first `workers` usable cores for the proxy, the rest for the load; SystemExit
+    on a machine with no core left for the load."""
+    usable = sorted(os.sched_getaffinity(0))
+    if len(usable) <= workers:
+        raise SystemExit(f"--pin needs more usable cores than --workers ({workers}): "
+                         f"this machine has {len(usable)}")
+    return set(usable[:workers]), set(usable[workers:])
 
 
 def cpu_seconds(pid: int) -> float:
@@ -89,7 +127,8 @@ def start_proxy(
     cmd += ["--tokenizer", str(DEMO), "--port", str(port), "--log-level", "info"]
     cmd += ["--workers", str(workers)]
     log = logs / f"proxy-{workers}.log"
-    proc = spawn(cmd, log, {"PYTHONPATH": str(repo / "src")})
+    with cores(PROXY_CORES):
+        proc = spawn(cmd, log, {"PYTHONPATH": str(repo / "src")})
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 600
     serving = re.compile(rf"serving \S+ on {re.escape(url)}")
@@ -251,6 +290,8 @@ def report(runs: list[dict[str, float]], args: argparse.Namespace) -> str:
         + f". Load: {args.clients} clients x {args.requests} "
         f"streamed completions of {args.max_tokens} tokens, logprobs {TOP}; "
         f"medians of {args.rounds} alternating rounds."
+        + (f" Pinned: the proxy on cores {sorted(PROXY_CORES)}, everything else on "
+           f"{sorted(LOAD_CORES or ())}." if PROXY_CORES else "")
         + (f" Proxy from `{args.proxy_repo}`." if args.proxy_repo else ""),
         "",
         "| workers | tokens/s | ratio to 1 worker | proxy CPU µs/token | upstream CPU µs/token "
@@ -299,7 +340,16 @@ def main() -> None:
     parser.add_argument(
         "--vllm-python", type=Path, help="upstream: vLLM's server (this python's) on the demo model"
     )
+    parser.add_argument(
+        "--pin", action="store_true",
+        help="the proxy on the first --workers cores, the upstream, replay and clients on "
+        "the rest (needs more cores than --workers)",
+    )
     args = parser.parse_args()
+    global PROXY_CORES, LOAD_CORES
+    if args.pin:
+        PROXY_CORES, LOAD_CORES = split_cores(args.workers)
+        os.sched_setaffinity(0, LOAD_CORES)  # the clients, and what starts from here
     if args.gguf is None and args.vllm_python is None:
         raise SystemExit("no demo GGUF: run scripts/demo_model_to_gguf.py (or give --gguf)")
     runs = []

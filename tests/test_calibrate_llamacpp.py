@@ -119,3 +119,48 @@ def test_a_map_fitted_on_the_answers_applies_to_them_on_resume(
         assert item["measures"] == run["items"][item["id"]]["measures"]
         assert item["calibrated"] == pytest.approx(cal.answer(item["measures"])[0], abs=1e-12)
     check_report_against_items(run["out"], N)
+
+
+# -- the same set through llama.cpp's own server (`calibrate --url`) ------------------------
+
+
+@pytest.fixture(scope="module")
+def llama_server(smollm2_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from tests.helpers.servers import start_llama_server
+
+    server = start_llama_server(smollm2_gguf, tmp_path_factory.mktemp("logs") / "llama.log",
+                                parallel=4)  # fmt: skip
+    yield server
+    server.stop()
+
+
+def test_calibrate_through_llama_server_constrains_choices_with_its_grammar(
+    run: dict[str, Any], llama_server: Any
+) -> None:
+    """llama-server ignores vLLM's `structured_outputs`: the probe finds that it obeys
+    its own GBNF `grammar` instead, so choices are answered among the choices (before,
+    they came back as free text: 'Ascher' for Chopin or Handel). Every answer, free
+    text and choice, is the one the llama.cpp engine gives in process (both with flash
+    attention, llama.cpp's default on this backend)."""
+    from tokentrail.calibrate.answer import HttpAnswerer
+    from tokentrail.calibrate.data import read_items
+    from tokentrail.cli import main
+
+    items = read_items(run["data"])
+    answerer = HttpAnswerer(llama_server.url, None, MAX_TOKENS, 5)
+    try:
+        first_choice = next(it for it in items if it.choices)
+        assert answerer._choice_style(first_choice.prompt) == "grammar"
+    finally:
+        answerer.close()
+    out = run["out"].parent / "through-llama-server"
+    code = main(["calibrate", str(run["data"]), "--out", str(out), "--url", llama_server.url,
+                 "--quiet", "--bootstrap", "50"])  # fmt: skip
+    assert code == 0
+    check_report_against_items(out, N)
+    got = {r["id"]: r for r in map(json.loads, (out / "items.jsonl").open(encoding="utf-8"))}
+    for q in run["questions"]:
+        item, engine = got[q["id"]], run["items"][q["id"]]
+        assert item["output"].strip() == engine["output"].strip(), q["id"]
+        if "choices" in q:
+            assert item["output"] in q["choices"] and item["measures"]["field_prob"] is not None

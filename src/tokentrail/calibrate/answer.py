@@ -22,7 +22,9 @@ the first that shows it.
 
 from __future__ import annotations
 
+import json
 import math
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
@@ -33,7 +35,10 @@ from ..segment import WIRE_NEG_INF
 from .data import Item
 from .measures import TokenRecord, choice_probability
 
-__all__ = ["CONCURRENT", "Answerer", "HttpAnswerer", "LocalAnswerer", "Reply", "masked"]
+__all__ = [
+    "CHOICE_STYLES", "CONCURRENT", "Answerer", "HttpAnswerer", "LocalAnswerer", "Reply",
+    "choice_fields", "masked",
+]
 
 #: Requests a server is sent at once.
 CONCURRENT = 8
@@ -153,10 +158,34 @@ def _records(responses: list[Any]) -> tuple[str, list[TokenRecord]]:
 
 
 
+#: How a server is asked to answer with one of the choices, tried in this order: vLLM's
+#: ``structured_outputs`` (tokentrail's server takes it too), then llama-server's GBNF
+#: ``grammar`` (the choices as literal alternatives). Each is the body's extra fields.
+CHOICE_STYLES = ("structured_outputs", "grammar")
+#: What the probe asks a server to write under a one-choice constraint: nothing a model
+#: writes unasked, so an answer equal to it shows the constraint was applied.
+PROBE = "Zq7 vortex"
+
+
+def choice_fields(style: str, choices: Sequence[str]) -> dict[str, Any]:
+    """The request fields that constrain a reply to `choices` in `style`."""
+    from ..engines.upstream.constraints import llamacpp_fields, vllm_structured_outputs
+
+    source = json.dumps(list(choices))
+    if style == "structured_outputs":
+        return {"structured_outputs": vllm_structured_outputs("choice", source)}
+    return llamacpp_fields("choice", source, "choices")
+
+
 class HttpAnswerer(Answerer):
     """Answers through an OpenAI-compatible server: chat completions for messages,
-    completions for a prompt, `logprobs` with `top_logprobs`; choices through vLLM's
-    `structured_outputs` (which tokentrail's server takes too)."""
+    completions for a prompt, `logprobs` with `top_logprobs`.
+
+    Choices are constrained the way the server takes them (`CHOICE_STYLES`): before the
+    first, a probe asks for `PROBE` under each style in turn and keeps the first the
+    server obeys; a server that obeys none is a CalibrationError (a field it does not
+    know is ignored by most servers, and its free answer would be scored as a choice).
+    Every constrained answer is checked to be one of its choices too."""
 
     def __init__(
         self, url: str, model: str | None, max_tokens: int, top_logprobs: int,
@@ -171,6 +200,8 @@ class HttpAnswerer(Answerer):
         self.client = httpx.Client(headers=headers, timeout=timeout)
         self.max_tokens, self.top_logprobs = max_tokens, top_logprobs
         self.model = model or self._first_model()
+        self._style: str | None = None  # how this server takes choices, once probed
+        self._probing = threading.Lock()
 
     def _first_model(self) -> str:
         try:
@@ -197,23 +228,57 @@ class HttpAnswerer(Answerer):
                         running[pool.submit(self.answer, nxt)] = nxt
 
     def ask(self, item: Item, choice: Sequence[str] | None) -> tuple[str, list[TokenRecord]]:
-        chat = not isinstance(item.prompt, str)
+        if not choice:
+            return self._post(item.prompt, {})[:2]
+        style = self._choice_style(item.prompt)
+        text, tokens, finish = self._post(item.prompt, choice_fields(style, choice))
+        cut = finish == "length" and any(c.startswith(text) for c in choice)
+        if text not in choice and not cut:
+            raise CalibrationError(
+                f"{self.base} answered {item.id!r} with {text[:80]!r}, not one of its "
+                f"choices, though asked with {style}"
+            )
+        return text, tokens
+
+    def _choice_style(self, prompt: str | Sequence[Any]) -> str:
+        """The first of `CHOICE_STYLES` the server obeys (probed once, on `prompt`)."""
+        with self._probing:
+            if self._style is None:
+                for style in CHOICE_STYLES:
+                    try:
+                        text, _, _ = self._post(prompt, choice_fields(style, [PROBE]))
+                    except CalibrationError:  # a server may refuse a field it does not know
+                        continue
+                    if text == PROBE:
+                        self._style = style
+                        break
+                else:
+                    raise CalibrationError(
+                        f"{self.base} does not constrain an answer to given choices (asked "
+                        f"with {' and '.join(CHOICE_STYLES)}): score choice questions "
+                        "through tokentrail's server, vLLM or llama-server, or remove "
+                        "their 'choices'"
+                    )
+            return self._style
+
+    def _post(
+        self, prompt: str | Sequence[Any], extra: dict[str, Any]
+    ) -> tuple[str, list[TokenRecord], str | None]:
+        """(text, answer tokens, finish reason) of one greedy request with `extra`."""
+        chat = not isinstance(prompt, str)
         body: dict[str, Any] = {"model": self.model, "max_tokens": self.max_tokens,
-                                "temperature": 0.0}
+                                "temperature": 0.0, **extra}
         if chat:
-            body.update(messages=list(item.prompt), logprobs=True,
-                        top_logprobs=self.top_logprobs)
+            body.update(messages=list(prompt), logprobs=True, top_logprobs=self.top_logprobs)
         else:
-            body.update(prompt=item.prompt, logprobs=self.top_logprobs)
-        if choice:
-            body["structured_outputs"] = {"choice": list(choice)}
+            body.update(prompt=prompt, logprobs=self.top_logprobs)
         path = "/chat/completions" if chat else "/completions"
         r = self.client.post(self.base + path, json=body)
         if r.status_code != 200:
             raise CalibrationError(f"{self.base}{path} answered {r.status_code}: {r.text[:300]}")
         c = r.json()["choices"][0]
-        return (_chat_tokens(c) if chat else _completion_tokens(c))
-
+        text, tokens = _chat_tokens(c) if chat else _completion_tokens(c)
+        return text, tokens, c.get("finish_reason")
 
     def close(self) -> None:
         self.client.close()

@@ -139,6 +139,34 @@ def test_calibrate_through_our_server(tmp_path: Path, capsys: pytest.CaptureFixt
                 assert over_http[qid]["measures"][name] == pytest.approx(v, rel=1e-3, abs=1e-6)
 
 
+def test_a_server_that_constrains_no_choice_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`mlx_lm.server` takes neither vLLM's `structured_outputs` nor llama-server's
+    `grammar`: its free answers must not be scored as choices. The probe finds that it
+    obeys neither, and the run stops with exit 2 and one line saying so."""
+    from tests.helpers.env import require
+    from tests.helpers.net import free_port
+    from tests.helpers.servers import DEMO_MODEL, launch
+
+    require("mlx_lm", "mlx_lm.server")
+    port = free_port()
+    cmd = [sys.executable, "-m", "mlx_lm.server", "--model", str(DEMO_MODEL),
+           "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
+    server = launch(cmd, tmp_path / "mlx.log", f"http://127.0.0.1:{port}", path="/v1/models",
+                    any_status=True)  # fmt: skip
+    try:
+        lines = write_set(tmp_path / "set.jsonl").read_text().splitlines()
+        choices = tmp_path / "choices.jsonl"  # chat questions with choices alone
+        choices.write_text("".join(x + "\n" for x in lines if '"choices"' in x))
+        code, _, err = run_cli(str(choices), "--out", str(tmp_path / "out"), "--url", server.url,
+                               "--model", str(DEMO_MODEL), capsys=capsys)  # its model's id
+    finally:
+        server.stop()
+    assert code == 2 and err.count("\n") == 1, err
+    assert "does not constrain an answer to given choices" in err, err
+
+
 def _fitted(fingerprint: dict) -> dict:
     """A calibration fitted on synthetic answers (the demo model gets too few right to
     fit on), with `fingerprint`."""

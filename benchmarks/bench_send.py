@@ -33,6 +33,15 @@ import threading
 import time
 
 
+def _drain(sock: socket.socket, total: int) -> None:
+    """Read `total` bytes from `sock` (or until it closes)."""
+    while total > 0:
+        got = sock.recv(1 << 20)
+        if not got:
+            return
+        total -= len(got)
+
+
 def tcp_send(size: int, calls: int) -> float:
     """CPU µs per `send` of `size` bytes on loopback TCP, drained by another thread."""
     with socket.create_server(("127.0.0.1", 0)) as srv:
@@ -41,16 +50,7 @@ def tcp_send(size: int, calls: int) -> float:
         with client, server:
             client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             msg = b"x" * size
-
-            def drain() -> None:
-                left = size * calls
-                while left > 0:
-                    got = server.recv(1 << 20)
-                    if not got:
-                        return
-                    left -= len(got)
-
-            reader = threading.Thread(target=drain)
+            reader = threading.Thread(target=_drain, args=(server, size * calls))
             reader.start()
             start = time.thread_time()
             for _ in range(calls):
@@ -61,12 +61,9 @@ def tcp_send(size: int, calls: int) -> float:
 
 
 def _read_all(port: int, total: int) -> None:
+    """The reader process: connect to `port` and drain `total` bytes."""
     with socket.create_connection(("127.0.0.1", port)) as s:
-        while total > 0:
-            got = s.recv(1 << 16)
-            if not got:
-                return
-            total -= len(got)
+        _drain(s, total)
 
 
 def tcp_send_waking(size: int, calls: int, gap_us: float) -> float:

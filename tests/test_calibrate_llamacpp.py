@@ -121,6 +121,80 @@ def test_a_map_fitted_on_the_answers_applies_to_them_on_resume(
     check_report_against_items(run["out"], N)
 
 
+# -- choices scored on their canonical tokens --------------------------------------------
+
+#: Choice questions from the top of atlas.jsonl: enough that greedy decoding among the
+#: choices spells some of its answers off their canonical tokens (about a third of them
+#: on SmolLM2).
+N_CHOICES = 16
+
+
+@pytest.fixture(scope="module")
+def choices_run(smollm2_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    from tokentrail.cli import main
+
+    folder = tmp_path_factory.mktemp("calibrate-choices")
+    data = folder / "choices.jsonl"
+    lines = [x for x in ATLAS.read_text("utf-8").splitlines(keepends=True) if '"choices"' in x]
+    data.write_text("".join(lines[:N_CHOICES]))
+    out = folder / "out"
+    code = main(["calibrate", str(data), "--out", str(out), "--engine", "llamacpp",
+                 "--model", str(smollm2_gguf), "--quiet", "--bootstrap", "20"])  # fmt: skip
+    assert code == 0
+    questions = [json.loads(x) for x in data.read_text("utf-8").splitlines()]
+    items = {r["id"]: r for r in map(json.loads, (out / "items.jsonl").open(encoding="utf-8"))}
+    return {"data": data, "questions": questions, "items": items}
+
+
+def canonical_choice_logprobs(
+    llm: Any, llama_cpp: Any, prompt: list[int], choices: list[str]
+) -> dict[str, tuple[float, int]]:
+    """Each choice's logprob after `prompt` on its canonical tokens (llama.cpp's own
+    tokenization of the choice alone), from llama.cpp's logits over the whole
+    continuation in one pass; with the number of those tokens."""
+    import numpy as np
+
+    out: dict[str, tuple[float, int]] = {}
+    for c in choices:
+        ids = llm.tokenize(c.encode("utf-8"), add_bos=False, special=False)
+        llm.reset()
+        llm.eval(prompt + ids)
+        logits = np.asarray(llm.scores[len(prompt) - 1: len(prompt) + len(ids) - 1], float)
+        top = logits.max(axis=1, keepdims=True)
+        logz = (top + np.log(np.exp(logits - top).sum(axis=1, keepdims=True)))[:, 0]
+        out[c] = (float(sum(logits[j, t] - logz[j] for j, t in enumerate(ids))), len(ids))
+    return out
+
+
+def test_every_choice_is_scored_on_its_canonical_tokens(
+    choices_run: dict[str, Any], smollm2_gguf: Path, llama_cpp: Any
+) -> None:
+    """`field_prob` is the decoded choice's share of the choices' probabilities, each
+    choice's probability that of its canonical tokens after the prompt, the chosen one
+    included: llama.cpp's own logits are the oracle. Before, the chosen one kept the
+    tokens of the greedy answer among the choices, which can spell it off that path
+    ("Laos" in three tokens at -18.3 against its two at -3.5: field_prob 0.000)."""
+    import math
+
+    from tokentrail import load
+    from tokentrail.prompting import chat_ids
+
+    _, tokenizer = load(str(smollm2_gguf), engine="llamacpp")
+    llm = llama_cpp.Llama(str(smollm2_gguf), n_ctx=4096, flash_attn=True, logits_all=True,
+                          verbose=False)  # fmt: skip
+    multi_token = 0
+    for q in choices_run["questions"]:
+        item = choices_run["items"][q["id"]]
+        scores = canonical_choice_logprobs(
+            llm, llama_cpp, chat_ids(tokenizer, q["messages"], None), q["choices"])
+        multi_token += scores[item["output"]][1] > 1
+        top = max(v for v, _ in scores.values())
+        share = math.exp(scores[item["output"]][0] - top) / sum(
+            math.exp(v - top) for v, _ in scores.values())
+        assert item["measures"]["field_prob"] == pytest.approx(share, abs=0.02), (q["id"], scores)
+    assert multi_token >= N_CHOICES // 2  # the spelling mattered: most answers are several tokens
+
+
 # -- the same set through llama.cpp's own server (`calibrate --url`) ------------------------
 
 
@@ -164,3 +238,25 @@ def test_calibrate_through_llama_server_constrains_choices_with_its_grammar(
         assert item["output"].strip() == engine["output"].strip(), q["id"]
         if "choices" in q:
             assert item["output"] in q["choices"] and item["measures"]["field_prob"] is not None
+
+
+def test_through_llama_server_choices_are_scored_on_the_engines_tokens(
+    choices_run: dict[str, Any], llama_server: Any
+) -> None:
+    """Through llama-server each choice is forced on its canonical tokens too (GBNF
+    token literals of the ids its /tokenize gives), so `field_prob` is the figure the
+    llama.cpp engine gives in process. With a grammar of the choice's characters its
+    greedy decode spelled "Chopin" as C+hop+i+n (-30 nats, against -3.9), and the two
+    figures parted by 0.25 or more for a tenth of atlas's choices."""
+    from tokentrail.cli import main
+
+    out = choices_run["data"].parent / "through-llama-server"
+    code = main(["calibrate", str(choices_run["data"]), "--out", str(out), "--url",
+                 llama_server.url, "--quiet", "--bootstrap", "20"])  # fmt: skip
+    assert code == 0
+    got = {r["id"]: r for r in map(json.loads, (out / "items.jsonl").open(encoding="utf-8"))}
+    for q in choices_run["questions"]:
+        item, engine = got[q["id"]], choices_run["items"][q["id"]]
+        assert item["output"] == engine["output"], q["id"]
+        assert item["measures"]["field_prob"] == pytest.approx(
+            engine["measures"]["field_prob"], abs=0.02), q["id"]

@@ -111,14 +111,19 @@ def _item() -> Item:
 
 
 def test_a_server_that_reports_the_model_s_own_logprobs_is_scored_by_each_choice() -> None:
-    raw = [TokenRecord(-0.2, (-0.2, -1.9, -3.0))]  # the model's top-k: all finite
-    rome = [TokenRecord(-1.9, (-0.2, -1.9, -3.0)), TokenRecord(-0.1, (-0.1, -4.0))]
-    answerer = _Scripted([("Paris", raw), ("Rome", rome)])
+    # The constrained answer spelled Paris in two tokens (-1.4 in all); alone, on its
+    # canonical token, it is -0.3: each choice is scored on its own decode alone, the
+    # chosen one too, so both are on the same path.
+    raw = [TokenRecord(-1.2, (-0.3, -1.2, -3.0)), TokenRecord(-0.2, (-0.2, -2.0))]
+    paris = [TokenRecord(-0.3, (-0.3, -1.2, -3.0))]  # the model's top-k: all finite
+    rome = [TokenRecord(-1.9, (-0.3, -1.9, -3.0)), TokenRecord(-0.1, (-0.1, -4.0))]
+    answerer = _Scripted([("Paris", raw), ("Paris", paris), ("Rome", rome)])
     reply = answerer.answer(_item())
-    assert answerer.asked == [("Paris", "Rome"), ["Rome"]]  # the chosen one reused
+    assert answerer.asked == [("Paris", "Rome"), ["Paris"], ["Rome"]]
     assert not reply.masked
-    # softmax over the choices' summed logprobs: Paris -0.2, Rome -2.0
-    assert reply.field_prob() == pytest.approx(1 / (1 + math.exp(-1.8)))
+    assert reply.tokens == raw  # the answer's own measures keep the tokens it was written in
+    # softmax over the choices' summed logprobs: Paris -0.3, Rome -2.0
+    assert reply.field_prob() == pytest.approx(1 / (1 + math.exp(-1.7)))
 
 
 @pytest.mark.parametrize("seen_in", ["answer", "alone"])
@@ -126,12 +131,12 @@ def test_a_server_that_masks_is_scored_by_the_constrained_answer(seen_in: str) -
     masked_top = (-0.51, -0.92, -9999.0)  # a forbidden token listed at minus infinity
     answer = [TokenRecord(-0.51, masked_top if seen_in == "answer" else (-0.51, -0.92)),
               TokenRecord(-0.02, (-0.02, -4.0))]  # fmt: skip
-    rome_alone = [TokenRecord(0.0, (0.0, -9999.0, -9999.0))]
-    answerer = _Scripted([("Paris", answer), ("Rome", rome_alone)])
+    paris_alone = [TokenRecord(0.0, (0.0, -9999.0, -9999.0))]
+    answerer = _Scripted([("Paris", answer), ("Paris", paris_alone)])
     reply = answerer.answer(_item())
     assert reply.masked
     # asked no more than it took to see the mask
     assert answerer.asked == ([("Paris", "Rome")] if seen_in == "answer"
-                              else [("Paris", "Rome"), ["Rome"]])  # fmt: skip
+                              else [("Paris", "Rome"), ["Paris"]])  # fmt: skip
     assert reply.field_prob() == pytest.approx(math.exp(-0.53))
     assert Reply("x", [], masked=True).field_prob() is None

@@ -2,10 +2,14 @@
 or from an OpenAI-compatible server over HTTP. Greedy decoding, top-k alternatives per
 token; with choices, a constrained choice and each choice's own logprob.
 
-A choice is scored by decoding it alone under a one-choice constraint: its tokens are
-then forced, and their raw logprobs (the model's distribution before the mask, which
-is what tokentrail reports by default, here and over HTTP) sum to the model's logprob
-of writing it. The chosen one reuses the tokens of the constrained answer.
+A choice is scored by decoding it alone under a one-choice constraint: its canonical
+tokens (the tokenizer's own spelling of it) are then forced, and their raw logprobs
+(the model's distribution before the mask, which is what tokentrail reports by default,
+here and over HTTP) sum to the model's logprob of writing it. The chosen one is decoded
+alone too: the constrained answer's own tokens can spell it off that path (greedy
+decoding among choices takes the likeliest first token that starts any of them, and
+the rest of the choice follows from there), which scores one choice on another path
+than the rest ("Laos" in three tokens at -18.3 where its two canonical ones are -3.5).
 
 A server may report its logprobs after the constraint's mask instead: vLLM's OpenAI
 server applies the grammar's bitmask to the logits before it computes logprobs (its
@@ -92,7 +96,7 @@ class Answerer:
             if masked(tokens):
                 return Reply(output, tokens, masked=True)
             for c in item.choices:
-                got = tokens if c == output else self.ask(item, [c])[1]
+                got = self.ask(item, [c])[1]
                 if masked(got):
                     return Reply(output, tokens, masked=True)
                 scores[c] = math.fsum(t.logprob for t in got)
@@ -202,6 +206,8 @@ class HttpAnswerer(Answerer):
         self.model = model or self._first_model()
         self._style: str | None = None  # how this server takes choices, once probed
         self._probing = threading.Lock()
+        self._token_literals = True  # until the server shows it has none (llama-server's)
+        self._canonical: dict[str, list[int] | None] = {}  # each choice's canonical ids
 
     def _first_model(self) -> str:
         try:
@@ -231,7 +237,16 @@ class HttpAnswerer(Answerer):
         if not choice:
             return self._post(item.prompt, {})[:2]
         style = self._choice_style(item.prompt)
-        text, tokens, finish = self._post(item.prompt, choice_fields(style, choice))
+        fields = choice_fields(style, choice)
+        canonical = self._canonical_grammar(choice[0]) if (
+            style == "grammar" and len(choice) == 1) else None
+        try:
+            text, tokens, finish = self._post(item.prompt, canonical or fields)
+        except CalibrationError:
+            if canonical is None:
+                raise
+            self._token_literals = False  # a llama-server older than GBNF's token literals
+            text, tokens, finish = self._post(item.prompt, fields)
         cut = finish == "length" and any(c.startswith(text) for c in choice)
         if text not in choice and not cut:
             raise CalibrationError(
@@ -239,6 +254,39 @@ class HttpAnswerer(Answerer):
                 f"choices, though asked with {style}"
             )
         return text, tokens
+
+    def _canonical_grammar(self, choice: str) -> dict[str, Any] | None:
+        """llama-server's fields that force `choice`'s canonical tokens: GBNF token
+        literals (``<[id]>``, llama.cpp's grammars/README.md) of the ids its ``/tokenize``
+        gives for the choice alone, the spelling tokentrail's own one-choice constraint
+        forces. A grammar of the choice's characters lets greedy decoding spell it in
+        any tokens ("Chopin" as C+hop+i+n at -30 where Ch+opin is -3.9), which scores
+        one choice on another path than the rest. None where the server has no such
+        endpoints or its ids do not read back as the choice (a tokenizer that adds a
+        space before the first word): the characters' grammar is used then."""
+        if not self._token_literals:
+            return None
+        with self._probing:
+            if choice not in self._canonical:
+                self._canonical[choice] = self._tokenize(choice)
+            ids = self._canonical[choice]
+        return {"grammar": "root ::= " + " ".join(f"<[{i}]>" for i in ids)} if ids else None
+
+    def _tokenize(self, text: str) -> list[int] | None:
+        """`text`'s token ids from llama-server's ``/tokenize`` (no special tokens added
+        or parsed), if ``/detokenize`` reads them back as `text`; else None."""
+        root = self.base.removesuffix("/v1")
+        try:
+            r = self.client.post(root + "/tokenize", json={
+                "content": text, "add_special": False, "parse_special": False})
+            r.raise_for_status()
+            ids = [int(t) for t in r.json()["tokens"]]
+            back = self.client.post(root + "/detokenize", json={"tokens": ids})
+            back.raise_for_status()
+        except Exception:  # not llama-server: no token literals to send either
+            self._token_literals = False
+            return None
+        return ids if ids and back.json().get("content") == text else None
 
     def _choice_style(self, prompt: str | Sequence[Any]) -> str:
         """The first of `CHOICE_STYLES` the server obeys (probed once, on `prompt`)."""

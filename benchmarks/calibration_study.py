@@ -13,6 +13,8 @@ library's own fitter (`tokentrail.calibrate.fit.fit_calibration`) and metrics, r
   confident level, `tokentrail.calibrate.fit.top_ceiling`): before and after;
 - ``--first MEASURE``: free-text answers calibrated with MEASURE's map, not the one the
   fitter ranks first (what another choice of measure would have given);
+- leave one set out (``--pooled``): fit on every other set pooled, report on the one
+  left out (what a map fitted on a broad mix promises a set it never saw);
 - by family (``--families``): fit on every family of the sets but one, report on the one
   left out (families are the id's prefix before the first "-").
 
@@ -90,6 +92,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="+", type=Path, help="run folders (or items.jsonl files)")
     ap.add_argument("--families", action="store_true", help="also leave one family out")
+    ap.add_argument("--pooled", action="store_true",
+                    help="also fit on every other set pooled, report on the one left out")
     ap.add_argument("--splits", type=int, default=0, metavar="N",
                     help="also N random halvings of each set (the spread of half -> half)")
     ap.add_argument("--no-ceilings", action="store_true",
@@ -111,6 +115,10 @@ def main() -> None:
             if fit_name != test_name:
                 print(line(f"{fit_name} → {test_name}",
                            study(fit_rows, test_rows)))
+    if args.pooled and len(sets) > 2:
+        for test_name, test_rows in sets.items():
+            rest = [r for name, rows in sets.items() if name != test_name for r in rows]
+            print(line(f"all but {test_name} → {test_name}", study(rest, test_rows)))
     if args.splits:
         print(f"\nRandom halvings ({args.splits} per set, fit on one half, report on the other):"
               " calibrated ECE and its floor, median [10th–90th percentile]\n")

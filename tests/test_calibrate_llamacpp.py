@@ -191,7 +191,7 @@ def test_every_choice_is_scored_on_its_canonical_tokens(
         top = max(v for v, _ in scores.values())
         share = math.exp(scores[item["output"]][0] - top) / sum(
             math.exp(v - top) for v, _ in scores.values())
-        assert item["measures"]["field_prob"] == pytest.approx(share, abs=0.02), (q["id"], scores)
+        assert item["measures"]["field_prob"] == pytest.approx(share, abs=0.005), (q["id"], scores)
     assert multi_token >= N_CHOICES // 2  # the spelling mattered: most answers are several tokens
 
 
@@ -259,4 +259,4 @@ def test_through_llama_server_choices_are_scored_on_the_engines_tokens(
         item, engine = got[q["id"]], choices_run["items"][q["id"]]
         assert item["output"] == engine["output"], q["id"]
         assert item["measures"]["field_prob"] == pytest.approx(
-            engine["measures"]["field_prob"], abs=0.02), q["id"]
+            engine["measures"]["field_prob"], abs=0.005), q["id"]

@@ -222,6 +222,17 @@ def test_every_piece_equals_llama_token_to_piece(key: str) -> None:
         assert not bad, f"special={special}: {len(bad)} pieces differ, first {bad[:5]}"
 
 
+@pytest.mark.parametrize("key", KEYS)
+def test_end_of_generation_ids_are_llama_cpps(key: str) -> None:
+    """`gguf_eog_ids`: the ids `llama_vocab_is_eog` is true of, where the proxy ends a
+    llama-server answer (its EOS, EOT and EOM ids and the markers found by text)."""
+    from tokentrail.vocab.gguf_file import gguf_eog_ids
+
+    o = oracle(key)
+    theirs = {i for i in range(o.n) if llama_cpp.llama_vocab_is_eog(o.vocab, i)}
+    assert gguf_eog_ids(gguf_path(key)) == theirs
+
+
 def _stream(a: Aligner, ids: list[int]) -> list[tokentrail.Segment]:
     segs = [s for i in ids for s in a.push(i)]
     return segs + a.finish()

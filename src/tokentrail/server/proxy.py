@@ -44,12 +44,15 @@ def load_tokenizer(path: str | Path) -> Any:
     if not p.exists():
         raise FileNotFoundError(f"--tokenizer {p}: no such file or folder")
     if p.suffix == ".gguf":
-        from ..vocab.gguf_file import gguf_transformers_tokenizer
+        from ..vocab.gguf_file import gguf_eog_ids, gguf_transformers_tokenizer
 
         tok = gguf_transformers_tokenizer(p)
         if tok is None:
             raise ValueError(f"--tokenizer {p}: transformers cannot build a tokenizer from it")
-        return tok
+        # Every id llama.cpp ends generation on, not only the file's EOS: llama-server
+        # stops on each and streams it as its last token (SmolLM2's <|endoftext|> under
+        # a grammar), which the proxy must take as the end, not as text.
+        return attach_eos_ids(tok, gguf_eog_ids(p))
     if p.is_dir():
         tok = AutoTokenizer.from_pretrained(str(p), local_files_only=True)
         return attach_eos_ids(tok, _folder_eos_ids(p))
@@ -57,6 +60,14 @@ def load_tokenizer(path: str | Path) -> Any:
         tok = AutoTokenizer.from_pretrained(str(p.parent), local_files_only=True)
         return attach_eos_ids(tok, _folder_eos_ids(p.parent))
     return PreTrainedTokenizerFast(tokenizer_file=str(p))
+
+
+def _ordered_eos(tok: Any) -> list[int]:
+    """The tokenizer's end ids, its own ``eos_token_id`` first: the one that stands for
+    an end token an upstream ends the text without sending."""
+    own = getattr(tok, "eos_token_id", None)
+    ids = sorted(eos_ids(tok))
+    return [own, *(i for i in ids if i != own)] if own in ids else ids
 
 
 def _folder_eos_ids(folder: Path) -> list[int]:
@@ -105,7 +116,7 @@ def create_upstream_app(
         model=upstream_model,
         dialect=dialect,
         timeout=timeout,
-        eos_ids=sorted(eos_ids(tok)),
+        eos_ids=_ordered_eos(tok),
         decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
     )
     name = model_name or engine.model or "upstream"

@@ -128,6 +128,21 @@ def read_gguf(path: Path) -> GGUFTokenizer:
     )
 
 
+def gguf_eog_ids(path: Path) -> frozenset[int]:
+    """The ids llama.cpp ends generation on for this file's vocabulary (its
+    ``llama_vocab_is_eog``: the EOS, EOT and EOM ids the metadata names and the
+    end-of-turn markers it finds by their text, `gguf_llamacpp.load_attributes`). What
+    llama-server stops on: SmolLM2's ``<|endoftext|>`` as well as its EOS ``<|im_end|>``."""
+    from .gguf_llamacpp import load_attributes
+
+    info = read_gguf(path)
+    tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(info.tokens)]
+    try:
+        return load_attributes(info.model, tokens, info.types, info.meta)[1]
+    except ValueError as e:
+        raise TokenizerLoadError(f"{path}: {e}") from e
+
+
 def gguf_transformers_tokenizer(path: Path) -> Any | None:
     """The tokenizer transformers builds from a GGUF file, or None where it cannot.
 

@@ -123,6 +123,15 @@ def attributes(
     model: str, tokens: Sequence[str], types: Sequence[int] | None, meta: dict[str, Any]
 ) -> list[int]:
     """llama.cpp's per-token attributes after loading: the types, then its re-typing."""
+    return load_attributes(model, tokens, types, meta)[0]
+
+
+def load_attributes(
+    model: str, tokens: Sequence[str], types: Sequence[int] | None, meta: dict[str, Any]
+) -> tuple[list[int], frozenset[int]]:
+    """llama.cpp's per-token attributes after loading (see `attributes`), and its
+    end-of-generation ids (``special_eog_ids``: the ids `llama_vocab_is_eog` is true of,
+    on which llama.cpp and llama-server stop)."""
     n = len(tokens)
     attr = [NORMAL] * n if types is None else [_TYPE_ATTR.get(int(t), UNDEFINED) for t in types]
     by_text: dict[str, int] = {}
@@ -180,14 +189,16 @@ def attributes(
     eog_text = {tokens[i] for i in eog}
     has_call = "<|call|>" in eog_text or "<|calls|>" in eog_text
     if "<|end|>" in eog_text and has_call and ({"<|return|>", "<|flush|>"} & eog_text):
-        for i in eog:
+        for i in list(eog):
             if tokens[i] == "<|end|>":
                 attr[i] = USER_DEFINED
+                eog.discard(i)  # and it no longer ends generation
     if "</s>" in eog_text and ({"<|tool_response>", "<|plamo:eos|>"} & eog_text):
-        for i in eog:
+        for i in list(eog):
             if tokens[i] == "</s>":
                 attr[i] = NORMAL
-    return attr
+                eog.discard(i)
+    return attr, frozenset(eog)
 
 
 def _byte_of(text: str) -> bytes:

@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from tests.helpers.env import require
+from tests.helpers.env import corpus_path, require
 from tests.test_upstream_chat_front_door import send_json
 
 httpx = require("httpx")
@@ -325,3 +325,41 @@ def test_an_engine_with_a_named_dialect_asks_nothing_of_detection(fake: dict[str
         engine.close()
     with pytest.raises(ValueError, match="unknown upstream dialect"):
         UpstreamEngine(fake["url"], load_vocab(DEMO), model="m", dialect="sglang")
+
+
+def test_one_choice_on_llama_cpp_is_sent_as_its_canonical_tokens(fake: dict[str, Any]) -> None:
+    """A constraint that forces the whole answer goes to llama-server as the tokenizer's
+    own tokens for it (GBNF token literals), as tokentrail's own constrained decoding
+    writes forced text; where the tokens do not spell exactly the text, or for several
+    choices, the characters' grammar stays."""
+    from tokentrail.engines.upstream.engine import UpstreamEngine
+    from tokentrail.server.proxy import load_tokenizer
+
+    tok = load_tokenizer(DEMO)
+    engine = UpstreamEngine(fake["url"], tok, model="m", dialect="llamacpp")
+    one = constraint("choice", json.dumps(["Hello world"]), "structured_outputs")
+    two = constraint("choice", json.dumps(["Hello world", "no"]), "structured_outputs")
+    ids = tok.encode("Hello world", add_special_tokens=False)
+    assert len(ids) > 1 and engine.canonical_ids("Hello world") == ids
+    _, body = engine.request([5, 6], SamplingParams(constraint=one), 8)
+    assert body["grammar"] == "root ::= " + " ".join(f"<[{i}]>" for i in ids)
+    _, body = engine.request([5, 6], SamplingParams(constraint=two), 8)
+    assert body["grammar"] == 'root ::= "Hello world" | "no"'
+    # an SPM tokenizer spells a text alone with a space before it: no canonical ids
+    spm = require("sentencepiece").SentencePieceProcessor(
+        model_file=str(corpus_path("tokenizers/llama2/tokenizer.model")))
+    assert spm.id_to_piece(spm.encode("Paris")[0]).startswith("\u2581")
+    llama = UpstreamEngine(fake["url"], load_tokenizer_spm(), model="m", dialect="llamacpp")
+    assert llama.canonical_ids("Paris") is None
+    _, body = llama.request([5, 6], SamplingParams(constraint=constraint(
+        "choice", json.dumps(["Paris"]), "structured_outputs")), 8)
+    assert body["grammar"] == 'root ::= "Paris"'
+    engine.close()
+    llama.close()
+
+
+def load_tokenizer_spm() -> Any:
+    """Llama 2's sentencepiece tokenizer as transformers loads it (the corpus's file)."""
+    transformers = require("transformers")
+    return transformers.LlamaTokenizerFast(
+        vocab_file=str(corpus_path("tokenizers/llama2/tokenizer.model")), legacy=True)

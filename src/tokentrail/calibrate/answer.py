@@ -264,13 +264,15 @@ class HttpAnswerer(Answerer):
         one choice on another path than the rest. None where the server has no such
         endpoints or its ids do not read back as the choice (a tokenizer that adds a
         space before the first word): the characters' grammar is used then."""
+        from ..engines.upstream.constraints import gbnf_tokens
+
         if not self._token_literals:
             return None
         with self._probing:
             if choice not in self._canonical:
                 self._canonical[choice] = self._tokenize(choice)
             ids = self._canonical[choice]
-        return {"grammar": "root ::= " + " ".join(f"<[{i}]>" for i in ids)} if ids else None
+        return {"grammar": gbnf_tokens(ids)} if ids else None
 
     def _tokenize(self, text: str) -> list[int] | None:
         """`text`'s token ids from llama-server's ``/tokenize`` (no special tokens added
@@ -341,15 +343,23 @@ def _is_end(entry_token: str, entry_bytes: Any, text: str) -> bool:
     return special and not text.endswith(entry_token)
 
 
+def _wire_records(logprobs: Sequence[Any], tops: Sequence[Sequence[Any]]) -> list[TokenRecord]:
+    """The answer tokens' records; a token sent without a logprob is a CalibrationError
+    (an end token a server only stands in for may have none: it is left out first)."""
+    if any(v is None for v in logprobs):
+        raise CalibrationError("the server sent an answer token without its logprob")
+    return [TokenRecord(float(v), tuple(float(a) for a in t if a is not None))
+            for v, t in zip(logprobs, tops, strict=True)]
+
+
 def _chat_tokens(c: dict[str, Any]) -> tuple[str, list[TokenRecord]]:
     text = (c.get("message") or {}).get("content") or ""
     content = (c.get("logprobs") or {}).get("content") or []
-    tokens = [TokenRecord(float(e["logprob"]),
-                          tuple(float(a["logprob"]) for a in e.get("top_logprobs") or []))
-              for e in content]
     eos = bool(content) and c.get("finish_reason") == "stop" and _is_end(
         content[-1].get("token", ""), content[-1].get("bytes"), text)
-    return text, _without_end(tokens, eos)
+    kept = _without_end(list(content), eos)
+    tops = [[a.get("logprob") for a in e.get("top_logprobs") or []] for e in kept]
+    return text, _wire_records([e.get("logprob") for e in kept], tops)
 
 
 def _completion_tokens(c: dict[str, Any]) -> tuple[str, list[TokenRecord]]:
@@ -358,7 +368,7 @@ def _completion_tokens(c: dict[str, Any]) -> tuple[str, list[TokenRecord]]:
     names = lp.get("tokens") or []
     values = lp.get("token_logprobs") or []
     tops = lp.get("top_logprobs") or [None] * len(values)
-    tokens = [TokenRecord(float(v), tuple(float(x) for x in (t or {}).values()))
-              for v, t in zip(values, tops, strict=False) if v is not None]
     eos = bool(names) and c.get("finish_reason") == "stop" and _is_end(names[-1], None, text)
-    return text, _without_end(tokens, eos)
+    rows = list(zip(values, tops, strict=False))
+    kept = _without_end(rows, eos) if len(rows) == len(names) else rows
+    return text, _wire_records([v for v, _ in kept], [list((t or {}).values()) for _, t in kept])

@@ -30,11 +30,14 @@ unconstrained output.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from ...errors import ConstraintError
 
-__all__ = ["check_sendable", "gbnf_literal", "llamacpp_fields", "vllm_structured_outputs"]
+__all__ = [
+    "check_sendable", "gbnf_literal", "gbnf_tokens", "llamacpp_fields", "vllm_structured_outputs",
+]
 
 
 def check_sendable(constraint: Any) -> None:
@@ -102,3 +105,10 @@ def gbnf_literal(text: str) -> str:
         else:
             out.append(ch)
     return '"' + "".join(out) + '"'
+
+
+def gbnf_tokens(ids: Sequence[int]) -> str:
+    """A GBNF grammar whose only sentence is the tokens `ids`, as token literals
+    (``<[id]>``, llama.cpp's grammars/README.md): those very tokens, not merely their
+    text, which a grammar of characters lets the sampler spell in any tokens."""
+    return "root ::= " + " ".join(f"<[{int(i)}]>" for i in ids)

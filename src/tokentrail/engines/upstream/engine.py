@@ -237,8 +237,27 @@ class UpstreamEngine:
         """(path, JSON body) asking the upstream for `max_tokens` tokens after the prompt,
         in its dialect (`UpstreamDialect.completion_request`); a `ConstraintError` names
         the request field the upstream cannot be asked for."""
-        ask = CompletionAsk(prompt_ids, params, max_tokens, self.model, self._prompt_text)
+        ask = CompletionAsk(prompt_ids, params, max_tokens, self.model, self._prompt_text,
+                            self.canonical_ids)  # fmt: skip
         return self.dialect_spec.completion_request(ask)
+
+    def canonical_ids(self, text: str) -> list[int] | None:
+        """`text` in the tokenizer's own tokens (encoded alone, no special tokens
+        added), where they spell exactly its bytes and none is a special token; else
+        None (a tokenizer that adds a space before the first word, a tokenizer given
+        as a path)."""
+        encode = getattr(self.tokenizer, "encode", None)
+        if not callable(encode) or not text:
+            return None
+        try:
+            ids = [int(i) for i in encode(text, add_special_tokens=False)]
+        except Exception:  # a tokenizer that takes no such keyword: no canonical ids
+            return None
+        pieces, special = self.vocab.pieces, self.vocab.special
+        if not ids or any(not 0 <= i < len(pieces) or i in special for i in ids):
+            return None
+        spelled = b"".join(pieces[i] or b"" for i in ids)
+        return ids if spelled == text.encode("utf-8") else None
 
     def _prompt_text(self, prompt_ids: Sequence[int]) -> str:
         if self._decode is not None:

@@ -27,6 +27,9 @@ class CompletionAsk:
     max_tokens: int | None
     model: str | None
     prompt_text: Callable[[Sequence[int]], str]
+    #: A text's canonical token ids (the tokenizer's own spelling of it alone), or None
+    #: where they do not spell exactly its bytes: for a dialect that can force tokens.
+    canonical: Callable[[str], list[int] | None] | None = None
 
 
 def ids_only(params: SamplingParams) -> bool:

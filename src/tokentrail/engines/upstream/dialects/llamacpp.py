@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
-from ..constraints import llamacpp_fields
+from ..constraints import gbnf_tokens, llamacpp_fields
 from .base import CompletionAsk, UpstreamDialect, ids_only
 
 __all__ = ["LlamaCppDialect"]
@@ -43,9 +44,31 @@ class LlamaCppDialect(UpstreamDialect):
             body["logit_bias"] = [[int(i), float(b)] for i, b in params.logit_bias.items()]
         return "/completion", body
 
+    def completion_request(self, ask: CompletionAsk) -> tuple[str, dict[str, Any]]:
+        """As every dialect's, except that a constraint that forces the whole answer (one
+        choice) is sent as its canonical tokens (GBNF token literals): tokentrail's own
+        constrained decoding writes forced text in the tokenizer's own tokens, while
+        llama-server's grammar of characters lets its sampler spell it in any ("Chopin"
+        as C+hop+i+n, 26 nats less likely than Ch+opin on SmolLM2)."""
+        path, body = super().completion_request(ask)
+        ids = _forced_ids(ask)
+        if ids is not None:
+            body["grammar"] = gbnf_tokens(ids)
+        return path, body
+
     def constraint_fields(self, constraint: Any) -> dict[str, Any]:
         return llamacpp_fields(constraint.kind, constraint.source, constraint.param)
 
     def whole_chat(self, payload: Mapping[str, Any]) -> bool:
         # llama-server refuses logprobs on a streamed request with tools.
         return bool(payload.get("tools"))
+
+
+def _forced_ids(ask: CompletionAsk) -> list[int] | None:
+    """The canonical ids of the one text `ask`'s constraint allows (a single choice),
+    or None: no such constraint, or no canonical spelling of it."""
+    c = ask.params.constraint
+    if c is None or c.kind != "choice" or ask.canonical is None:
+        return None
+    options = json.loads(c.source)
+    return ask.canonical(options[0]) if len(options) == 1 else None

@@ -438,23 +438,23 @@ def test_an_end_token_without_a_logprob_is_left_out_and_the_answer_kept() -> Non
     with no logprob: null on the wire). The end entry is left out before any logprob is
     read: the answer keeps all its own tokens (before, the null was dropped first and
     then the answer's last real token was taken for the end)."""
-    from tokentrail.calibrate.answer import _chat_tokens, _completion_tokens
+    from tokentrail.calibrate.answer import chat_reply, completion_reply
 
     chat = {"message": {"content": "Paris"}, "finish_reason": "stop", "logprobs": {
         "content": [_entry("Par", -0.5), _entry("is", -0.25), _entry("", None, [])]}}
-    text, tokens = _chat_tokens(chat)
+    text, tokens = chat_reply(chat)
     assert text == "Paris" and [t.logprob for t in tokens] == [-0.5, -0.25]
     completion = {"text": "Paris", "finish_reason": "stop", "logprobs": {
         "tokens": ["Par", "is", "<|im_end|>"], "token_logprobs": [-0.5, -0.25, None],
         "top_logprobs": [{"Par": -0.5}, {"is": -0.25}, None]}}
-    text, tokens = _completion_tokens(completion)
+    text, tokens = completion_reply(completion)
     assert text == "Paris" and [t.logprob for t in tokens] == [-0.5, -0.25]
 
 
 def test_an_answer_token_without_a_logprob_is_a_calibration_error() -> None:
-    from tokentrail.calibrate.answer import _chat_tokens
+    from tokentrail.calibrate.answer import chat_reply
 
     chat = {"message": {"content": "Paris"}, "finish_reason": "stop", "logprobs": {
         "content": [_entry("Par", None), _entry("is", -0.25)]}}
     with pytest.raises(CalibrationError, match="without its logprob"):
-        _chat_tokens(chat)
+        chat_reply(chat)

@@ -240,6 +240,22 @@ def test_calibrate_through_llama_server_constrains_choices_with_its_grammar(
             assert item["output"] in q["choices"] and item["measures"]["field_prob"] is not None
 
 
+def assert_scored_as_the_engine(choices_run: dict[str, Any], url: str) -> None:
+    """`calibrate --url URL` on the choices gives the engine's answers and field_prob."""
+    from tokentrail.cli import main
+
+    out = choices_run["data"].parent / ("through-" + url.rsplit(":", 1)[-1])
+    code = main(["calibrate", str(choices_run["data"]), "--out", str(out), "--url", url,
+                 "--quiet", "--bootstrap", "20"])  # fmt: skip
+    assert code == 0
+    got = {r["id"]: r for r in map(json.loads, (out / "items.jsonl").open(encoding="utf-8"))}
+    for q in choices_run["questions"]:
+        item, engine = got[q["id"]], choices_run["items"][q["id"]]
+        assert item["output"] == engine["output"], q["id"]
+        assert item["measures"]["field_prob"] == pytest.approx(
+            engine["measures"]["field_prob"], abs=0.005), q["id"]
+
+
 def test_through_llama_server_choices_are_scored_on_the_engines_tokens(
     choices_run: dict[str, Any], llama_server: Any
 ) -> None:
@@ -248,18 +264,8 @@ def test_through_llama_server_choices_are_scored_on_the_engines_tokens(
     llama.cpp engine gives in process. With a grammar of the choice's characters its
     greedy decode spelled "Chopin" as C+hop+i+n (-30 nats, against -3.9), and the two
     figures parted by 0.25 or more for a tenth of atlas's choices."""
-    from tokentrail.cli import main
 
-    out = choices_run["data"].parent / "through-llama-server"
-    code = main(["calibrate", str(choices_run["data"]), "--out", str(out), "--url",
-                 llama_server.url, "--quiet", "--bootstrap", "20"])  # fmt: skip
-    assert code == 0
-    got = {r["id"]: r for r in map(json.loads, (out / "items.jsonl").open(encoding="utf-8"))}
-    for q in choices_run["questions"]:
-        item, engine = got[q["id"]], choices_run["items"][q["id"]]
-        assert item["output"] == engine["output"], q["id"]
-        assert item["measures"]["field_prob"] == pytest.approx(
-            engine["measures"]["field_prob"], abs=0.005), q["id"]
+    assert_scored_as_the_engine(choices_run, llama_server.url)
 
 
 def test_through_the_proxy_in_front_of_llama_server_choices_are_scored_alike(
@@ -270,21 +276,10 @@ def test_through_the_proxy_in_front_of_llama_server_choices_are_scored_alike(
     literals), so `field_prob` is the engine's figure here too; with the choice's
     characters as the grammar it differed by 0.59 at the 90th percentile (40 of atlas's
     choices)."""
-    from tests.helpers.servers import start_server
-    from tokentrail.cli import main
+    from tests.helpers.servers import start_proxy
 
-    proxy = start_server(None, tmp_path / "proxy.log", "--upstream", llama_server.url,
-                         "--tokenizer", str(llama_server.model_dir))  # fmt: skip
+    proxy = start_proxy(llama_server, tmp_path / "proxy.log")
     try:
-        out = tmp_path / "through-the-proxy"
-        code = main(["calibrate", str(choices_run["data"]), "--out", str(out), "--url",
-                     proxy.url, "--quiet", "--bootstrap", "20"])  # fmt: skip
+        assert_scored_as_the_engine(choices_run, proxy.url)
     finally:
         proxy.stop()
-    assert code == 0
-    got = {r["id"]: r for r in map(json.loads, (out / "items.jsonl").open(encoding="utf-8"))}
-    for q in choices_run["questions"]:
-        item, engine = got[q["id"]], choices_run["items"][q["id"]]
-        assert item["output"] == engine["output"], q["id"]
-        assert item["measures"]["field_prob"] == pytest.approx(
-            engine["measures"]["field_prob"], abs=0.005), q["id"]

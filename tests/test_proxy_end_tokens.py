@@ -21,7 +21,7 @@ import pytest
 
 from tests.helpers.env import require
 from tests.helpers.llamacpp import find_smollm2
-from tests.helpers.servers import Server, start_llama_server, start_server
+from tests.helpers.servers import Server, start_llama_server, start_proxy
 
 require("uvicorn")
 openai = require("openai")
@@ -32,6 +32,9 @@ MESSAGES = [
 ]
 #: A string the model does not write unasked: after it, the grammar allows only an end.
 FORCED = "Zq7 vortex"
+#: The same grammar straight to llama-server and through the proxy (which passes a GBNF
+#: grammar on as it is).
+GRAMMAR = f'root ::= "{FORCED}"'
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +46,7 @@ def llama(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 @pytest.fixture(scope="module")
 def proxy(llama: Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    log = tmp_path_factory.mktemp("logs") / "proxy.log"
-    server = start_server(None, log, "--upstream", llama.url, "--tokenizer", str(llama.model_dir))
+    server = start_proxy(llama, tmp_path_factory.mktemp("logs") / "proxy.log")
     yield server
     server.stop()
 
@@ -70,7 +72,7 @@ def llama_tokens(llama: Server) -> list[tuple[int, float]]:
     asked = {"content": prompt["prompt"], "add_special": False}
     ids = httpx.post(llama.url + "/tokenize", json=asked).json()["tokens"]
     body = {"prompt": ids, "n_predict": 32, "stream": True, "return_tokens": True,
-            "temperature": 0, "n_probs": 1, "grammar": f'root ::= "{FORCED}"'}  # fmt: skip
+            "temperature": 0, "n_probs": 1, "grammar": GRAMMAR}  # fmt: skip
     out: list[tuple[int, float]] = []
     with httpx.stream("POST", llama.url + "/completion", json=body, timeout=120) as r:
         for line in r.iter_lines():
@@ -93,7 +95,7 @@ def test_an_answer_that_ends_on_another_end_token_ends_there(
     c = openai.OpenAI(base_url=proxy.url + "/v1", api_key="x", max_retries=0)
     got = c.chat.completions.create(
         model=proxy.model, messages=MESSAGES, temperature=0, max_tokens=32, logprobs=True,
-        top_logprobs=1, stream=stream, extra_body={"structured_outputs": {"choice": [FORCED]}},
+        top_logprobs=1, stream=stream, extra_body={"structured_outputs": {"grammar": GRAMMAR}},
     )  # fmt: skip
     if stream:
         chunks: list[Any] = list(got)

@@ -177,6 +177,13 @@ def start_server(
     return Server(proc, url, log, models["data"][0]["id"], model_dir or DEMO_MODEL)
 
 
+def start_proxy(upstream: Server, log: Path, *flags: str) -> Server:
+    """`tokentrail serve --upstream` in front of `upstream`, its model's tokenizer given
+    as `--tokenizer` (`upstream.model_dir`), with `flags` besides."""
+    return start_server(None, log, "--upstream", upstream.url, "--tokenizer",
+                        str(upstream.model_dir), *flags)  # fmt: skip
+
+
 def start_llama_server(gguf: Path, log: Path, *, parallel: int = 1) -> Server:
     """llama.cpp's own `llama-server` on `gguf` (2 threads, 2048 tokens per slot)."""
     port = free_port()

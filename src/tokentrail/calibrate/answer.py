@@ -327,7 +327,7 @@ class HttpAnswerer(Answerer):
         if r.status_code != 200:
             raise CalibrationError(f"{self.base}{path} answered {r.status_code}: {r.text[:300]}")
         c = r.json()["choices"][0]
-        text, tokens = _chat_tokens(c) if chat else _completion_tokens(c)
+        text, tokens = chat_reply(c) if chat else completion_reply(c)
         return text, tokens, c.get("finish_reason")
 
     def close(self) -> None:
@@ -352,7 +352,7 @@ def _wire_records(logprobs: Sequence[Any], tops: Sequence[Sequence[Any]]) -> lis
             for v, t in zip(logprobs, tops, strict=True)]
 
 
-def _chat_tokens(c: dict[str, Any]) -> tuple[str, list[TokenRecord]]:
+def chat_reply(c: dict[str, Any]) -> tuple[str, list[TokenRecord]]:
     text = (c.get("message") or {}).get("content") or ""
     content = (c.get("logprobs") or {}).get("content") or []
     eos = bool(content) and c.get("finish_reason") == "stop" and _is_end(
@@ -362,7 +362,7 @@ def _chat_tokens(c: dict[str, Any]) -> tuple[str, list[TokenRecord]]:
     return text, _wire_records([e.get("logprob") for e in kept], tops)
 
 
-def _completion_tokens(c: dict[str, Any]) -> tuple[str, list[TokenRecord]]:
+def completion_reply(c: dict[str, Any]) -> tuple[str, list[TokenRecord]]:
     text = c.get("text") or ""
     lp = c.get("logprobs") or {}
     names = lp.get("tokens") or []

@@ -133,10 +133,10 @@ def gguf_eog_ids(path: Path) -> frozenset[int]:
     ``llama_vocab_is_eog``: the EOS, EOT and EOM ids the metadata names and the
     end-of-turn markers it finds by their text, `gguf_llamacpp.load_attributes`). What
     llama-server stops on: SmolLM2's ``<|endoftext|>`` as well as its EOS ``<|im_end|>``."""
-    from .gguf_llamacpp import load_attributes
+    from .gguf_llamacpp import load_attributes, named_tokens
 
     info = read_gguf(path)
-    tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(info.tokens)]
+    tokens = named_tokens(info.tokens)
     try:
         return load_attributes(info.model, tokens, info.types, info.meta)[1]
     except ValueError as e:

@@ -240,6 +240,12 @@ def pieces(model: str, pre: str, tokens: Sequence[str], attr: Sequence[int]) -> 
     return out
 
 
+def named_tokens(tokens: Sequence[str]) -> list[str]:
+    """The token texts as llama.cpp loads them: an empty text becomes ``[EMPTY_<id>]``
+    (llama-vocab.cpp's loader does so, so that every text names one id)."""
+    return [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
+
+
 def llamacpp_vocab(
     name: str,
     model: str,
@@ -249,7 +255,7 @@ def llamacpp_vocab(
     meta: dict[str, Any],
 ) -> Vocab:
     """A Vocab whose decode is llama.cpp's concatenation of token pieces."""
-    tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
+    tokens = named_tokens(tokens)
     attr = attributes(model, tokens, types, meta)
     table = pieces(model, pre, tokens, attr)
     special = frozenset(i for i, a in enumerate(attr) if a & (UNKNOWN | CONTROL))

@@ -185,6 +185,9 @@ def test_choice_and_gbnf_grammar_through_the_proxy(proxy: Server, llama: Server)
     assert out.choices[0].message.content in choices
     e = ext(out)
     assert "".join(s["text"] for s in e["segments"]) == out.choices[0].message.content
+    # llama-server's n_probs are the model's own under a grammar too (vLLM's are masked:
+    # tests/test_vllm_server.py): the proxy says "raw".
+    assert e["distribution"] == "raw"
 
     grammar = 'root ::= ("Paris" | "Lyon") " has " [0-9] [0-9]? [0-9]? " parks."'
     out = chat(

@@ -611,6 +611,41 @@ def test_serve_engine_vllm_logprobs_are_the_sampled_distribution(ours: Server) -
     assert "logprobs_mode" in r.json()["error"]["message"], r.text
 
 
+def test_a_constrained_answer_on_vllm_says_its_logprobs_are_masked(
+    ours: Server, proxy: Server, vllm: Server
+) -> None:
+    """vLLM masks the logits before it computes logprobs (docs/engines.md): under a
+    choice, tokentrail's vLLM engine and the proxy in front of vLLM's server report
+    vLLM's own masked logprobs, and say so (`distribution` "masked", no
+    `allowed_mass`), where an unconstrained answer is "raw". vLLM's server is the oracle:
+    the same request straight to it gives the same text, ids and logprobs, and lists the
+    same forbidden alternatives at -9999."""
+    choices = ["Vientiane", "Bangkok", "Hanoi"]
+    body = {"model": NAME, "max_tokens": 8, "temperature": 0, "logprobs": True,
+            "top_logprobs": 5,
+            "messages": [{"role": "user", "content": "What is the capital of Laos? One word."}]}
+    theirs = straight(vllm, "/v1/chat/completions",
+                      {**body, "structured_outputs": {"choice": choices}})["choices"][0]
+    entries = theirs["logprobs"]["content"]
+    assert any(a["logprob"] <= -9999 for e in entries for a in e["top_logprobs"]), entries
+    for server in (ours, proxy):
+        got = httpx.post(server.url + "/v1/chat/completions", timeout=300,
+                         json={**body, "structured_outputs": {"choice": choices}}).json()
+        t = got["tokentrail"]
+        assert t["distribution"] == "masked", (server.url, t["distribution"])
+        assert got["choices"][0]["message"]["content"] == theirs["message"]["content"]
+        listed = got["choices"][0]["logprobs"]["content"]
+        assert len(listed) == len(entries)
+        for mine, their in zip(listed, entries, strict=True):
+            assert math.isclose(mine["logprob"], their["logprob"], abs_tol=CLOSE)
+            forbidden = sum(a["logprob"] <= -9999 for a in their["top_logprobs"])
+            assert sum(a["logprob"] <= -9999 for a in mine["top_logprobs"]) == forbidden
+        tokens = [tok for s in t["segments"] for tok in s["tokens"]]
+        assert tokens and all(tok["allowed_mass"] is None for tok in tokens)
+        free = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=300).json()
+        assert free["tokentrail"]["distribution"] == "raw"
+
+
 # Last in this file: it kills the module's `ours` server.
 def test_serve_engine_vllm_killed_outright_leaves_no_vllm_process_behind(ours: Server) -> None:
     """`kill -9` of `serve --engine vllm` alone (not its group): vLLM's engine processes,

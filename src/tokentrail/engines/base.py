@@ -43,8 +43,11 @@ class Step:
     Provenance, for constrained decoding (`SamplingParams.constraint`) and
     `SamplingParams.logprobs_mode`: `distribution` names the distribution `logprob` and
     `top_logprobs` come from: "raw" (the one described above: the model's own, before
-    the grammar mask) or "processed" (the one the token was drawn from: after the mask,
-    the top-p/min-p/top-k filters and temperature). `logprobs` stays the raw vector.
+    the grammar mask), "processed" (the one the token was drawn from: after the mask,
+    the top-p/min-p/top-k filters and temperature) or "masked" (a runtime that applies
+    the grammar mask before it reports anything, as vLLM does: the model's own
+    renormalised over the tokens the grammar allows, before temperature and the
+    filters; `allowed_mass` is then unknown). `logprobs` stays the raw vector.
     `allowed_mass` is the raw probability of all the tokens the grammar allowed at this
     step (None without a constraint): near 1 where model and schema agree, small where
     the schema forces the model off its own choice.
@@ -55,7 +58,7 @@ class Step:
     top_logprobs: list[tuple[int, float]]
     logprobs: Any
     from_draft: bool = False
-    distribution: str = "raw"  # "raw" or "processed"
+    distribution: str = "raw"  # "raw", "processed" or "masked"
     allowed_mass: float | None = None
 
 

@@ -241,6 +241,13 @@ class UpstreamEngine:
                             self.canonical_ids)  # fmt: skip
         return self.dialect_spec.completion_request(ask)
 
+    def distribution(self, params: SamplingParams) -> str:
+        """What the upstream's logprobs for a request of `params` come from: its
+        dialect's `constrained_distribution` under a constraint ("masked" for vLLM),
+        else "raw"."""
+        masks = params.constraint is not None
+        return self.dialect_spec.constrained_distribution if masks else "raw"
+
     def canonical_ids(self, text: str) -> list[int] | None:
         """`text` in the tokenizer's own tokens (encoded alone, no special tokens
         added), where they spell exactly its bytes and none is a special token; else
@@ -271,7 +278,8 @@ class UpstreamEngine:
     ) -> Iterator[Step]:
         """Yield one `UpstreamStep` per token the upstream generated (see the module)."""
         path, body = self.request(prompt_ids, params, max_tokens)
-        return self._steps(path, body, StepReader(self, body, list(prompt_ids), max_tokens))
+        reader = StepReader(self, body, list(prompt_ids), max_tokens, self.distribution(params))
+        return self._steps(path, body, reader)
 
     def _steps(self, path: str, body: dict[str, Any], reader: StepReader) -> Iterator[Step]:
         import httpx

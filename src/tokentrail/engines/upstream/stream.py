@@ -143,7 +143,8 @@ class AsyncUpstreamBatch(BaseBatch):
         self._check_room()
         path, body = self.engine.request(prompt_ids, params, max_tokens)
         uid = next(self._uids)
-        reader = StepReader(self.engine, body, list(prompt_ids), max_tokens)
+        dist = self.engine.distribution(params)
+        reader = StepReader(self.engine, body, list(prompt_ids), max_tokens, dist)
         coro = self._stream(uid, self.engine.url + path, dumps(body), reader)
         self._live[uid] = self._loop.create_task(coro)
         return uid

@@ -80,6 +80,8 @@ class StepReader:
     `feed(data)` takes the next bytes of the response and returns the steps they
     completed; `finish()` returns the last ones, or raises `UpstreamError` for a stream
     that ended wrong. `done` turns True once the stream's ``[DONE]`` line was read.
+    `distribution` labels every step (`Step.distribution`): "masked" where the upstream
+    masks before it reports logprobs (`UpstreamEngine.distribution`).
     """
 
     def __init__(
@@ -88,8 +90,10 @@ class StepReader:
         body: Mapping[str, Any],
         prompt_ids: Sequence[int],
         max_tokens: int | None,
+        distribution: str = "raw",
     ) -> None:
         self.engine = engine
+        self.distribution = distribution  # what the steps' logprobs come from
         self.streamed = bool(body.get("stream", True))
         self.max_tokens = max_tokens
         self.done = False
@@ -163,7 +167,9 @@ class StepReader:
                 "the upstream ended the text (finish_reason 'stop') without sending its "
                 "end token; the tokenizer's EOS stands for it"
             )
-            return [*steps, UpstreamStep(eos[0], math.nan, [], None, refused=why)]
+            stand_in = UpstreamStep(eos[0], math.nan, [], None,
+                                    distribution=self.distribution, refused=why)
+            return [*steps, stand_in]
         raise UpstreamError(
             f"the upstream stopped after {self._n} token(s) (finish_reason {self._finish!r}) "
             "before the token limit and without an end token",
@@ -185,13 +191,15 @@ class StepReader:
         if not self._events:
             return []
         steps: list[Step] = []
+        dist = self.distribution
         for e in self._events:
             tid, why = e.id, e.reason
             if tid is None:
                 tid = self.engine.filler()
                 why = f"{why}; it added no text, and a special token stands for it"
             lp = math.nan if e.logprob is None else float(e.logprob)
-            steps.append(UpstreamStep(tid, lp, list(e.top or ()), None, refused=why))
+            steps.append(UpstreamStep(tid, lp, list(e.top or ()), None,
+                                      distribution=dist, refused=why))
         self._events.clear()
         self._n += len(steps)
         self._last = steps[-1].token

@@ -26,7 +26,7 @@ from typing import Any
 
 from ...sampling import SamplingParams
 from ..batch import PUSH_END, WAKE, BaseBatch, Outcome, drain_pushed
-from .steps import steps_from_completion
+from .steps import distribution_of, steps_from_completion
 
 log = logging.getLogger(__name__)
 
@@ -63,10 +63,13 @@ class VLLMBatch(BaseBatch):
         self._check_room()
         ids, sampling = self.engine.prepare(prompt_ids, params, max_tokens)
         uid = next(self._uids)
-        self._live[uid] = self.engine.submit(self._read(uid, ids, sampling, params.top_logprobs))
+        dist = distribution_of(params)
+        self._live[uid] = self.engine.submit(
+            self._read(uid, ids, sampling, params.top_logprobs, dist)
+        )
         return uid
 
-    async def _read(self, uid: int, ids: list[int], sampling: Any, k: int) -> None:
+    async def _read(self, uid: int, ids: list[int], sampling: Any, k: int, dist: str) -> None:
         """One request, on the engine's loop: its Steps onto the queue as vLLM pushes them."""
         put = self._out.put
         request_id = f"tokentrail-{uuid.uuid4().hex}"
@@ -78,7 +81,7 @@ class VLLMBatch(BaseBatch):
                 if uid not in self._cached and uid in self._live:
                     self._cached[uid] = int(getattr(output, "num_cached_tokens", 0) or 0)
                 for completion in output.outputs:
-                    steps = steps_from_completion(completion, k)
+                    steps = steps_from_completion(completion, k, dist)
                     if steps:
                         put((uid, steps))
                 finished = bool(output.finished)

@@ -16,6 +16,8 @@ Differences from the MLX and torch engines, all vLLM's own semantics:
 * `Step.logprobs` (the full vector) is None: vLLM returns only the top-k.
 * Logprobs are vLLM's default `raw_logprobs`: the model's distribution before logit
   bias and repetition penalty (identical to the other engines when neither is set).
+  Under a constraint vLLM masks the logits before any logprobs, so those steps carry
+  `distribution` "masked" and no `allowed_mass` (`tokentrail.engines.vllm.steps`).
 * vLLM applies temperature before top-p and min-p (mlx-lm after), and its repetition
   penalty covers the whole prompt and output (mlx-lm: the last 20 tokens).
 * A seed reproduces a stream on the same deployment; the tokens differ from torch/MLX.
@@ -48,7 +50,7 @@ from ..base import Step, check_generate_args
 from ..batch import SerialBatch
 from ..config import config_eos_ids, is_hub_id
 from .batch import VLLMBatch
-from .steps import step_from_logprobs, steps_from_completion
+from .steps import distribution_of, step_from_logprobs, steps_from_completion
 
 log = logging.getLogger(__name__)
 
@@ -346,13 +348,14 @@ class VLLMEngine:
     ) -> Iterator[Step]:
         """Yield Steps; see `Engine.generate`. Arguments are checked here, at the call."""
         ids, sampling = self.prepare(prompt_ids, params, max_tokens)
+        k, dist = params.top_logprobs, distribution_of(params)
         if self._offline:
-            return self._offline_steps(ids, sampling, params.top_logprobs)
-        return self._async_steps(ids, sampling, params.top_logprobs)
+            return self._offline_steps(ids, sampling, k, dist)
+        return self._async_steps(ids, sampling, k, dist)
 
     # -- the two drivers --
 
-    def _async_steps(self, ids: list[int], sampling: Any, k: int) -> Iterator[Step]:
+    def _async_steps(self, ids: list[int], sampling: Any, k: int, dist: str) -> Iterator[Step]:
         assert self._loop is not None
         request_id = f"tokentrail-{uuid.uuid4().hex}"
         out: queue.SimpleQueue[tuple[str, Any, Any]] = queue.SimpleQueue()
@@ -363,7 +366,7 @@ class VLLMEngine:
             try:
                 async for output in stream:
                     for completion in output.outputs:
-                        out.put(("steps", steps_from_completion(completion, k), None))
+                        out.put(("steps", steps_from_completion(completion, k, dist), None))
                     if output.finished:
                         break
             except asyncio.CancelledError:
@@ -388,7 +391,7 @@ class VLLMEngine:
             if not future.done():
                 future.cancel()  # cancels pump(): vLLM aborts the request, no more steps
 
-    def _offline_steps(self, ids: list[int], sampling: Any, k: int) -> Iterator[Step]:
+    def _offline_steps(self, ids: list[int], sampling: Any, k: int, dist: str) -> Iterator[Step]:
         llm_engine = self.engine.llm_engine
         if not self._busy.acquire(blocking=False):
             raise RuntimeError(
@@ -408,7 +411,7 @@ class VLLMEngine:
                         logprobs = completion.logprobs
                         for i, tid in enumerate(completion.token_ids):
                             position = None if logprobs is None else logprobs[i]
-                            yield step_from_logprobs(tid, position, k)
+                            yield step_from_logprobs(tid, position, k, dist)
         finally:
             if not finished:
                 llm_engine.abort_request([request_id])

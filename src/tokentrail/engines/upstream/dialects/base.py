@@ -58,6 +58,10 @@ class UpstreamDialect:
     check_note: str | None = None
     #: Why a per-request ``logprobs_mode`` other than raw cannot be asked.
     processed_why = ""
+    #: The distribution the upstream's logprobs come from under a constraint it
+    #: applies: "raw" (the model's own, before the mask, as llama-server's n_probs) or
+    #: "masked" (after it: `tokentrail.engines.base.Step.distribution`).
+    constrained_distribution = "raw"
     #: Whether the completion stream lists token ids without logprobs being asked.
     ids_without_logprobs = False
 

@@ -16,19 +16,28 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.test_vllm_server import CLOSE, model_dir, vllm, vpy  # noqa: F401 (fixtures)
+from tests.test_vllm_server import (  # noqa: F401 (fixtures)
+    CLOSE,
+    ENGINE_ARGS,
+    VLLM_ENV,
+    model_dir,
+    vllm,
+    vpy,
+)
 from tokentrail.calibrate.answer import Answerer, Reply
 from tokentrail.calibrate.data import Item
 from tokentrail.calibrate.measures import TokenRecord
 from tokentrail.cli import main
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[1]  # (the vLLM venv runs this tree's src/)
 FACTS = REPO / "benchmarks" / "data" / "calibration" / "facts.jsonl"
 TOP = 5  # calibrate's default --top-logprobs
 MAX_TOKENS = 32  # and its --max-tokens
@@ -90,6 +99,48 @@ def test_calibrate_through_vllms_own_server(vllm: Any, tmp_path: Path) -> None: 
             assert got["output"] == answer["message"]["content"]
             lps = _logprobs(answer)
             assert got["measures"]["first_prob"] == pytest.approx(math.exp(lps[0]), rel=CLOSE)
+            assert got["measures"]["field_prob"] is None
+
+
+def test_calibrate_engine_vllm_in_process_answers_as_vllms_server(
+    vpy: Path, model_dir: Path, vllm: Any, tmp_path: Path  # noqa: F811
+) -> None:
+    """`tokentrail calibrate --engine vllm` (vLLM in process, in the vLLM venv, with the
+    `vllm` fixture's engine settings): every answer is the one vLLM's own server gives
+    the same request, and every measure is recomputed from that server's logprobs
+    (free text batched in process, each choice under vLLM's structured outputs, whose
+    masked logprobs make `field_prob` the constrained answer's own probability)."""
+    rows = _items(2, 4)
+    data = tmp_path / "set.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out"
+    env = {**os.environ, **VLLM_ENV, "PYTHONPATH": str(REPO / "src"),
+           "TOKENTRAIL_VLLM_ARGS": json.dumps(ENGINE_ARGS)}  # fmt: skip
+    cmd = [str(vpy), "-m", "tokentrail", "calibrate", str(data), "--engine", "vllm",
+           "--model", str(model_dir), "--out", str(out), "--quiet"]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, env=env, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-3000:]
+    items = {json.loads(x)["id"]: json.loads(x) for x in (out / "items.jsonl").open()}
+    report = json.loads((out / "report.json").read_text())
+    assert report["n"] == len(rows) == len(items)
+    assert report["accuracy"] == pytest.approx(
+        sum(bool(r["correct"]) for r in items.values()) / len(items)
+    )
+    for row in rows:
+        got = items[row["id"]]
+        answer = _ask(vllm.url, row, row.get("choices"))
+        assert got["output"] == answer["message"]["content"], row["id"]
+        lps = _logprobs(answer)
+        if row.get("choices"):
+            assert got["measures"]["field_prob"] == pytest.approx(
+                math.exp(math.fsum(lps)), rel=CLOSE, abs=CLOSE
+            )
+        else:
+            span = lps[:-1] if answer["finish_reason"] == "stop" and len(lps) > 1 else lps
+            assert got["measures"]["first_prob"] == pytest.approx(math.exp(lps[0]), rel=CLOSE)
+            assert got["measures"]["min_prob"] == pytest.approx(
+                math.exp(min(span)), rel=CLOSE, abs=CLOSE
+            )
             assert got["measures"]["field_prob"] is None
 
 

@@ -227,6 +227,25 @@ def test_calibration_for_another_model_is_refused(
     assert stop.value.code == 2 and "fitted for another model" in err and err.count("\n") == 1
 
 
+def test_without_matplotlib_the_run_says_it_drew_no_diagram(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """matplotlib is an optional extra: without it the scores and the page are still
+    written, and a warning says the diagram is missing and how to get it."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # its import now fails
+    data = write_set(tmp_path / "set.jsonl")
+    out = tmp_path / "out"
+    with caplog.at_level(logging.WARNING, logger="tokentrail.calibrate"):
+        code, _, err = run_cli(str(data), "--out", str(out), "--limit", "2", capsys=capsys)
+    assert code == 0, err
+    check_report_against_items(out, 2)
+    assert (out / "report.html").stat().st_size > 0
+    assert not (out / "reliability.png").exists() and not (out / "reliability.svg").exists()
+    said = [r.getMessage() for r in caplog.records if "matplotlib" in r.getMessage()]
+    assert len(said) == 1 and "tokentrail[calibrate]" in said[0], said
+
+
 def test_malformed_line_exits_2_with_one_line(tmp_path: Path) -> None:
     data = tmp_path / "bad.jsonl"
     data.write_text('{"id": 1, "prompt": "a", "answer": "b"}\n{"id": 2, "prompt": "a"}\n')

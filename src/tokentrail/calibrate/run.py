@@ -252,7 +252,9 @@ def calibrate(
                 "calibrated_by": _used_measure(calibration, rows)}
     report = build_report(rows, n_boot=n_boot, **settings)
     (outdir / REPORT).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
-    write_reliability(report, outdir, f"{Path(data).name} · {fingerprint['name']}")
+    if not write_reliability(report, outdir, f"{Path(data).name} · {fingerprint['name']}"):
+        log.warning("no reliability diagram (reliability.png, .svg, and in report.html): "
+                    "matplotlib is not installed; pip install 'tokentrail[calibrate]'")
     write_html(report, outdir)
     if fit is not None:
         _fit(rows, fingerprint, data, match, part, decoding, fit)

@@ -412,16 +412,38 @@ def test_a_tokentrail_upstream_decodes_the_same_spec(tt_pair: Any) -> None:
     jsonschema.validate(doc, schema)
     assert [f["path"] for f in ours["tokentrail"]["fields"]] == ["/ok", "/size"]
     assert_fields_join(ours["tokentrail"]["fields"], [ours["tokentrail"]], doc)
+    # MLX reports the model's own logprobs under a constraint, and the proxy says so.
+    assert ours["tokentrail"]["distribution"] == theirs["tokentrail"]["distribution"] == "raw"
 
-    # "processed" logprobs are refused (the proxy would label the upstream's "raw"),
-    # naming the field, before anything goes upstream.
-    from tokentrail.engines.upstream.engine import UpstreamEngine
-    from tokentrail.errors import ConstraintError
-    from tokentrail.sampling import SamplingParams
 
-    engine = UpstreamEngine(upstream.url, str(DEMO_MODEL))
-    assert engine.dialect == "tokentrail"
-    with pytest.raises(ConstraintError) as refused:
-        engine.request([1, 2], SamplingParams(logprobs_mode="processed"), 4)
-    assert refused.value.param == "tokentrail"
-    engine.close()
+def test_a_tokentrail_upstream_s_processed_logprobs_are_passed_on_and_labelled(
+    tt_pair: Any,
+) -> None:
+    """`tokentrail.logprobs` "processed" goes to a tokentrail upstream, and the
+    distribution its frames name labels the proxy's tokens: the proxy's logprobs are the
+    upstream's own for the same request (cooled and cut, so they differ from the raw
+    ones), streamed and whole."""
+    upstream, proxy = tt_pair
+    body = {"messages": [{"role": "user", "content": "Tell me about Paris."}],
+            "max_tokens": 12, "temperature": 0.7, "top_p": 0.9, "seed": 5,
+            "logprobs": True, "top_logprobs": 3}  # fmt: skip
+    processed = {**body, "tokentrail": {"logprobs": "processed"}}
+
+    def lps(reply: dict[str, Any]) -> list[float]:
+        return [e["logprob"] for e in reply["choices"][0]["logprobs"]["content"]]
+
+    theirs = httpx.post(upstream.url + "/v1/chat/completions", json=processed, timeout=300).json()
+    ours = httpx.post(proxy.url + "/v1/chat/completions", json=processed, timeout=300).json()
+    raw = httpx.post(proxy.url + "/v1/chat/completions", json=body, timeout=300).json()
+    assert theirs["tokentrail"]["distribution"] == "processed"
+    assert ours["tokentrail"]["distribution"] == "processed"
+    assert raw["tokentrail"]["distribution"] == "raw"
+    assert ours["choices"][0]["message"]["content"] == theirs["choices"][0]["message"]["content"]
+    assert lps(ours) == pytest.approx(lps(theirs), abs=1e-6)
+    assert lps(raw) != pytest.approx(lps(ours), abs=1e-3)  # the two distributions differ
+    with httpx.stream("POST", proxy.url + "/v1/chat/completions", timeout=300,
+                      json={**processed, "stream": True}) as r:  # fmt: skip
+        chunks = [json.loads(line[6:]) for line in r.iter_lines()
+                  if line.startswith("data: {")]  # fmt: skip
+    said = {c["tokentrail"]["distribution"] for c in chunks if c.get("tokentrail")}
+    assert said == {"processed"}

@@ -131,11 +131,14 @@ def test_processed_logprobs_are_refused_naming_tokentrail_with_each_reason() -> 
     reasons = {
         "vllm": "--logprobs-mode",
         "llamacpp": "n_probs",
-        "tokentrail": "tokentrail upstream",
         "openai": "openai dialect",
         "mlx": "mlx dialect",
     }
-    assert set(reasons) == set(DIALECTS)
+    # Another tokentrail takes the mode per request (and names it in its frames).
+    assert set(reasons) | {"tokentrail"} == set(DIALECTS)
+    _, body = ask("tokentrail", SamplingParams(logprobs_mode="processed"))
+    assert body["tokentrail"] == {"logprobs": "processed"}
+    assert DIALECTS["tokentrail"].request_fields(None, "raw") == {}
     for name, why in reasons.items():
         with pytest.raises(ConstraintError, match=why) as e:
             ask(name, SamplingParams(logprobs_mode="processed"))

@@ -29,6 +29,10 @@ __all__ = [
 ]
 
 
+#: The distributions a step's logprobs may come from (`Step.distribution`).
+DISTRIBUTIONS = ("raw", "processed", "masked")
+
+
 @dataclass(slots=True)
 class Step:
     """One generated token.

@@ -20,9 +20,10 @@ makes) and a ``logprobs_mode`` (its ``request_fields``):
 What a dialect cannot express is a `ConstraintError` naming the request field (the
 constraint's `param`, e.g. ``response_format``, or ``tokentrail`` for the logprobs mode):
 a regex or a Lark grammar on llama.cpp; any constraint on mlx_lm.server and plain OpenAI
-upstreams; ``processed`` logprobs on every dialect (vLLM's ``--logprobs-mode`` is one
-setting for the whole server; llama.cpp's ``n_probs`` are the model's own; a tokentrail
-upstream's distribution is not passed on yet); a constraint after tokentrail's reasoning
+upstreams; ``processed`` logprobs on every dialect but tokentrail's (vLLM's
+``--logprobs-mode`` is one setting for the whole server; llama.cpp's ``n_probs`` are the
+model's own; another tokentrail takes it per request and names its distribution in every
+frame, which the proxy passes on); a constraint after tokentrail's reasoning
 format on every dialect (`check_sendable`). A request is never answered with
 unconstrained output.
 """

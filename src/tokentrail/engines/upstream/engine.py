@@ -241,12 +241,14 @@ class UpstreamEngine:
                             self.canonical_ids)  # fmt: skip
         return self.dialect_spec.completion_request(ask)
 
-    def distribution(self, params: SamplingParams) -> str:
+    def distribution(self, params: SamplingParams) -> str | None:
         """What the upstream's logprobs for a request of `params` come from: its
         dialect's `constrained_distribution` under a constraint ("masked" for vLLM),
-        else "raw"."""
-        masks = params.constraint is not None
-        return self.dialect_spec.constrained_distribution if masks else "raw"
+        else "raw"; None where the upstream's frames say it (another tokentrail)."""
+        spec = self.dialect_spec
+        if spec.says_distribution:
+            return None
+        return spec.constrained_distribution if params.constraint is not None else "raw"
 
     def canonical_ids(self, text: str) -> list[int] | None:
         """`text` in the tokenizer's own tokens (encoded alone, no special tokens

@@ -23,7 +23,7 @@ from ...fastjson import loads
 from ...realign.core import Realigner
 from ...realign.result import RealignError, TokenEvent
 from ...vocab import Vocab
-from ..base import Step
+from ..base import DISTRIBUTIONS, Step
 
 
 @dataclass(slots=True)
@@ -81,7 +81,8 @@ class StepReader:
     completed; `finish()` returns the last ones, or raises `UpstreamError` for a stream
     that ended wrong. `done` turns True once the stream's ``[DONE]`` line was read.
     `distribution` labels every step (`Step.distribution`): "masked" where the upstream
-    masks before it reports logprobs (`UpstreamEngine.distribution`).
+    masks before it reports logprobs (`UpstreamEngine.distribution`); None: each frame
+    names it (another tokentrail's extension ``distribution``; "raw" until one does).
     """
 
     def __init__(
@@ -90,10 +91,11 @@ class StepReader:
         body: Mapping[str, Any],
         prompt_ids: Sequence[int],
         max_tokens: int | None,
-        distribution: str = "raw",
+        distribution: str | None = "raw",
     ) -> None:
         self.engine = engine
-        self.distribution = distribution  # what the steps' logprobs come from
+        self.distribution = distribution or "raw"  # what the steps' logprobs come from
+        self._told = distribution is None  # the frames say it (their extension's)
         self.streamed = bool(body.get("stream", True))
         self.max_tokens = max_tokens
         self.done = False
@@ -177,6 +179,11 @@ class StepReader:
 
     def _chunk(self, chunk: Any) -> None:
         self.cost.chunks += 1
+        if self._told:
+            ext = chunk.get("tokentrail") if isinstance(chunk, dict) else None
+            said = ext.get("distribution") if isinstance(ext, dict) else None
+            if said in DISTRIBUTIONS:
+                self.distribution = said
         self._finish = finish_reason(chunk) or self._finish
         r = self._realigner
         try:

@@ -62,6 +62,9 @@ class UpstreamDialect:
     #: applies: "raw" (the model's own, before the mask, as llama-server's n_probs) or
     #: "masked" (after it: `tokentrail.engines.base.Step.distribution`).
     constrained_distribution = "raw"
+    #: Whether each frame names its distribution (a tokentrail upstream's extension),
+    #: which then labels the steps instead of the two figures above.
+    says_distribution = False
     #: Whether the completion stream lists token ids without logprobs being asked.
     ids_without_logprobs = False
 

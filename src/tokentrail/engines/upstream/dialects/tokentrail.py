@@ -18,16 +18,20 @@ class TokentrailDialect(UpstreamDialect):
     name = "tokentrail"
     owned_by = "tokentrail"
     slots_probe = ("/health", "max_batch")
-    # A tokentrail upstream could send them (its `logprobs`), but the upstream engine's
-    # steps do not carry the distribution they come from yet, so the proxy would label
-    # them "raw".
-    processed_why = "the proxy does not pass a tokentrail upstream's distribution on yet"
+    #: Its frames say which distribution their logprobs come from (the extension's
+    #: ``distribution``), and the reader passes that on (`StepReader`).
+    says_distribution = True
 
     def sampling_fields(self, params: SamplingParams) -> dict[str, Any]:
         out: dict[str, Any] = {"top_k": params.top_k, "min_p": params.min_p}
         if params.repetition_penalty:
             out["repetition_penalty"] = params.repetition_penalty
         return out
+
+    def logprobs_fields(self, mode: str) -> dict[str, Any]:
+        """Another tokentrail takes the logprobs mode per request (its extension's
+        ``logprobs``) and names the distribution in every frame."""
+        return {"tokentrail": {"logprobs": mode}}
 
     def constraint_fields(self, constraint: Any) -> dict[str, Any]:
         return {"structured_outputs": vllm_structured_outputs(constraint.kind, constraint.source)}

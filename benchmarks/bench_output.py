@@ -7,7 +7,7 @@ model runs: the steps are a real reply's token ids (the demo model's tokenizer) 
 logprobs and 5 alternatives each, so the figure is the Python per token, repeatable on
 a shared machine (medians of repeated runs, microseconds per token).
 
-    python benchmarks/bench_output.py                      # this checkout
+    python benchmarks/bench_output.py [--kind completion]  # this checkout
     PYTHONPATH=/path/to/old/src python benchmarks/bench_output.py   # another checkout
 
 It runs either code base: the record is `output.record.TokenOutput` made by
@@ -48,8 +48,10 @@ def _steps(tokenizer: Any) -> list[Step]:
     return out
 
 
-def _run_once(tokenizer: Any, vocab: Any, steps: list[Step], new: bool) -> float:
-    req = GenRequest(kind="chat", prompt=[], model="m", logprobs=True, top_logprobs=5)
+def _run_once(
+    tokenizer: Any, vocab: Any, steps: list[Step], new: bool, kind: str = "chat"
+) -> float:
+    req = GenRequest(kind=kind, prompt=[], model="m", logprobs=True, top_logprobs=5)
     state = SequenceState(
         aligner_for(tokenizer, None, True), stop_matcher(None), eos_ids(tokenizer), 0,
         len(steps), None, lambda: 0.0,
@@ -74,17 +76,22 @@ def _run_once(tokenizer: Any, vocab: Any, steps: list[Step], new: bool) -> float
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument("--kind", choices=("chat", "completion"), default="chat",
+                    help="the chunk's API: chat completions or completions (the proxy "
+                    "benchmarks' requests)")
     args = ap.parse_args()
     _, tokenizer = tokentrail.load()
     vocab = vocab_for(tokenizer)
     steps = _steps(tokenizer)
     new = importlib.util.find_spec("tokentrail.output") is not None
     for _ in range(3):  # warm up
-        _run_once(tokenizer, vocab, steps, new)
-    runs = [_run_once(tokenizer, vocab, steps, new) / len(steps) * 1e6 for _ in range(args.repeats)]
+        _run_once(tokenizer, vocab, steps, new, args.kind)
+    runs = [_run_once(tokenizer, vocab, steps, new, args.kind) / len(steps) * 1e6
+            for _ in range(args.repeats)]
     where = Path(tokentrail.__file__).resolve().parent
     print(
-        f"{'TokenOutput' if new else 'StepRecord'} path ({where}): {len(steps)} tokens, "
+        f"{'TokenOutput' if new else 'StepRecord'} path ({where}), {args.kind} chunks: "
+        f"{len(steps)} tokens, "
         f"median {statistics.median(runs):.1f} us/token, min {min(runs):.1f}, "
         f"over {args.repeats} runs"
     )

@@ -44,8 +44,45 @@ def test_spellings_are_the_vocabularys_own(name: str) -> None:
         assert spell.token_text(i) == vocab.token_text(i), i  # from the table now
     for bad in (-1, vocab.size, vocab.size + 17):
         assert spell.token_text(bad) == "" and spell.token_bytes(bad) == []
+        assert spell.completion_token(bad) == ""
     assert spell.skip == vocab.special | vocab.hidden
     assert spellings(vocab) is spellings(vocab)  # one table per vocabulary
+
+
+def _unspelled(name: str) -> bytes:
+    """The bytes an OpenAI completions token string stands for: ``bytes:\\xNN...`` read
+    back, else the text's own UTF-8."""
+    if name.startswith("bytes:"):
+        return bytes(int(h, 16) for h in name[len("bytes:"):].split("\\x")[1:])
+    return name.encode("utf-8")
+
+
+@pytest.mark.parametrize("name", ["demo", "llama2", "t5", "qwen2"])
+def test_completion_token_strings_keep_every_byte(name: str) -> None:
+    """A completions-API token string is the token's text where its bytes are UTF-8 on
+    their own, else OpenAI's ``bytes:\\xNN`` form, which reads back to the very bytes
+    (a byte-fallback piece, half a character); a token without bytes shows its text."""
+    vocab = load_vocab(str(_folder(name)))
+    spell = Spellings(vocab)
+    step = 1 if vocab.size < 60_000 else 7
+    forms = 0
+    for i in range(0, vocab.size, step):
+        if not vocab.has_id(i):
+            assert spell.completion_token(i) == ""
+            continue
+        raw, got = vocab.token_bytes(i), spell.completion_token(i)
+        if not raw:
+            assert got == vocab.token_text(i), i
+            continue
+        assert _unspelled(got) == raw, (i, got, raw)
+        try:
+            assert got == raw.decode("utf-8"), i
+        except UnicodeDecodeError:
+            assert got.startswith("bytes:"), (i, got)
+            forms += 1
+        assert spell.completion_token(i) is got  # made once
+    if name in ("llama2", "qwen2"):  # byte-fallback pieces / byte-level halves exist
+        assert forms > 0
 
 
 def test_a_shared_byte_list_is_equal_to_a_fresh_one() -> None:

@@ -7,7 +7,7 @@ from typing import Any
 
 from ..fastjson import dumps
 from ..output.record import TokenOutput
-from ..segment import Alternative, TokenSpan, json_number
+from ..segment import TokenSpan, json_number
 from ..vocab import Vocab
 from .protocol import GenRequest
 from .wire_tokens import spellings
@@ -56,25 +56,8 @@ class Formatter:
     def _token_text(self, token_id: int) -> str:
         return self.spell.token_text(token_id)
 
-    def _completion_token(self, token_id: int, raw: bytes | None = None) -> str:
-        """A completions-API token string: its text, or OpenAI's `bytes:\\xNN` form when
-        its bytes are not valid UTF-8 on their own (so no information is lost)."""
-        if raw is None:
-            try:
-                raw = self.vocab.token_bytes(token_id)
-            except ValueError:
-                return ""
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
-        return text if raw else self._token_text(token_id)
-
     def _token_bytes(self, token_id: int) -> list[int]:
         return self.spell.token_bytes(token_id)
-
-    def _alternatives(self, alts: tuple[Alternative, ...]) -> list[Alternative]:
-        return list(alts[: self.req.top_logprobs])
 
     def _span(self, span: TokenSpan) -> dict[str, Any]:
         out = self.spell.span(span)
@@ -288,14 +271,17 @@ class Formatter:
 
     def _completion_top(self, span: TokenSpan) -> dict[str, float | None]:
         top: dict[str, float | None] = {}
-        for a in self._alternatives(span.top_logprobs or ()):
-            name = "" if self._skipped(a.id) else self._completion_token(a.id, a.bytes)
-            top.setdefault(name, _lp(a.logprob))
+        spell, skip = self.spell.completion_token, self.spell.skip
+        for a in (span.top_logprobs or ())[: self.req.top_logprobs]:
+            name = "" if a.id in skip else spell(a.id)
+            if name not in top:  # the first (likeliest) of two that spell the same
+                top[name] = _lp(a.logprob)
         return top
 
     def completion_logprobs(self, listed: list[tuple[TokenSpan, int]]) -> dict[str, Any]:
+        spell = self.spell.completion_token
         return {
-            "tokens": ["" if self._silent(s) else self._completion_token(s.id) for s, _ in listed],
+            "tokens": ["" if self._silent(s) else spell(s.id) for s, _ in listed],
             "token_logprobs": [_lp(s.logprob) for s, _ in listed],
             "top_logprobs": [self._completion_top(s) for s, _ in listed],
             "text_offset": [at for _, at in listed],

@@ -37,7 +37,7 @@ class Spellings:
     done many times per token; the lists are shared, never changed after they are made.
     """
 
-    __slots__ = ("_bytes", "_of_id", "_vocab", "skip", "text")
+    __slots__ = ("_bytes", "_completion", "_of_id", "_vocab", "skip", "text")
 
     def __init__(self, vocab: Vocab) -> None:
         self._vocab = vocab
@@ -47,6 +47,7 @@ class Spellings:
         self._of_id: dict[int, list[int]] = {}  # id -> its bytes' list
         #: The ids that write no text into the content (special or hidden).
         self.skip = vocab.special | vocab.hidden
+        self._completion: dict[int, str] = {}  # id -> its completions-API string
 
     def token_text(self, token_id: int) -> str:
         text = self.text.get(token_id)
@@ -70,6 +71,25 @@ class Spellings:
                 return []
             if type(token_id) is int:
                 self._of_id[token_id] = out
+        return out
+
+    def completion_token(self, token_id: int) -> str:
+        """A completions-API token string: its text, or OpenAI's ``bytes:\\xNN`` form
+        when its bytes are not valid UTF-8 on their own (so no information is lost); its
+        text for a token without bytes; "" for an id the tokenizer lacks. Each id's is
+        made once: every chunk of a completion spells its token and each alternative."""
+        out = self._completion.get(token_id)
+        if out is None:
+            try:
+                raw = self._vocab.token_bytes(token_id)
+            except ValueError:
+                return ""
+            try:
+                out = raw.decode("utf-8") if raw else self.token_text(token_id)
+            except UnicodeDecodeError:
+                out = "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+            if type(token_id) is int:
+                self._completion[token_id] = out
         return out
 
     def byte_list(self, raw: bytes) -> list[int]:

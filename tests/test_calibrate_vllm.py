@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.helpers.calibration_report import check_report_against_items
 from tests.test_vllm_server import (  # noqa: F401 (fixtures)
     CLOSE,
     ENGINE_ARGS,
@@ -65,18 +66,19 @@ def _logprobs(choice: dict[str, Any]) -> list[float]:
     return [e["logprob"] for e in choice["logprobs"]["content"]]
 
 
+def _scored(out: Path, n: int) -> dict[str, dict[str, Any]]:
+    """A run's items by id, its report checked against them (recomputed)."""
+    check_report_against_items(out, n)
+    return {json.loads(x)["id"]: json.loads(x) for x in (out / "items.jsonl").open()}
+
+
 def test_calibrate_through_vllms_own_server(vllm: Any, tmp_path: Path) -> None:  # noqa: F811
     rows = _items(4, 4)
     data = tmp_path / "set.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "out"
     assert main(["calibrate", str(data), "--url", vllm.url, "--out", str(out), "--quiet"]) == 0
-    items = {json.loads(x)["id"]: json.loads(x) for x in (out / "items.jsonl").open()}
-    report = json.loads((out / "report.json").read_text())
-    assert report["n"] == len(rows) == len(items)
-    assert report["accuracy"] == pytest.approx(
-        sum(bool(r["correct"]) for r in items.values()) / len(items)
-    )
+    items = _scored(out, len(rows))
     for row in rows:
         got = items[row["id"]]
         if row.get("choices"):
@@ -120,12 +122,7 @@ def test_calibrate_engine_vllm_in_process_answers_as_vllms_server(
            "--model", str(model_dir), "--out", str(out), "--quiet"]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, env=env, cwd=REPO)
     assert done.returncode == 0, done.stderr[-3000:]
-    items = {json.loads(x)["id"]: json.loads(x) for x in (out / "items.jsonl").open()}
-    report = json.loads((out / "report.json").read_text())
-    assert report["n"] == len(rows) == len(items)
-    assert report["accuracy"] == pytest.approx(
-        sum(bool(r["correct"]) for r in items.values()) / len(items)
-    )
+    items = _scored(out, len(rows))
     for row in rows:
         got = items[row["id"]]
         answer = _ask(vllm.url, row, row.get("choices"))

@@ -60,8 +60,8 @@ class SequenceEnd:
 @dataclass(slots=True)
 class TokenOutput:
     """One generated token (`index` in the reply, `token`, its `logprob` and `top`
-    alternatives, from `distribution` "raw" or "processed", `allowed_mass` under a
-    constraint) and the text that became final with it: `text`, the `tokens` behind it
+    alternatives, from `distribution` "raw", "processed" or "masked" (`engines.base.Step`),
+    `allowed_mass` under a constraint) and the text that became final with it: `text`, the `tokens` behind it
     (each with the byte range it put into `text`) and their `confidence`.
 
     `finish_reason` is set on the last one ("stop": EOS or a stop string, "length");

@@ -226,8 +226,9 @@ def stream_generate(
     content after the reasoning, as in vLLM); `logprobs_mode` "raw" (the
     model's own distribution, before the mask) or "processed" (what the token was drawn
     from; vLLM, which masks before any logprobs, reports "masked" under a constraint:
-    each response's `output.distribution`). `calibration` (a `tokentrail.calibrate.Calibration` or its file, refused
-    for another model by fingerprint) sets `confidence.calibrated`, and `level` follows
+    each response's `output.distribution`). `calibration` (a
+    `tokentrail.calibrate.Calibration` or its file, refused for another model by
+    fingerprint) sets `confidence.calibrated`, and `level` follows
     it. `alarm` (an `output.alarm.Alarm` or a mapping: `{"below": P, "on": "segment" |
     "field" | "both", "action": "flag" | "stop"}`) lists the segments / JSON fields whose
     confidence is below P on the response that completes them (`alarms`); "stop" ends

@@ -61,8 +61,9 @@ class SequenceEnd:
 class TokenOutput:
     """One generated token (`index` in the reply, `token`, its `logprob` and `top`
     alternatives, from `distribution` "raw", "processed" or "masked" (`engines.base.Step`),
-    `allowed_mass` under a constraint) and the text that became final with it: `text`, the `tokens` behind it
-    (each with the byte range it put into `text`) and their `confidence`.
+    `allowed_mass` under a constraint) and the text that became final with it: `text`,
+    the `tokens` behind it (each with the byte range it put into `text`) and their
+    `confidence`.
 
     `finish_reason` is set on the last one ("stop": EOS or a stop string, "length");
     a stop string is named by `stop_string`, the tokens that carried it are

@@ -63,7 +63,7 @@ class UpstreamDialect:
     #: "masked" (after it: `tokentrail.engines.base.Step.distribution`).
     constrained_distribution = "raw"
     #: Whether each frame names its distribution (a tokentrail upstream's extension),
-    #: which then labels the steps instead of the two figures above.
+    #: which then labels the steps instead of `constrained_distribution`.
     says_distribution = False
     #: Whether the completion stream lists token ids without logprobs being asked.
     ids_without_logprobs = False

@@ -407,6 +407,26 @@ def test_generate_engine_vllm_prints_only_output_exits_clean_and_agrees_with_the
     assert "".join(r["text"] for r in lines) == theirs["text"]
 
 
+def test_an_engine_wide_logprobs_mode_other_than_raw_is_refused_at_load(
+    vpy: Path, model_dir: Path
+) -> None:
+    """vLLM's logprobs mode is one setting for the whole engine, and tokentrail labels
+    its steps from the request alone ("raw", or "masked" under a constraint): another
+    mode given as an engine argument (here through ``TOKENTRAIL_VLLM_ARGS``) would be
+    mislabelled, so `load` refuses it before vLLM starts: exit 2, one line naming it."""
+    cmd = [str(vpy), "-m", "tokentrail", "generate", "--engine", "vllm", "--model",
+           str(model_dir), "--max-tokens", "2", "hi"]  # fmt: skip
+    for mode in ("processed_logprobs", "raw_logits"):
+        env = {**os.environ, **VLLM_ENV, "PYTHONPATH": str(REPO / "src"),
+               "TOKENTRAIL_VLLM_ARGS": json.dumps({**ENGINE_ARGS, "logprobs_mode": mode})}
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env,
+                              cwd=REPO)  # fmt: skip
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        last = proc.stderr.strip().splitlines()[-1]
+        assert "logprobs_mode" in last and mode in last, proc.stderr[-2000:]
+        assert "[core" not in proc.stderr  # refused before vLLM's engine started
+
+
 # -- tokentrail serve --engine vllm (in the vLLM venv): vLLM's own continuous batch ---------------
 
 #: Chat prompts for the concurrent streams, one per client.

@@ -16,6 +16,7 @@ Differences from the MLX and torch engines, all vLLM's own semantics:
 * `Step.logprobs` (the full vector) is None: vLLM returns only the top-k.
 * Logprobs are vLLM's default `raw_logprobs`: the model's distribution before logit
   bias and repetition penalty (identical to the other engines when neither is set).
+  `load` refuses another engine-wide `logprobs_mode`, which its steps would mislabel.
   Under a constraint vLLM masks the logits before any logprobs, so those steps carry
   `distribution` "masked" and no `allowed_mass` (`tokentrail.engines.vllm.steps`).
 * vLLM applies temperature before top-p and min-p (mlx-lm after), and its repetition
@@ -147,6 +148,16 @@ def load(
     args.update({k: v for k, v in given.items() if v is not None})
     args.update(engine_args)
     args["model"] = source
+    mode = args.get("logprobs_mode")
+    if mode not in (None, "raw_logprobs"):
+        # The steps are labelled from the request alone ("raw", or "masked" under a
+        # constraint): another engine-wide mode would be labelled wrongly (logits, or
+        # processed logprobs, as "raw").
+        raise ValueError(
+            f"bad vLLM engine argument logprobs_mode={mode!r}: tokentrail reads vLLM's "
+            "default raw_logprobs and labels them; leave it unset (processed logprobs per "
+            "request: the MLX, torch or llama.cpp engines)"
+        )
     try:
         engine_args_obj = AsyncEngineArgs(**args)
     except TypeError as e:

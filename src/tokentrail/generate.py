@@ -21,13 +21,14 @@ from typing import TYPE_CHECKING, Any
 
 from .branching import BranchSpec, ReplyMemory, check_branch, plan_branch
 from .detokenizer import mlx_lm_drops_first_space
+from .engine_fit import capped, check_engine_options, takes_mlx_options
 from .engines import Engine, engine_for, load_model
 from .engines.base import Step, rewinder
 from .errors import BranchError
 from .output.alarm import Alarm, checked_alarm
 from .output.processor import OutputProcessor
 from .output.retry import FieldRetry, RetryPolicy, retry_policy
-from .prompting import aligner_for, eos_ids, prompt_ids, room, stop_matcher, vocab_for
+from .prompting import aligner_for, eos_ids, prompt_ids, stop_matcher, vocab_for
 from .sampling import SamplingParams, check_max_tokens, make_params
 from .sequence import GenerationResponse, SequenceState
 from .structure.reasoning import ReasoningFormat, reasoning_format
@@ -62,98 +63,6 @@ def load(
     model, tokenizer = load_model(path, engine=engine, **options)
     vocab_for(tokenizer)  # compile the tokenizer now, not on the first generation
     return model, tokenizer
-
-
-def _takes_mlx_options(engine: Engine) -> bool:
-    """Whether the engine runs mlx-lm's step functions and so takes their options (an
-    engine says so with a true `mlx_options` attribute)."""
-    return bool(getattr(engine, "mlx_options", False))
-
-
-def _check_engine_options(
-    engine: Engine,
-    mlx: bool,
-    mlx_options: Mapping[str, Any],
-    sampler: Any,
-    logits_processors: Any,
-    draft_model: Any,
-    stream: Any,
-    filters: tuple[float, float, int, float],
-) -> list[Callable[[Any, Any], Any]] | None:
-    """Check the mlx-lm keywords against the engine; return `logits_processors` as a list.
-
-    mlx-lm options on another engine, an unknown step option, a sampler given together
-    with temp/top_p/top_k/min_p, or something not callable are errors naming the keyword.
-    """
-    if not mlx:
-        extra = dict(mlx_options, sampler=sampler, logits_processors=logits_processors)
-        extra.update(draft_model=draft_model, stream=stream)
-        given = sorted(k for k, v in extra.items() if v is not None)
-        if given:
-            raise TypeError(
-                f"{', '.join(given)}: mlx-lm options, which the {engine.name} engine does "
-                "not take (they work with MLX models)"
-            )
-    else:
-        from .engines.mlx.steps import STEP_OPTIONS
-
-        unknown = sorted(set(mlx_options) - STEP_OPTIONS)
-        if unknown:
-            raise TypeError(
-                f"stream_generate() got unexpected keyword argument(s) {', '.join(unknown)}; "
-                f"mlx-lm's step options are {', '.join(sorted(STEP_OPTIONS))}"
-            )
-    if sampler is not None:
-        if not callable(sampler):
-            raise TypeError(f"sampler must be callable, got {type(sampler).__name__}")
-        if filters != (0.0, 1.0, 0, 0.0):
-            raise ValueError("give either sampler or temp/top_p/top_k/min_p, not both")
-    if logits_processors is None:
-        return None
-    processors = list(logits_processors)
-    if not all(callable(p) for p in processors):
-        raise TypeError("logits_processors must be a list of callables")
-    return processors
-
-
-def _cache_offset(prompt_cache: Any) -> int | None:
-    """Tokens already in an mlx-lm prompt cache (0 if it cannot tell; None for a
-    rotating cache, which never runs out of room)."""
-    try:
-        first = prompt_cache[0]
-        offset = first.offset
-    except (TypeError, IndexError, AttributeError, KeyError):
-        return 0
-    if "Rotating" in type(first).__name__:
-        return None
-    return offset if isinstance(offset, int) else 0
-
-
-#: Names mlx-lm (and Hugging Face) models give a learned table of absolute positions.
-_POSITION_TABLES = frozenset(
-    {"wpe", "embed_positions", "position_embeddings", "position_embedding", "pos_emb"}
-)
-
-
-def _position_limit(engine: Engine, mlx: bool) -> int | None:
-    """The most positions the model can take, where going past them breaks it; None when
-    nothing does.
-
-    mlx-lm's caches grow as needed and rotary positions have no end, so an MLX model
-    runs past `max_position_embeddings` (as `mlx_lm.stream_generate` does) unless it
-    looks positions up in a learned table (GPT-2's `wpe`): its size is the limit. Other
-    engines' runtimes refuse or fail past their context (llama.cpp's `n_ctx`, vLLM's
-    `max_model_len`), so their `context_length` is."""
-    if not mlx:
-        return engine.context_length
-    model = getattr(engine, "model", None)
-    named = getattr(model, "named_modules", None)
-    if named is None:
-        return None
-    for name, module in named():
-        if name.rsplit(".", 1)[-1] in _POSITION_TABLES and type(module).__name__ == "Embedding":
-            return int(module.weight.shape[0])
-    return None
 
 
 # The signature and docstring are the public contract: mlx-lm's arguments, then
@@ -217,7 +126,7 @@ def stream_generate(
     the model's context is full. `align_to_prompt`: the texts are what the ids add to the
     prompt's decoded text; False: the reply's own text as mlx-lm's detokenizer gives it.
     `whole_tokens`: each token listed once, in the response that completes it.
-    `cap_to_context`: where the model fails past its positions (`_position_limit`),
+    `cap_to_context`: where the model fails past its positions (`engine_fit.position_limit`),
     `max_tokens` is cut to the room left, ending with "length"; False turns that off.
     `reasoning` (a `structure.REASONING_PARSERS` name, (START, END), a `ReasoningFormat`)
     and `fields=True` add channels and JSON fields (`output.processor`). `json_schema`,
@@ -252,8 +161,8 @@ def stream_generate(
     alarm = checked_alarm(alarm, fields or parser is not None)
     if constraint is not None and fmt is not None:  # the content after the reasoning
         constraint = constraint.after_reasoning(fmt.constraint_after)
-    mlx = _takes_mlx_options(engine)
-    logits_processors = _check_engine_options(
+    mlx = takes_mlx_options(engine)
+    logits_processors = check_engine_options(
         engine, mlx, mlx_options, sampler, logits_processors, draft_model, stream,
         (temp, top_p, top_k, min_p),
     )
@@ -265,7 +174,7 @@ def stream_generate(
     )
     ids, n_prompt = _prompt(engine, tokenizer, prompt, mlx_options, tools)
     if cap_to_context:
-        limit = _capped(engine, mlx, n_prompt, limit, mlx_options)
+        limit = capped(engine, mlx, n_prompt, limit, mlx_options)
     def seq() -> SequenceState:
         return _sequence(
             engine, tokenizer, ids, n_prompt, limit, stop, align_to_prompt,
@@ -370,17 +279,6 @@ def _constraint(
         grammar=grammar, param=given[0],
     )
     return None if spec is None else spec.bind(tokenizer)
-
-
-def _capped(
-    engine: Engine, mlx: bool, n_prompt: int, limit: int | None, options: Mapping[str, Any]
-) -> int | None:
-    """`limit` cut to the room the model's positions leave (no cap with a KV size limit
-    or a rotating cache, which never run out of room)."""
-    cached = _cache_offset(options.get("prompt_cache"))
-    if options.get("max_kv_size") is not None or cached is None:
-        return limit
-    return room(_position_limit(engine, mlx), n_prompt, limit, cached)
 
 
 def _sequence(

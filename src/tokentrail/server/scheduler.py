@@ -32,11 +32,11 @@ from ..branching import Record, ReplyMemory, record_of
 from ..errors import APIError
 from ..output.processor import OutputProcessor
 from ..output.vote import EarlyStop, feed_early
-from ..prompting import eos_ids, vocab_for
 from ..vocab import Vocab
 from .admission import RECENT_JOBS, Admission
 from .config import LoadedModel, Loader, ServerConfig, served_name
 from .jobs import Courier, Job, Outbox
+from .loading import open_model
 from .metrics import Metrics
 from .prepare import prepare
 from .solo import open_solo
@@ -283,42 +283,12 @@ class Scheduler:
             self._outbox.courier = None
 
     def _open(self) -> Any:
-        """Load the model and open the engine's batch (on the loop thread)."""
-        from .. import generate
-        from ..engines import engine_for
-        from ..engines.batch import batch_capacity, open_batch
+        """Load the model and open the engine's batch (on the loop thread,
+        `server.loading.open_model`); wire the batch's hooks to the outbox."""
+        from ..engines.batch import batch_capacity
 
-        config = self.config
-        model, tokenizer, loader = self._given
-        if model is None:
-            if loader is not None:
-                model, tokenizer = loader()
-            else:
-                logger.debug("loading model %s", config.model_path or "(built-in demo model)")
-                model, tokenizer = generate.load(
-                    config.model_path, engine=config.engine, **dict(config.load_options)
-                )
-        engine = engine_for(model)
-        vocab = vocab_for(tokenizer)
-        options = {}
-        if config.prompt_cache_bytes is not None:
-            options["prompt_cache_bytes"] = config.prompt_cache_bytes
-        batch = open_batch(engine, self.admission.capacity, **options)
+        self._loaded, batch = open_model(self.config, *self._given, self.admission.capacity)
         self.admission.capacity = batch_capacity(batch)
-        calibration = None
-        if config.calibration is not None:
-            from ..calibrate.fingerprint import calibration_for
-
-            calibration = calibration_for(config.calibration, model, tokenizer)
-        context = getattr(batch, "context_length", None)
-        if not isinstance(context, int) or context < 1:
-            context = engine.context_length
-        elif engine.context_length is not None:
-            context = min(context, engine.context_length)
-        self._loaded = LoadedModel(
-            model, tokenizer, engine, vocab, eos_ids(tokenizer), type(batch).__name__,
-            calibration, context,
-        )  # fmt: skip
         # A batch that says when a step's graph is built gets the previous step's
         # events handed over there, so the event loop formats them while the model
         # computes rather than while this thread builds the next step.

@@ -210,6 +210,19 @@ def test_numbers_stand_for_their_text(tmp_path: Path) -> None:
     assert not is_correct("The answer is 420.", a.answers, "words")
 
 
+def test_a_byte_order_mark_and_crlf_line_ends_are_read_past(tmp_path: Path) -> None:
+    # As a Windows editor or a spreadsheet export saves JSON Lines (the stdlib's json
+    # refuses a BOM: "Unexpected UTF-8 BOM"); a BOM anywhere but the start is still text.
+    data = tmp_path / "d.jsonl"
+    lines = ['{"id": 1, "prompt": "q", "answer": "a"}', '{"id": 2, "prompt": "r", "answer": "b"}']
+    data.write_bytes(b"\xef\xbb\xbf" + "\r\n".join(lines).encode() + b"\r\n")
+    assert [(i.id, i.prompt, i.answers, i.line) for i in read_items(data)] == [
+        ("1", "q", ("a",), 1), ("2", "r", ("b",), 2)]
+    data.write_bytes(lines[0].encode() + b"\n\xef\xbb\xbf" + lines[1].encode() + b"\n")
+    with pytest.raises(CalibrationError, match="line 2: not JSON"):
+        read_items(data)
+
+
 def test_shipped_sets_read(tmp_path: Path) -> None:
     root = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "calibration"
     facts = read_items(root / "facts.jsonl")

@@ -106,12 +106,14 @@ def read_items(path: str | os.PathLike[str], limit: int | None = None) -> list[I
     """The items of JSON Lines file `path` (blank lines skipped), at most `limit`.
 
     Every line is checked, even past `limit`, so that a bad file fails before a model
-    runs; a repeated id is an error too (items.jsonl and `--resume` key on it).
+    runs; a repeated id is an error too (items.jsonl and `--resume` key on it). A UTF-8
+    byte order mark at the start (what Windows editors and spreadsheet exports write) is
+    read past; CRLF line ends are whitespace to JSON.
     """
     items: list[Item] = []
     seen: dict[str, int] = {}
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8-sig") as f:
             for n, text in enumerate(f, 1):
                 if not text.strip():
                     continue

@@ -184,12 +184,15 @@ def start_proxy(upstream: Server, log: Path, *flags: str) -> Server:
                         str(upstream.model_dir), *flags)  # fmt: skip
 
 
-def start_llama_server(gguf: Path, log: Path, *, parallel: int = 1) -> Server:
-    """llama.cpp's own `llama-server` on `gguf` (2 threads, 2048 tokens per slot)."""
+def start_llama_server(
+    gguf: Path, log: Path, *, parallel: int = 1, metrics: bool = False
+) -> Server:
+    """llama.cpp's own `llama-server` on `gguf` (2 threads, 2048 tokens per slot);
+    `metrics`: with its Prometheus ``/metrics`` (``--metrics``)."""
     port = free_port()
     cmd = [str(llama_server_binary()), "-m", str(gguf), "--host", "127.0.0.1"]
     cmd += ["--port", str(port), "-c", str(2048 * parallel), "-np", str(parallel)]
-    cmd += ["-t", "2", "--no-webui"]
+    cmd += ["-t", "2", "--no-webui", *(["--metrics"] if metrics else [])]
     server = launch(cmd, log, f"http://127.0.0.1:{port}", timeout=120)
     server.model_dir = gguf
     return server

@@ -51,8 +51,9 @@ fi
 # tokentrail itself, every time (quick when nothing changed, and a checkout whose
 # dependencies grew gets them): what `tokentrail generate --engine vllm` needs
 # (transformers), `serve --engine vllm` (the server extra), and gguf/accelerate for
-# making the model folder below.
-"$VENV/bin/python" -m pip install -q -c "$VENV/constraints.txt" -e ".[hf,gguf,server]" >&2
+# making the model folder below; and pytest, which runs tests/test_vllm_engine.py's
+# engine tests here (vLLM in process, on its CPU build).
+"$VENV/bin/python" -m pip install -q -c "$VENV/constraints.txt" -e ".[hf,gguf,server]" pytest >&2
 
 # The model: SmolLM2-135M-Instruct as a float32 Hugging Face folder, dequantized from the
 # GGUF by transformers, with rope_theta at the config's top level (cached under

@@ -1,10 +1,12 @@
-"""The vLLM engine: Step stream from vLLM's per-token logprobs, on a real GPU deployment.
+"""The vLLM engine: Step stream from vLLM's per-token logprobs, on vLLM itself.
 
-The GPU tests need vLLM and a CUDA device; they are skipped with a reason otherwise
-(vLLM does not install on a machine without a GPU). They run the demo model (or a tiny
-random-weight Llama) in float32 and compare with the PyTorch engine and with an
-independent full forward pass in transformers. Without vLLM, the tests here check that
-`load` says how to install it, and the conversion of vLLM's logprob records to Steps.
+The engine tests need vLLM: on a CUDA GPU where vLLM is installed here, or on CPU in
+the venv `scripts/setup_vllm.sh` makes (vLLM's CPU build, `.venv-vllm`; `.ci/run` sets
+`TOKENTRAIL_VLLM_PYTHON` to its python), where `test_the_engine_tests_pass_in_the_vllm_venv`
+runs this module. They run the demo model in float32 and compare with the PyTorch engine
+and with an independent full forward pass in transformers, on the same device. Without
+vLLM, the tests here check that `load` says how to install it, and the conversion of
+vLLM's logprob records to Steps.
 """
 
 from __future__ import annotations
@@ -77,19 +79,46 @@ def test_step_with_no_alternatives_and_with_ties() -> None:
         ve.step_from_logprobs(5, {4: lp(-0.25, 1)}, 0)
 
 
-# -- on a GPU with vLLM ------------------------------------------------------------------
+# -- with vLLM: its CPU build in the vLLM venv, or a GPU ----------------------------------
+
+#: How the engine tests run on vLLM's CPU build: float32 (its CPU build picks bfloat16
+#: for "auto"), eager, 1 GiB of KV cache (its CPU default is far more than CI has).
+CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+
+
+def test_the_engine_tests_pass_in_the_vllm_venv() -> None:
+    """Where vLLM is not importable (the project's venv), this module's engine tests run
+    in the vLLM venv on its CPU build, with pytest there; every one must pass, none
+    skip."""
+    import os
+    import re
+    import subprocess
+
+    if HAS_VLLM:
+        pytest.skip("vLLM is importable here: the engine tests below run directly")
+    from tests.test_vllm_server import vllm_python
+
+    python = vllm_python()
+    cmd = [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", __file__,
+           "-k", "not in_the_vllm_venv and not missing_vllm"]  # fmt: skip
+    env = {**os.environ, **CPU_ENV}
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
+    tail = (done.stdout + done.stderr)[-4000:]
+    assert done.returncode == 0, tail
+    summary = re.search(r"(\d+) passed", tail)
+    assert summary and int(summary.group(1)) >= 15 and "skipped" not in tail, tail
 
 
 @pytest.fixture(scope="module")
-def gpu() -> None:
-    require("vllm", "it needs a Linux machine with a CUDA GPU")
+def device() -> str:
+    require("vllm", "scripts/setup_vllm.sh installs its CPU build into .venv-vllm, where "
+                    "test_the_engine_tests_pass_in_the_vllm_venv runs these tests")
     torch = require("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("vLLM tests need a CUDA GPU")
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @pytest.fixture(scope="module")
-def model_dir(gpu: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def model_dir(device: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
     if (DEMO_MODEL / "model.safetensors").is_file():
         return DEMO_MODEL
     tok = gpt2_tokenizer_json()
@@ -111,18 +140,18 @@ def served(model_dir: Path) -> Iterator[tuple[ve.VLLMEngine, Any]]:
 
 
 @pytest.fixture(scope="module")
-def torch_model(model_dir: Path) -> Any:
+def torch_model(model_dir: Path, device: str) -> Any:
     from tokentrail.engines.torch_engine import load
 
-    return load(model_dir, device="cuda", dtype="float32")[0]
+    return load(model_dir, device=device, dtype="float32")[0]
 
 
 def reference_logprobs(model: Any, ids: list[int]) -> Any:
     import torch
 
     with torch.inference_mode():
-        logits = model(input_ids=torch.tensor([ids], device="cuda"), use_cache=False).logits[0]
-    return torch.log_softmax(logits.float(), dim=-1).cpu()
+        logits = model(input_ids=torch.tensor([ids], device=model.device), use_cache=False)
+    return torch.log_softmax(logits.logits[0].float(), dim=-1).cpu()
 
 
 def test_engine_metadata(served: tuple[ve.VLLMEngine, Any], model_dir: Path) -> None:

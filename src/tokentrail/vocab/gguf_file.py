@@ -24,6 +24,7 @@ from .core import (
     TokenizerLoadError,
     Vocab,
 )
+from .gguf_meta import read_metadata
 from .hf_json import vocab_from_hf_tokenizer
 from .hf_objects import vocab_from_transformers
 from .spm import sentencepiece_from_pieces, vocab_from_sentencepiece
@@ -53,40 +54,12 @@ class GGUFTokenizer:
         return {i for i, t in enumerate(self.types) if t == kind}
 
 
-def _gguf_value(field: Any, key: str, path: Path) -> Any:
-    """One metadata value from a gguf ReaderField (works across gguf package versions)."""
-    from gguf import GGUFValueType
-
-    kind = field.types[0] if field.types else None
-    try:
-        if kind == GGUFValueType.STRING:
-            return bytes(field.parts[field.data[0]]).decode("utf-8")
-        if kind == GGUFValueType.ARRAY:
-            if field.types[1] == GGUFValueType.STRING:
-                return [bytes(field.parts[i]).decode("utf-8") for i in field.data]
-            return [field.parts[i][0].item() for i in field.data]
-        return field.parts[field.data[0]][0].item()
-    except UnicodeDecodeError as e:
-        raise TokenizerLoadError(f"{path}: GGUF key {key} is not valid UTF-8: {e}") from e
-
-
 def read_gguf(path: Path) -> GGUFTokenizer:
-    try:
-        from gguf import GGUFReader
-    except ImportError as e:
-        raise TokenizerLoadError(
-            f"{path} is a GGUF file; reading it needs the gguf package "
-            "(pip install 'tokentrail[gguf]')"
-        ) from e
-    try:
-        reader = GGUFReader(str(path))
-    except Exception as e:  # the reader raises ValueError/IndexError on damaged files
-        raise TokenizerLoadError(f"{path}: not a readable GGUF file: {e}") from e
-    meta = {
-        key: _gguf_value(field, key, path)
-        for key, field in reader.fields.items()
-        if key.startswith("tokenizer.ggml.") or key == "general.architecture"
-    }
+    """The `tokenizer.ggml.*` metadata (and ``general.architecture``) of GGUF file
+    `path`, read from its header by `gguf_meta.read_metadata` (no tensor is read)."""
+    meta = read_metadata(
+        path, lambda key: key.startswith("tokenizer.ggml.") or key == "general.architecture"
+    )
 
     def need(key: str) -> Any:
         if key not in meta:

@@ -6,12 +6,15 @@ piece concatenated and decoded as UTF-8 with maximal-subpart replacement (what
 llama-server sends; see tokentrail.vocab.gguf_llamacpp). `skip_special_tokens=False` is
 `special=True`.
 
-The GGUF files are every ggml-vocab-*.gguf of the corpus, SmolLM2-135M-Instruct (a real
-instruct model, where `python -m tokentrail.models fetch smollm2` put it, as CI does)
-and vocabularies written here with the gguf package from corpus data, for the rules no
-corpus file exercises: UGM (T5's sentencepiece model as a `t5` GGUF) and a byte-level
-BPE vocabulary (the demo model's) carrying user-defined, unused, undefined, byte and
-re-typed tokens.
+The GGUF files are every ggml-vocab-*.gguf of the corpus; llama.cpp's own tokenizer-test
+vocabularies that the corpus does not hold (``models/ggml-vocab-*.gguf`` of the llama.cpp
+tree llama-server is built from: 14 more families, Gemma 4, Qwen 3.5, Command R, Phi-3,
+Llama 3, StarCoder and MPT among them, never used to build tokentrail's rules);
+SmolLM2-135M-Instruct (a real instruct model, where `python -m tokentrail.models fetch
+smollm2` put it, as CI does) and vocabularies written here with the gguf package from
+corpus data, for the rules no corpus file exercises: UGM (T5's sentencepiece model as a
+`t5` GGUF) and a byte-level BPE vocabulary (the demo model's) carrying user-defined,
+unused, undefined, byte and re-typed tokens.
 
 These tests run wherever llama-cpp-python is importable (CI installs it).
 """
@@ -28,9 +31,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tokentrail
-from tests.helpers.env import CORPUS, corpus_path, require
+from tests.helpers.env import CORPUS, corpus_path, missing, require
 from tests.helpers.gguf_files import finish, vocab_writer
-from tests.helpers.llamacpp import find_smollm2
+from tests.helpers.llamacpp import find_smollm2, llama_cpp_tree
 from tokentrail import Aligner, TokenizerLoadError
 from tokentrail.generate import DEMO_MODEL
 
@@ -48,7 +51,13 @@ CORPUS_GGUF = {
     "deepseek-coder": "tokenizers/deepseek/ggml-vocab-deepseek-coder.gguf",
     "falcon": "tokenizers/falcon/ggml-vocab-falcon.gguf",
 }
-KEYS = [*CORPUS_GGUF, "smollm2", "t5-ugm", "bpe-quirks"]
+#: llama.cpp's tokenizer-test vocabularies in its own tree (`llama_cpp_tree`), those of
+#: families the corpus does not hold (llama.cpp 0.3.36's models/ folder).
+LLAMA_CPP_GGUF = (
+    "aquila", "command-r", "deepseek-llm", "gemma-4", "gpt-2", "gpt-neox", "llama-bpe",
+    "mpt", "nomic-bert-moe", "phi-3", "qwen2", "qwen35", "refact", "starcoder",
+)  # fmt: skip
+KEYS = [*CORPUS_GGUF, *LLAMA_CPP_GGUF, "smollm2", "t5-ugm", "bpe-quirks"]
 
 TEXTS = [
     "Hello, world! The quick brown fox jumps over the lazy dog.",
@@ -150,6 +159,11 @@ def _built(key: str) -> Path:
 def gguf_path(key: str) -> Path:
     if key in CORPUS_GGUF:
         return corpus_path(CORPUS_GGUF[key])
+    if key in LLAMA_CPP_GGUF:
+        path = llama_cpp_tree() / "models" / f"ggml-vocab-{key}.gguf"
+        if not path.is_file():
+            missing(f"{path} is missing from the llama.cpp tree")
+        return path
     return _built(key)
 
 

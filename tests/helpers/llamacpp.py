@@ -7,7 +7,9 @@ llama.cpp's `llama-server`.
 * The demo model's GGUF is converted by llama.cpp's own `convert_hf_to_gguf.py`
   (`scripts/demo_model_to_gguf.py`, cached, never committed).
 * `llama-server` is at ``TOKENTRAIL_LLAMA_SERVER`` or where
-  scripts/build_llama_server.sh caches it.
+  scripts/build_llama_server.sh caches it, beside the llama.cpp source tree it was built
+  from (``TOKENTRAIL_LLAMA_CPP_SRC`` to use another), whose own tokenizer-test
+  vocabularies (``models/ggml-vocab-*.gguf``) the GGUF tests read.
 
 Off CI a missing piece skips the test with the reason; with ``CI=true`` it fails the test
 instead, so CI cannot pass while silently not running llama.cpp. The fixtures built on
@@ -53,6 +55,25 @@ def convert_demo_to_gguf() -> Path:
     path = Path(done.stdout.strip().splitlines()[-1])
     assert path.is_file(), done.stdout
     return path
+
+
+def llama_cpp_tree_path() -> Path:
+    """Where the llama.cpp source tree should be (`llama_cpp_tree`), there or not."""
+    env = os.environ.get("TOKENTRAIL_LLAMA_CPP_SRC")
+    return Path(env) if env else LLAMA_SERVER.parents[2] / "src"
+
+
+def llama_cpp_tree() -> Path:
+    """The llama.cpp source tree the tests use (``TOKENTRAIL_LLAMA_CPP_SRC``, else the one
+    scripts/build_llama_server.sh unpacks from the pinned llama-cpp-python sdist beside
+    its build), or skip saying how to get it."""
+    tree = llama_cpp_tree_path()
+    if not (tree / "models").is_dir():
+        missing(
+            f"no llama.cpp source tree at {tree}: run scripts/build_llama_server.sh "
+            "or set TOKENTRAIL_LLAMA_CPP_SRC"
+        )
+    return tree
 
 
 def llama_server_binary() -> Path:

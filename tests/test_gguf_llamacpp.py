@@ -24,6 +24,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -397,3 +398,36 @@ def test_reference_that_does_not_apply_is_a_value_error() -> None:
     # "transformers" is the auto reference of Hugging Face files: accepted, same decode
     a = Aligner(DEMO_MODEL / "tokenizer.json", reference="transformers")
     assert a.vocab.decode([5, 6]) == Aligner(DEMO_MODEL / "tokenizer.json").vocab.decode([5, 6])
+
+
+@pytest.mark.parametrize("key", ["gemma-4", "command-r", "mpt"])
+def test_the_proxy_reads_a_gguf_transformers_cannot_with_llama_cpps_tokenizer(key: str) -> None:
+    """`serve --upstream URL --tokenizer FILE.gguf` for a GGUF that transformers builds
+    no tokenizer from (it was refused): llama.cpp's own tokenizer, as llama-server
+    tokenizes. Its vocabulary decodes as llama.cpp does, its end ids are llama.cpp's
+    end-of-generation set, and a chat rendered with the file's template reads back."""
+    require("transformers")
+    from tokentrail.engines.llamacpp.engine import LlamaCppTokenizer
+    from tokentrail.prompting import eos_ids, vocab_for
+    from tokentrail.server.proxy import load_tokenizer
+    from tokentrail.vocab.gguf_file import gguf_eog_ids
+
+    path = gguf_path(key)
+    tok = load_tokenizer(path)
+    assert isinstance(tok, LlamaCppTokenizer)  # transformers built none from it
+    o = oracle(key)
+    vocab = vocab_for(tok)
+    everything, bytey, special = pools(key)
+    rng = random.Random(7)
+    for _ in range(50):
+        ids = [rng.choice(rng.choice((everything, bytey, special))) for _ in range(20)]
+        for skip in (False, True):
+            assert vocab.decode(ids, skip_special_tokens=skip) == o.decode(ids, skip)
+    for text in TEXTS:
+        assert o.decode(tok.encode(text, add_special_tokens=False), False) == text
+    assert set(eos_ids(tok)) == gguf_eog_ids(path)
+    if o.model.metadata.get("tokenizer.chat_template"):
+        messages = [{"role": "user", "content": "Name a colour."}]
+        text = tok.apply_chat_template(messages, tokenize=False)
+        ids = tok.apply_chat_template(messages)
+        assert "Name a colour." in text and vocab.decode(ids, skip_special_tokens=False) == text

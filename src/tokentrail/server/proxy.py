@@ -36,8 +36,9 @@ log = logging.getLogger("tokentrail.proxy")
 
 
 def load_tokenizer(path: str | Path) -> Any:
-    """The upstream model's tokenizer (transformers): a model folder, a tokenizer.json
-    (with its tokenizer_config.json beside it, if any) or a GGUF file."""
+    """The upstream model's tokenizer: a model folder, a tokenizer.json (with its
+    tokenizer_config.json beside it, if any) or a GGUF file (transformers' tokenizer
+    for it, or where transformers cannot build one, llama.cpp's own: `_llama_cpp_tokenizer`)."""
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     p = Path(path)
@@ -48,7 +49,7 @@ def load_tokenizer(path: str | Path) -> Any:
 
         tok = gguf_transformers_tokenizer(p)
         if tok is None:
-            raise ValueError(f"--tokenizer {p}: transformers cannot build a tokenizer from it")
+            tok = _llama_cpp_tokenizer(p)
         # Every id llama.cpp ends generation on, not only the file's EOS: llama-server
         # stops on each and streams it as its last token (SmolLM2's <|endoftext|> under
         # a grammar), which the proxy must take as the end, not as text.
@@ -60,6 +61,29 @@ def load_tokenizer(path: str | Path) -> Any:
         tok = AutoTokenizer.from_pretrained(str(p.parent), local_files_only=True)
         return attach_eos_ids(tok, _folder_eos_ids(p.parent))
     return PreTrainedTokenizerFast(tokenizer_file=str(p))
+
+
+def _llama_cpp_tokenizer(p: Path) -> Any:
+    """llama.cpp's own tokenizer for GGUF file `p` (its vocabulary alone, loaded by
+    llama-cpp-python; `tokentrail.engines.llamacpp.engine.LlamaCppTokenizer`): what
+    llama-server itself tokenizes with, chat template from the file's
+    ``tokenizer.chat_template``. For the files transformers builds no tokenizer from
+    (Gemma 4, Command R, MPT, GPT-NeoX, ... GGUFs)."""
+    try:
+        import llama_cpp
+
+        from ..engines.llamacpp.engine import LlamaCppTokenizer
+    except ImportError:
+        raise ValueError(
+            f"--tokenizer {p}: transformers cannot build a tokenizer from it, and llama.cpp's "
+            "own needs llama-cpp-python (pip install 'tokentrail[llamacpp]'); or pass the "
+            "model's Hugging Face tokenizer folder"
+        ) from None
+    try:
+        llama = llama_cpp.Llama(model_path=str(p), vocab_only=True, verbose=False)
+    except ValueError as e:
+        raise ValueError(f"--tokenizer {p}: llama.cpp cannot read its vocabulary: {e}") from e
+    return LlamaCppTokenizer(llama)
 
 
 def _ordered_eos(tok: Any) -> list[int]:

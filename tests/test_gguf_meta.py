@@ -160,3 +160,25 @@ def test_a_damaged_file_is_a_load_error_naming_it(tmp_path: Path, data: st.DataO
         assert str(bad) in str(e)
     else:
         assert isinstance(got, dict)
+
+
+def test_a_gguf_vocabulary_needs_no_package(tmp_path: Path) -> None:
+    """The default llama.cpp reference reads a GGUF with the stdlib alone: with the
+    `gguf` package's import blocked, the vocabulary is the same."""
+    import subprocess
+    import sys
+
+    path = _write(tmp_path / "m.gguf", gguf.GGUFEndian.LITTLE)
+    code = (
+        "import sys; sys.modules['gguf'] = None\n"
+        "from tokentrail import load_vocab\n"
+        f"v = load_vocab({str(path)!r})\n"
+        "print(v.size, [v.pieces[i] for i in range(v.size)])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    from tokentrail import load_vocab
+
+    v = load_vocab(path)
+    assert done.stdout.strip() == f"{v.size} {[v.pieces[i] for i in range(v.size)]}"

@@ -41,8 +41,12 @@ def _found_files() -> list[Path]:
     # tree: each is read once.
     held = {p.name for p in files}
     files += [p for p in tree if p.stat().st_size < 6_000_000 and p.name not in held]
-    smollm2 = Path.home() / ".cache/tokentrail/models/SmolLM2-135M-Instruct.Q4_1.gguf"
-    return files + ([smollm2] if smollm2.is_file() else [])
+    from tokentrail.models import ModelNotAvailable, resolve
+
+    try:  # where `python -m tokentrail.models fetch smollm2` put it (CI does)
+        return [*files, resolve("smollm2")]
+    except ModelNotAvailable:
+        return files
 
 
 FOUND = _found_files()

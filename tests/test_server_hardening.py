@@ -34,7 +34,8 @@ require("uvicorn")
 REPO = Path(__file__).resolve().parents[1]
 KEY = "sk-test-4f1c"
 READ_TIMEOUT = 1.0
-KEEP_ALIVE = 1.0
+#: Longer than READ_TIMEOUT: an idle keep-alive outlives the read clock.
+KEEP_ALIVE = 4.0
 MAX_CONNECTIONS = 32
 CHAT = "/v1/chat/completions"
 COMP = "/v1/completions"
@@ -328,6 +329,62 @@ def test_idle_keep_alive_is_closed(served: Served) -> None:
     t = _closed_within(sock, KEEP_ALIVE + 10)
     sock.close()
     assert t <= KEEP_ALIVE + 10
+
+
+HEALTH = b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n"
+
+
+def _one_response(sock: socket.socket) -> bytes:
+    """One whole HTTP response read from `sock` (its head and its Content-Length body)."""
+    got = b""
+    while b"\r\n\r\n" not in got:
+        more = sock.recv(65536)
+        assert more, f"closed before a whole response: {got!r}"
+        got += more
+    head, _, body = got.partition(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":", 1)[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )
+    while len(body) < length:
+        more = sock.recv(65536)
+        assert more, "closed mid-body"
+        body += more
+    return head
+
+
+def test_a_keep_alive_idle_past_the_read_timeout_serves_its_next_request(served: Served) -> None:
+    """--read-timeout times a request until it has arrived, not the connection: a client
+    idle between requests for longer than it (but under --keep-alive-timeout) sends its
+    next request on the same connection and is answered. (The clock once ran from the
+    connection to the first expiry, and closed an idle keep-alive at that moment: a
+    client whose next request crossed that close got no response.)"""
+    sock = _raw(served)
+    try:
+        sock.sendall(HEALTH)
+        assert _one_response(sock).startswith(b"HTTP/1.1 200")
+        time.sleep(READ_TIMEOUT + 1.0)  # < KEEP_ALIVE
+        sock.sendall(HEALTH)
+        assert _one_response(sock).startswith(b"HTTP/1.1 200")
+    finally:
+        sock.close()
+
+
+def test_a_request_begun_on_a_kept_alive_connection_is_timed(served: Served) -> None:
+    """The first bytes of a later request start the clock again: headers left unfinished
+    after a served request are closed by --read-timeout (uvicorn drops its keep-alive
+    timer once bytes arrive, so nothing else would close it)."""
+    mark = len(served.log.read_text())
+    sock = _raw(served)
+    try:
+        sock.sendall(HEALTH)
+        assert _one_response(sock).startswith(b"HTTP/1.1 200")
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: loc")
+        assert _closed_within(sock, READ_TIMEOUT + 10) <= READ_TIMEOUT + 10
+    finally:
+        sock.close()
+    assert "sent no whole request in 1 s (--read-timeout)" in served.log.read_text()[mark:]
 
 
 # -- the serve command's own errors ----------------------------------------------------------------

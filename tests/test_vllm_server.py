@@ -462,6 +462,21 @@ def engine_batch(server: Server) -> dict[str, Any]:
     return {**health, **health["engine_batch"]}
 
 
+def causes(failures: list[BaseException]) -> list[str]:
+    """Each failure with the exceptions that caused it (the openai client's
+    `APIConnectionError` says only "Connection error."; its cause says what broke)."""
+    out = []
+    for e in failures:
+        chain, seen = [], set()
+        cur: BaseException | None = e
+        while cur is not None and id(cur) not in seen:
+            seen.add(id(cur))
+            chain.append(repr(cur))
+            cur = cur.__cause__ or cur.__context__
+        out.append(" <- ".join(chain))
+    return out
+
+
 def settled(server: Server, bound: float = 120.0) -> dict[str, Any]:
     """`/health` once nothing runs in tokentrail or in vLLM (a bound, not a timing test)."""
     deadline = time.monotonic() + bound
@@ -526,7 +541,7 @@ def test_serve_engine_vllm_batches_concurrent_streams_each_as_it_is_alone(ours: 
         seen.set()
         for t in threads:
             t.join(timeout=600)
-    assert not failures, failures
+    assert not failures, causes(failures)
     assert polls and polls[-1]["active"] == len(TOPICS), polls[-5:]
     assert polls[-1]["live"] == polls[-1]["vllm_unfinished"] == len(TOPICS), polls[-5:]
     for topic in TOPICS:
@@ -587,7 +602,7 @@ def test_serve_engine_vllm_frees_vllms_slot_on_disconnect_and_stop_string(ours: 
         t.start()
     for t in threads:
         t.join(timeout=600)
-    assert not failures, failures
+    assert not failures, causes(failures)
     assert read_some.is_set()
     assert results["stop"]["finish"] == "stop" and " " not in results["stop"]["text"]
     assert len(results["stop"]["tokens"]) < 50  # the stop string came long before 1900

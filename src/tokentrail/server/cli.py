@@ -118,7 +118,14 @@ def _protocol_class(read_timeout: float) -> type[asyncio.Protocol]:
         from uvicorn.protocols.http.h11_impl import H11Protocol as base
 
     class ReadTimeoutProtocol(base):  # type: ignore[valid-type,misc]
+        """The clock runs from the connection, or from the first bytes of a request after
+        the last one was wholly received, until a request is wholly received; then it
+        stops, so that an idle keep-alive is left to `--keep-alive-timeout` alone."""
+
         _read_timer: asyncio.TimerHandle | None = None
+        #: The request cycle current when the clock started (None: none yet): a cycle
+        #: other than it is the request being timed, once its headers are in.
+        _timed_after: Any = None
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -128,21 +135,32 @@ def _protocol_class(read_timeout: float) -> type[asyncio.Protocol]:
             self._arm()
 
         def _arm(self) -> None:
+            self._timed_after = self.cycle
             self._read_timer = self.loop.call_later(read_timeout, self._expired)
+
+        def _received_whole(self) -> bool:
+            """Whether the request being timed has arrived whole (headers and body)."""
+            cycle = self.cycle
+            return cycle is not None and cycle is not self._timed_after and not cycle.more_body
 
         def data_received(self, data: bytes) -> None:
             cycle = self.cycle
-            if self._read_timer is None and (cycle is None or cycle.response_complete):
-                self._arm()  # a new request begins
+            if self._read_timer is None and (cycle is None or not cycle.more_body):
+                self._arm()  # a new request begins (after a whole one, or pipelined)
             super().data_received(data)
+            if self._read_timer is not None and self._received_whole():
+                self._read_timer.cancel()
+                self._read_timer = None
 
         def _expired(self) -> None:
             self._read_timer = None
-            cycle = self.cycle
-            if cycle is not None and not cycle.more_body and not cycle.response_complete:
-                return  # the whole request arrived and is being answered
+            if self._received_whole():
+                return
             if not self.transport.is_closing():
-                logger.debug("closing a connection that sent no whole request in time")
+                logger.info(
+                    "closed a connection that sent no whole request in %g s (--read-timeout)",
+                    read_timeout,
+                )
                 self.transport.close()
 
         def connection_lost(self, exc: Exception | None) -> None:

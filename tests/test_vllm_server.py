@@ -121,6 +121,13 @@ def ours(vpy: Path, model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
     cmd = [str(vpy), "-m", "tokentrail.server", "--engine", "vllm", "--model", str(model_dir)]
     cmd += ["--model-name", NAME, "--port", str(port), "--log-level", "info"]
     cmd += ["--tensor-parallel-size", "1"]  # a vLLM flag of serve's, passed through
+    # The test process itself stalled for up to 22 s at a time in one CI run (its /health
+    # polls stopped while the server went on streaming), near the end of a full run when
+    # the machine is at its busiest; one of four clients that had connected sent its
+    # request only after the 10 s --read-timeout and lost its connection. These tests are
+    # about vLLM's batch, not about dropping slow clients (tests/test_server_hardening.py
+    # is), so the server gives a stalled client time.
+    cmd += ["--read-timeout", "120", "--client-timeout", "120"]
     cmd += ["--dtype", ENGINE_ARGS["dtype"], "--max-model-len", str(ENGINE_ARGS["max_model_len"])]
     env = {
         **VLLM_ENV,

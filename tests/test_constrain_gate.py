@@ -22,7 +22,7 @@ jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is not install
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from tests.helpers.env import CORPUS  # noqa: E402
+from tests.helpers.env import CORPUS, corpus_path  # noqa: E402
 from tests.helpers.real_tokenizers import DEMO  # noqa: E402
 from tokentrail.constrain import constraint_from  # noqa: E402
 from tokentrail.errors import EngineError  # noqa: E402
@@ -215,3 +215,32 @@ def _qwen() -> Any:
         path = CORPUS / "tokenizers" / "qwen2"
         _QWEN.append(transformers.AutoTokenizer.from_pretrained(str(path)))
     return _QWEN[0]
+
+
+def test_what_is_built_per_tokenizer_is_let_go_with_it() -> None:
+    """llguidance's tokenizer and the whitespace ids made from it are kept while the
+    model's tokenizer lives (made once) and let go with it: a process that loads one
+    model after another holds none of the earlier ones'. (The whitespace ids were kept
+    by the llguidance tokenizer's id forever, and each kept its tokenizer alive: about
+    100 MB a model for Qwen2's vocabulary.)"""
+    import gc
+    import sys
+    import weakref
+
+    from tokentrail.constrain import lltokenizer as cache
+    from tokentrail.constrain.gate import whitespace_ids
+
+    tok = transformers.AutoTokenizer.from_pretrained(str(corpus_path("tokenizers", "qwen2")))
+    seen = weakref.ref(tok)
+    c = constraint_from(json_schema=SCHEMA).bind(tok)
+    lltok = c.tokenizer
+    ws = whitespace_ids(lltok)
+    assert whitespace_ids(lltok) is ws  # made once
+    assert cache.lltokenizer_for(tok) is lltok
+    assert ws[lltok.tokenize_str(" ")].all() and not ws[lltok.tokenize_str("a")].any()
+    del tok, c, ws
+    gc.collect()
+    assert seen() is None
+    # Nothing but this test holds llguidance's tokenizer once the model's is gone (the
+    # local name and getrefcount's own argument).
+    assert sys.getrefcount(lltok) == 2

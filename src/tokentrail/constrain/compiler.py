@@ -13,10 +13,10 @@ the model or end anyone else's generation (issue #29). Three bounds apply:
   drops the GIL while it builds a grammar), awaited from the event loop; past the
   budget the request is refused as "too complex" before it ever joins the batch.
 * **A cache** of compiled specs (`cached_spec`) and of built matchers keyed by (grammar,
-  tokenizer) (`prototype_for`), as vLLM's: the same spec sent again costs a lookup and
-  a `deep_copy` of the matcher, not a compile. Each sequence starts
-  from a copy of the cached matcher (`prototype_for`), never compiling on the model's
-  thread.
+  tokenizer) (`prototype_for`; a tokenizer's go with it), as vLLM's: the same spec sent
+  again costs a lookup and a `deep_copy` of the matcher, not a compile. Each sequence
+  starts from a copy of the cached matcher (`prototype_for`), never compiling on the
+  model's thread.
 
 llguidance's messages can hold its internal state over several lines (the parser's
 rows, the tokens so far); `one_line` condenses them to the reason alone.
@@ -41,6 +41,7 @@ import llguidance as llg
 import llguidance.numpy as llg_np
 
 from ..errors import ConstraintError
+from .kept import lltok_memo
 
 __all__ = [
     "COMPILE_SECONDS",
@@ -126,23 +127,28 @@ class TooComplex(ConstraintError):
 
 # -- the matcher cache ---------------------------------------------------------------------
 
-#: Built matchers kept (least recently used goes first).
+#: Built matchers kept per tokenizer (least recently used goes first); all of a
+#: tokenizer's go with it (`kept.lltok_memo`).
 CACHE_ENTRIES = 64
-_cache: OrderedDict[tuple[str, int], tuple[Any, Any]] = OrderedDict()
 _cache_lock = threading.Lock()
+
+
+def _matchers(_lltok: Any) -> OrderedDict[str, Any]:
+    return OrderedDict()
 
 
 def prototype_for(grammar: str, lltok: Any, param: str) -> Any:
     """llguidance's matcher for `grammar` on the tokenizer `lltok`, at the start of the
-    grammar, built under `LIMITS` (cached by grammar and tokenizer; never advance it:
-    sequences take `deep_copy`s). A `ConstraintError` naming `param` with llguidance's
-    reason in one line when it cannot be built (`TooComplex` for a limit)."""
-    key = (grammar, id(lltok))
+    grammar, built under `LIMITS` (cached by grammar for as long as the tokenizer lives;
+    never advance it: sequences take `deep_copy`s). A `ConstraintError` naming `param`
+    with llguidance's reason in one line when it cannot be built (`TooComplex` for a
+    limit)."""
+    built = lltok_memo(lltok, "matchers", _matchers)
     with _cache_lock:
-        hit = _cache.get(key)
-        if hit is not None and hit[0] is lltok:
-            _cache.move_to_end(key)
-            return hit[1]
+        hit = built.get(grammar)
+        if hit is not None:
+            built.move_to_end(grammar)
+            return hit
     # llguidance drops the GIL while it builds the grammar and its lexer.
     matcher = llg.LLMatcher(lltok, grammar, log_level=0, limits=parser_limits())
     if not matcher.is_error():
@@ -156,9 +162,9 @@ def prototype_for(grammar: str, lltok: Any, param: str) -> Any:
         prefix = "too complex: " if kind is TooComplex else ""
         raise kind(f"{param}: {prefix}{one_line(raw)}", param)
     with _cache_lock:
-        _cache[key] = (lltok, matcher)
-        while len(_cache) > CACHE_ENTRIES:
-            _cache.popitem(last=False)
+        built[grammar] = matcher
+        while len(built) > CACHE_ENTRIES:
+            built.popitem(last=False)
     return matcher
 
 

@@ -34,26 +34,24 @@ from typing import Any
 
 import numpy as np
 
+from .kept import lltok_memo
+
 __all__ = ["WHITESPACE", "ReasoningGate", "blank_words", "whitespace_ids"]
 
 #: The bytes a whitespace-only token may hold.
 WHITESPACE = b" \t\r\n"
 
-#: `whitespace_ids` by llguidance tokenizer (kept alive: they live as long as the model).
-_WHITESPACE_IDS: dict[int, tuple[Any, np.ndarray]] = {}
-
-
 def whitespace_ids(lltok: Any) -> np.ndarray:
     """A bool array over llguidance's vocabulary: the ids whose bytes are non-empty
-    whitespace (special tokens never are). Built once per tokenizer."""
-    hit = _WHITESPACE_IDS.get(id(lltok))
-    if hit is not None and hit[0] is lltok:
-        return hit[1]
+    whitespace (special tokens never are). Built once per tokenizer, and let go with it."""
+    return lltok_memo(lltok, "whitespace_ids", _whitespace_ids)
+
+
+def _whitespace_ids(lltok: Any) -> np.ndarray:
     out = np.zeros(int(lltok.vocab_size), dtype=np.bool_)
     for i in range(out.size):
         b = lltok.decode_bytes([i])
         out[i] = bool(b) and not b.strip(WHITESPACE) and not lltok.is_special_token(i)
-    _WHITESPACE_IDS[id(lltok)] = (lltok, out)
     return out
 
 

@@ -95,6 +95,27 @@ def test_the_builtin_map_calibrates_smollm2_on_llamacpp(smollm2_gguf: Path, llam
     assert seen
 
 
+def test_a_freed_model_leaves_no_check_another_could_pass_for(
+    smollm2_gguf: Path, llama_cpp: Any, demo: tuple[Any, Any]
+) -> None:
+    """A calibration remembers which models passed its fingerprint check by the objects,
+    weakly: once the checked model is freed nothing of it is left, so another model
+    that CPython places at the same addresses is checked afresh and refused. (The check
+    was remembered by `id(model), id(tokenizer)`, which a later model can take over.)"""
+    import gc
+
+    cal = Calibration.load("smollm2")
+    model, tokenizer = tokentrail.load(str(smollm2_gguf), engine="llamacpp")
+    assert calibration_for(cal, model, tokenizer) is cal
+    assert calibration_for(cal, model, tokenizer) is cal  # remembered: the same answer
+    del model, tokenizer
+    gc.collect()
+    assert len(cal.checked) == 0
+    other, other_tokenizer = demo
+    with pytest.raises(CalibrationError, match="fitted for another model"):
+        calibration_for(cal, other, other_tokenizer)
+
+
 def test_generate_takes_the_builtin_map_by_name(
     smollm2_gguf: Path, llama_cpp: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:

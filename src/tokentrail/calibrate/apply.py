@@ -26,6 +26,7 @@ import json
 import logging
 import math
 import os
+import weakref
 from bisect import bisect_right
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -186,8 +187,12 @@ class Calibration:
     fingerprint: dict[str, Any] = field(default_factory=dict)
     fitted_on: dict[str, Any] = field(default_factory=dict)
     source: str = ""
-    #: (id(model), id(tokenizer)) pairs already checked against `fingerprint`.
-    checked: set[tuple[int, int]] = field(default_factory=set, repr=False, compare=False)
+    #: The models already checked against `fingerprint`, each with the tokenizers it
+    #: was checked with; weakly held, so a model once checked and then freed is never
+    #: mistaken for another that takes its place in memory.
+    checked: weakref.WeakKeyDictionary[Any, weakref.WeakSet[Any]] = field(
+        default_factory=weakref.WeakKeyDictionary, repr=False, compare=False
+    )
 
     @classmethod
     def from_dict(cls, data: Any, source: str = "") -> Calibration:

@@ -12,9 +12,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -113,8 +115,18 @@ def calibration_for(calibration: Any, model: Any, tokenizer: Any) -> Any:
     from .apply import Calibration
 
     cal = calibration if isinstance(calibration, Calibration) else Calibration.load(calibration)
-    key = (id(model), id(tokenizer))
-    if key not in cal.checked:
+    if not _checked(cal, model, tokenizer):
         cal.check(model_fingerprint(model, tokenizer))
-        cal.checked.add(key)
+        # Not weakly referable: checked again on the next call.
+        with contextlib.suppress(TypeError):
+            cal.checked.setdefault(model, weakref.WeakSet()).add(tokenizer)
     return cal
+
+
+def _checked(cal: Any, model: Any, tokenizer: Any) -> bool:
+    """Whether this very model and tokenizer passed `cal`'s fingerprint check before
+    (by the objects, not their ids: a freed model's id is soon another's)."""
+    try:
+        return tokenizer in cal.checked.get(model, ())
+    except TypeError:
+        return False

@@ -116,6 +116,35 @@ def test_a_freed_model_leaves_no_check_another_could_pass_for(
         calibration_for(cal, other, other_tokenizer)
 
 
+def test_an_mlx_model_is_checked_once_and_let_go(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An MLX module is a dict (it cannot be a weak dictionary's key): the check is still
+    made once per model and tokenizer, not on every request (the fingerprint hashes the
+    model's parameters), and is let go with the model."""
+    import dataclasses
+    import gc
+
+    from tokentrail.calibrate import fingerprint
+
+    pytest.importorskip("mlx_lm", reason="mlx-lm is not installed")
+    model, tokenizer = tokentrail.load(None, engine="mlx")  # the built-in demo model
+    cal = Calibration.load("smollm2")
+    cal = dataclasses.replace(cal, fingerprint=fingerprint.model_fingerprint(model, tokenizer))
+    made: list[int] = []
+    real = fingerprint.model_fingerprint
+
+    def counted(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        made.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(fingerprint, "model_fingerprint", counted)
+    for _ in range(3):
+        assert calibration_for(cal, model, tokenizer) is cal
+    assert len(made) == 1
+    del model, tokenizer
+    gc.collect()
+    assert len(cal.checked) == 0
+
+
 def test_generate_takes_the_builtin_map_by_name(
     smollm2_gguf: Path, llama_cpp: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -187,11 +187,13 @@ class Calibration:
     fingerprint: dict[str, Any] = field(default_factory=dict)
     fitted_on: dict[str, Any] = field(default_factory=dict)
     source: str = ""
-    #: The models already checked against `fingerprint`, each with the tokenizers it
-    #: was checked with; weakly held, so a model once checked and then freed is never
-    #: mistaken for another that takes its place in memory.
-    checked: weakref.WeakKeyDictionary[Any, weakref.WeakSet[Any]] = field(
-        default_factory=weakref.WeakKeyDictionary, repr=False, compare=False
+    #: The models already checked against `fingerprint`, by `id(model)`: a weak
+    #: reference to the model (an MLX module is a dict, so it cannot be a weak
+    #: dictionary's key) and weak references to the tokenizers it was checked with. An
+    #: entry goes with its model, so a model once checked and then freed is never
+    #: mistaken for another that takes its place in memory (`fingerprint.calibration_for`).
+    checked: dict[int, tuple[weakref.ref[Any], list[weakref.ref[Any]]]] = field(
+        default_factory=dict, repr=False, compare=False
     )
 
     @classmethod

@@ -115,18 +115,26 @@ def calibration_for(calibration: Any, model: Any, tokenizer: Any) -> Any:
     from .apply import Calibration
 
     cal = calibration if isinstance(calibration, Calibration) else Calibration.load(calibration)
-    if not _checked(cal, model, tokenizer):
+    if not _checked(cal.checked, model, tokenizer):
         cal.check(model_fingerprint(model, tokenizer))
         # Not weakly referable: checked again on the next call.
         with contextlib.suppress(TypeError):
-            cal.checked.setdefault(model, weakref.WeakSet()).add(tokenizer)
+            _remember(cal.checked, model, tokenizer)
     return cal
 
 
-def _checked(cal: Any, model: Any, tokenizer: Any) -> bool:
-    """Whether this very model and tokenizer passed `cal`'s fingerprint check before
-    (by the objects, not their ids: a freed model's id is soon another's)."""
-    try:
-        return tokenizer in cal.checked.get(model, ())
-    except TypeError:
-        return False
+def _checked(checked: dict[int, Any], model: Any, tokenizer: Any) -> bool:
+    """Whether this very model and tokenizer passed the fingerprint check before (by
+    the objects, not their ids: a freed model's id is soon another's)."""
+    hit = checked.get(id(model))
+    return hit is not None and hit[0]() is model and any(r() is tokenizer for r in hit[1])
+
+
+def _remember(checked: dict[int, Any], model: Any, tokenizer: Any) -> None:
+    tokenizer_ref = weakref.ref(tokenizer)
+    key = id(model)
+    hit = checked.get(key)
+    if hit is None or hit[0]() is not model:
+        hit = (weakref.ref(model, lambda _: checked.pop(key, None)), [])
+        checked[key] = hit
+    hit[1].append(tokenizer_ref)

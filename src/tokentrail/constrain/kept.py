@@ -40,7 +40,9 @@ _BY_TOKENIZER: dict[int, _Entry] = {}
 _BY_LLTOK: dict[int, _Entry] = {}
 #: The keys of `_BY_TOKENIZER` whose tokenizer is held strongly, oldest first.
 _STRONG: list[int] = []
-_lock = threading.Lock()
+#: Re-entrant: a weak reference's callback (`_forget`) can run inside `keep` itself, on
+#: the same thread, when an allocation there sets off a collection that frees a tokenizer.
+_lock = threading.RLock()
 
 
 def _forget(key: int) -> None:

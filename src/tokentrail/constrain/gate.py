@@ -41,6 +41,7 @@ __all__ = ["WHITESPACE", "ReasoningGate", "blank_words", "whitespace_ids"]
 #: The bytes a whitespace-only token may hold.
 WHITESPACE = b" \t\r\n"
 
+
 def whitespace_ids(lltok: Any) -> np.ndarray:
     """A bool array over llguidance's vocabulary: the ids whose bytes are non-empty
     whitespace (special tokens never are). Built once per tokenizer, and let go with it."""

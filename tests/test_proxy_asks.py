@@ -134,6 +134,8 @@ def test_no_logprobs_asks_ids_only_and_segments_keep_exact_ids(setup: Any) -> No
     chunks = stream(proxy)
     (asked,) = recorder.completions()[before:]
     assert "n_probs" not in asked and asked["return_tokens"] is True
+    # Greedy: no filters sent (they cannot change the choice), as a direct client asks.
+    assert not {"top_k", "top_p", "min_p"} & set(asked)
 
     tokens = segment_tokens(chunks)
     assert [t["index"] for t in tokens] == list(range(len(tokens)))
@@ -171,3 +173,19 @@ def test_logprobs_without_alternatives_still_asks_for_logprobs(setup: Any) -> No
     entries = [e for c in chunks if c.choices and c.choices[0].logprobs
                for e in c.choices[0].logprobs.content]  # fmt: skip
     assert entries and all(e.logprob <= 0 for e in entries)
+
+
+def test_sampling_asks_for_no_filter_where_the_client_asked_none(setup: Any) -> None:
+    """At a temperature above 0, the proxy states "no filter" (llama-server's defaults
+    would keep the 40 likeliest tokens with p >= 0.05 of the top one and draw from
+    those), so the token is drawn from the distribution the client asked for."""
+    _, recorder, proxy = setup
+    before = len(recorder.completions())
+    client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="x")
+    reply = client.chat.completions.create(
+        model=proxy.model, messages=[{"role": "user", "content": "Hi"}], max_tokens=4,
+        temperature=1.0, seed=7,
+    )  # fmt: skip
+    (asked,) = recorder.completions()[before:]
+    assert (asked["top_k"], asked["top_p"], asked["min_p"]) == (0, 1.0, 0.0)
+    assert asked["temperature"] == 1.0 and reply.choices[0].message.content is not None

@@ -173,6 +173,11 @@ def test_sampling_fields_per_dialect() -> None:
     assert ask("tokentrail", p)[1]["top_k"] == 0
     assert "top_k" not in ask("openai", p)[1] and "top_k" not in ask("mlx", p)[1]
     assert ask("llamacpp", p)[1]["repeat_penalty"] == 1.1
+    sampled = ask("llamacpp", p)[1]  # no filter stated as such: llama-server's defaults filter
+    assert (sampled["top_k"], sampled["top_p"], sampled["min_p"]) == (0, 1.0, 0.2)
+    # Greedy: the filters cannot change the choice, and llama-server's defaults are cheaper.
+    greedy = ask("llamacpp", SamplingParams(top_k=5, top_p=0.5, min_p=0.1))[1]
+    assert greedy["temperature"] == 0 and not {"top_k", "top_p", "min_p"} & set(greedy)
     assert ask("llamacpp", SamplingParams())[1]["repeat_penalty"] == 1.0
     for name in ("vllm", "tokentrail", "mlx"):
         assert ask(name, p)[1]["repetition_penalty"] == 1.1

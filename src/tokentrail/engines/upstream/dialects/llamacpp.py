@@ -31,11 +31,17 @@ class LlamaCppDialect(UpstreamDialect):
             "return_tokens": True,
             "cache_prompt": True,
             "temperature": params.temp,
-            "top_p": params.top_p,
-            "top_k": params.top_k,
-            "min_p": params.min_p,
             "repeat_penalty": params.repetition_penalty or 1.0,
         }
+        if params.temp > 0:
+            # Greedy decoding takes the highest logit whatever top-k, top-p or min-p
+            # keep (each keeps it), so they are sent only to sampling: left out, llama-
+            # server's own defaults cut the candidates to 40 before its temperature and
+            # sampling steps, where "no filter" (0, 1, 0) has them walk the whole
+            # vocabulary for every token (10% of its CPU per token on the demo model,
+            # benchmarks/results/proxy-cpu.md). The request is then the one a greedy
+            # client of llama-server sends itself.
+            body.update(top_p=params.top_p, top_k=params.top_k, min_p=params.min_p)
         if not ids_only(params):
             body["n_probs"] = max(1, params.top_logprobs)
         if params.seed is not None:

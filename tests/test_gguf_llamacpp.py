@@ -25,6 +25,8 @@ import ctypes
 import functools
 import json
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -431,3 +433,27 @@ def test_the_proxy_reads_a_gguf_transformers_cannot_with_llama_cpps_tokenizer(ke
         text = tok.apply_chat_template(messages, tokenize=False)
         ids = tok.apply_chat_template(messages)
         assert "Name a colour." in text and vocab.decode(ids, skip_special_tokens=False) == text
+
+
+def test_a_process_holding_llama_cpps_tokenizer_exits_without_noise() -> None:
+    """The proxy's llama.cpp tokenizer (a vocabulary-only `Llama`) is closed before the
+    interpreter tears its modules down: nothing on stderr at exit (llama-cpp-python's own
+    `__del__` at shutdown printed "Exception ignored ... TypeError: 'NoneType' object is
+    not callable" on every exit of the proxy)."""
+    require("transformers")
+    require("llama_cpp")
+    path = gguf_path("mpt")
+    code = (
+        "import sys\n"
+        "from tokentrail.server.proxy import load_tokenizer\n"
+        f"tok = load_tokenizer({str(path)!r})\n"
+        "assert type(tok).__name__ == 'LlamaCppTokenizer', type(tok)\n"
+        "print(len(tok.encode('hello world')))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert int(done.stdout.split()[-1]) > 0
+    assert "Exception ignored" not in done.stderr and "Traceback" not in done.stderr, (
+        done.stderr[-2000:]
+    )

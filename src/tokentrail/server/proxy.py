@@ -22,6 +22,7 @@ import argparse
 import json
 import logging
 import threading
+import weakref
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -83,7 +84,12 @@ def _llama_cpp_tokenizer(p: Path) -> Any:
         llama = llama_cpp.Llama(model_path=str(p), vocab_only=True, verbose=False)
     except ValueError as e:
         raise ValueError(f"--tokenizer {p}: llama.cpp cannot read its vocabulary: {e}") from e
-    return LlamaCppTokenizer(llama)
+    tok = LlamaCppTokenizer(llama)
+    # Closed when the tokenizer goes, or at exit while the interpreter still stands:
+    # left to llama-cpp-python's own __del__ at shutdown, the close finds its modules
+    # torn down and prints "Exception ignored ... TypeError" on every exit.
+    weakref.finalize(tok, llama.close)
+    return tok
 
 
 def _ordered_eos(tok: Any) -> list[int]:

@@ -26,7 +26,6 @@ import json
 import logging
 import math
 import os
-import weakref
 from bisect import bisect_right
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -36,6 +35,7 @@ from typing import Any
 
 from ..errors import CalibrationError
 from ..segment import Confidence
+from ..weakid import IdWeakMap
 from .measures import MEASURES, SEGMENT_MEASURES, segment_measures
 
 log = logging.getLogger(__name__)
@@ -187,13 +187,12 @@ class Calibration:
     fingerprint: dict[str, Any] = field(default_factory=dict)
     fitted_on: dict[str, Any] = field(default_factory=dict)
     source: str = ""
-    #: The models already checked against `fingerprint`, by `id(model)`: a weak
-    #: reference to the model (an MLX module is a dict, so it cannot be a weak
-    #: dictionary's key) and weak references to the tokenizers it was checked with. An
-    #: entry goes with its model, so a model once checked and then freed is never
-    #: mistaken for another that takes its place in memory (`fingerprint.calibration_for`).
-    checked: dict[int, tuple[weakref.ref[Any], list[weakref.ref[Any]]]] = field(
-        default_factory=dict, repr=False, compare=False
+    #: The models already checked against `fingerprint`, each with the tokenizers it
+    #: was checked with, by identity (an MLX module is a dict): an entry goes with its
+    #: model, so a model once checked and then freed is never mistaken for another that
+    #: takes its place in memory (`fingerprint.calibration_for`).
+    checked: IdWeakMap[IdWeakMap[bool]] = field(
+        default_factory=IdWeakMap, repr=False, compare=False
     )
 
     @classmethod

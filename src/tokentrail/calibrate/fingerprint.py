@@ -12,16 +12,15 @@
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
 import os
-import weakref
 from pathlib import Path
 from typing import Any
 
 from ..engines import engine_for
 from ..prompting import vocab_for
+from ..weakid import IdWeakMap
 
 log = logging.getLogger(__name__)
 
@@ -115,26 +114,12 @@ def calibration_for(calibration: Any, model: Any, tokenizer: Any) -> Any:
     from .apply import Calibration
 
     cal = calibration if isinstance(calibration, Calibration) else Calibration.load(calibration)
-    if not _checked(cal.checked, model, tokenizer):
+    tokenizers = cal.checked.get(model)
+    if tokenizers is None or tokenizers.get(tokenizer) is None:
         cal.check(model_fingerprint(model, tokenizer))
-        # Not weakly referable: checked again on the next call.
-        with contextlib.suppress(TypeError):
-            _remember(cal.checked, model, tokenizer)
+        if tokenizers is None:
+            tokenizers = IdWeakMap()
+        # Either not weakly referable: checked again on the next call.
+        if tokenizers.put(tokenizer, True):
+            cal.checked.put(model, tokenizers)
     return cal
-
-
-def _checked(checked: dict[int, Any], model: Any, tokenizer: Any) -> bool:
-    """Whether this very model and tokenizer passed the fingerprint check before (by
-    the objects, not their ids: a freed model's id is soon another's)."""
-    hit = checked.get(id(model))
-    return hit is not None and hit[0]() is model and any(r() is tokenizer for r in hit[1])
-
-
-def _remember(checked: dict[int, Any], model: Any, tokenizer: Any) -> None:
-    tokenizer_ref = weakref.ref(tokenizer)
-    key = id(model)
-    hit = checked.get(key)
-    if hit is None or hit[0]() is not model:
-        hit = (weakref.ref(model, lambda _: checked.pop(key, None)), [])
-        checked[key] = hit
-    hit[1].append(tokenizer_ref)

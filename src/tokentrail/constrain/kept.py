@@ -11,9 +11,10 @@ held, a few at most (`STRONG_KEPT`), the oldest let go first.
 from __future__ import annotations
 
 import threading
-import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
+
+from ..weakid import IdWeakMap
 
 T = TypeVar("T")
 
@@ -24,60 +25,42 @@ STRONG_KEPT = 4
 
 
 class _Entry:
-    __slots__ = ("lltok", "memo", "ref")
+    __slots__ = ("lltok", "memo")
 
-    def __init__(self, ref: Any, lltok: Any) -> None:
-        self.ref, self.lltok = ref, lltok
+    def __init__(self, lltok: Any) -> None:
+        self.lltok = lltok
         self.memo: dict[str, Any] = {}
 
-    def holds(self, tokenizer: Any) -> bool:
-        target = self.ref() if isinstance(self.ref, weakref.ref) else self.ref
-        return target is tokenizer
 
-
-#: Entries by `id(tokenizer)`, and the same entries by `id(lltok)`.
-_BY_TOKENIZER: dict[int, _Entry] = {}
+#: The same entries by `id(lltok)`: each goes with its tokenizer's (`_unindex`).
 _BY_LLTOK: dict[int, _Entry] = {}
-#: The keys of `_BY_TOKENIZER` whose tokenizer is held strongly, oldest first.
-_STRONG: list[int] = []
-#: Re-entrant: a weak reference's callback (`_forget`) can run inside `keep` itself, on
-#: the same thread, when an allocation there sets off a collection that frees a tokenizer.
 _lock = threading.RLock()
 
 
-def _forget(key: int) -> None:
-    with _lock:
-        entry = _BY_TOKENIZER.pop(key, None)
-        if entry is not None and _BY_LLTOK.get(id(entry.lltok)) is entry:
-            del _BY_LLTOK[id(entry.lltok)]
-        if key in _STRONG:
-            _STRONG.remove(key)
+def _unindex(entry: _Entry, index: dict[int, _Entry] = _BY_LLTOK, lock: Any = _lock) -> None:
+    # (The index and lock bound here: at interpreter exit a tokenizer's weak-reference
+    # callback can run after this module's globals are cleared.)
+    with lock:
+        if index.get(id(entry.lltok)) is entry:
+            del index[id(entry.lltok)]
+
+
+#: Entries by model tokenizer.
+_BY_TOKENIZER: IdWeakMap[_Entry] = IdWeakMap(strong=STRONG_KEPT, on_drop=_unindex)
 
 
 def lltok_of(tokenizer: Any) -> Any | None:
     """The llguidance tokenizer kept for `tokenizer`, or None."""
-    entry = _BY_TOKENIZER.get(id(tokenizer))
-    return entry.lltok if entry is not None and entry.holds(tokenizer) else None
+    entry = _BY_TOKENIZER.get(tokenizer)
+    return None if entry is None else entry.lltok
 
 
 def keep(tokenizer: Any, lltok: Any) -> Any:
     """File `lltok` under `tokenizer` until the tokenizer is gone; returns `lltok`."""
-    key = id(tokenizer)
-    _forget(key)  # a dead tokenizer's id, reused
-    try:
-        ref: Any = weakref.ref(tokenizer, lambda _: _forget(key))
-        strong = False
-    except TypeError:
-        ref, strong = tokenizer, True
-    entry = _Entry(ref, lltok)
+    entry = _Entry(lltok)
     with _lock:
-        _BY_TOKENIZER[key] = entry
         _BY_LLTOK[id(lltok)] = entry
-        if strong:
-            _STRONG.append(key)
-        oldest = _STRONG[0] if len(_STRONG) > STRONG_KEPT else None
-    if oldest is not None:
-        _forget(oldest)
+    _BY_TOKENIZER.put(tokenizer, entry)
     return lltok
 
 

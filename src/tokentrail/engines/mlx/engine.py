@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import os
-import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +23,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ...sampling import SamplingParams
+from ...weakid import IdWeakMap
 from ..base import Step, read_model_config
 
 # PREFILL_STEP_SIZE, top_k_ids (and sampling_for) stay importable from here, where they
@@ -97,24 +97,20 @@ def load(path: str | os.PathLike[str]) -> tuple[nn.Module, Any]:
     return model, tokenizer
 
 
-#: What `load` learned about each model it loaded, by `id(model)`, with a weak reference
-#: to the model: an `nn.Module` is a dict, so it cannot be a weak dictionary's key, and
-#: an attribute written onto it would patch an object mlx-lm owns.
-_INFO: dict[int, tuple[weakref.ref[nn.Module], ModelInfo]] = {}
+#: What `load` learned about each model it loaded, by identity: an `nn.Module` is a
+#: dict, so it cannot be a weak dictionary's key, and an attribute written onto it would
+#: patch an object mlx-lm owns.
+_INFO: IdWeakMap[ModelInfo] = IdWeakMap()
 
 
 def _remember(model: nn.Module, path: str, config: dict[str, Any]) -> None:
-    key = id(model)
-    _INFO[key] = (weakref.ref(model, lambda _: _INFO.pop(key, None)), ModelInfo(path, config))
+    _INFO.put(model, ModelInfo(path, config))
 
 
 def model_info(model: Any) -> ModelInfo | None:
     """What `load` learned about `model` (its folder and config), or None when `load`
     did not load it."""
-    hit = _INFO.get(id(model))
-    if hit is None or hit[0]() is not model:
-        return None
-    return hit[1]
+    return _INFO.get(model)
 
 
 def accepts(model: Any) -> bool:

@@ -370,7 +370,7 @@ def test_sse_framing(server: Server) -> None:
         (CHAT, {"messages": "hi"}, 400, "messages"),
         (COMP, {"prompt": "x", "logprobs": 21}, 400, "logprobs"),
         (COMP, {"prompt": "x", "logprobs": True}, 400, "logprobs"),
-        (COMP, {"prompt": ["a", "b"]}, 400, "prompt"),
+        (COMP, {"prompt": [["a"], "b"]}, 400, "prompt"),
         (COMP, {"prompt": [10**9]}, 400, "prompt"),
         (COMP, {"prompt": 5}, 400, "prompt"),
         (COMP, {"prompt": "x", "echo": True}, 400, "echo"),

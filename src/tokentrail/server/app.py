@@ -2,7 +2,8 @@
 check, API key, content type). Routes validate the body (`protocol`, constraints
 compiled off the event loop by `structured.CompileGate`), queue a `Job` on the
 `Scheduler` (through its `Admission`), and stream or collect its records through a
-`Formatter`.
+`Formatter` (`answers`); a completions request with several prompts queues a job for
+each (`prompts`).
 """
 
 from __future__ import annotations
@@ -16,15 +17,24 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import APIError, ClientGone, EngineError
+from ..errors import APIError, ClientGone
 from ..vocab import Vocab
+from .answers import (
+    collect,
+    empty_response,
+    generation_error,
+    json_response,
+    stream_events,
+    watch_disconnect,
+)
 from .body import read_json
 from .config import Loader, ServerConfig
-from .formatting import Formatter, merge_responses, sse, usage
+from .formatting import Formatter
 from .guard import Guard
 from .jobs import ChatRunner, Job
 from .metrics import Metrics
 from .on_loop import drive
+from .prompts import answer_several, split_prompts
 from .protocol import (
     GenRequest,
     Kind,
@@ -42,37 +52,10 @@ if TYPE_CHECKING:
     from starlette.applications import Starlette
     from starlette.requests import Request
     from starlette.responses import Response
-    from starlette.types import Receive
 
 logger = logging.getLogger("tokentrail.server")
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
-
-
-def _json_response(
-    obj: Any, status: int = 200, headers: Mapping[str, str] | None = None
-) -> Response:
-    from starlette.responses import JSONResponse
-
-    return JSONResponse(obj, status_code=status, headers=dict(headers or {}))
-
-
-def _empty_response(status: int) -> Response:
-    from starlette.responses import Response
-
-    return Response(status_code=status)
-
-
-# -- streaming -----------------------------------------------------------------------------
-
-
-async def _watch_disconnect(receive: Receive, job: Job) -> None:
-    """Cancel `job` as soon as the client hangs up (the request body is already read)."""
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            job.cancel("client disconnected")
-            return
 
 
 # -- routes -------------------------------------------------------------------------------------
@@ -136,13 +119,13 @@ class _Server:
         return card
 
     async def models(self, request: Request) -> Response:
-        return _json_response({"object": "list", "data": [self._model_card()]})
+        return json_response({"object": "list", "data": [self._model_card()]})
 
     async def model(self, request: Request) -> Response:
         model = request.path_params["model"]
         if model != self.scheduler.model_name:
             raise self._no_model(model)
-        return _json_response(self._model_card())
+        return json_response(self._model_card())
 
     async def health(self, request: Request) -> Response:
         """This server's state; under ``serve --workers N`` the answering worker's, with
@@ -151,7 +134,7 @@ class _Server:
         board = getattr(request.app.state, "workers", None)  # a `workers.WorkerBoard`
         if board is not None:
             stats = board.health(stats)
-        return _json_response(stats, 200 if stats["status"] == "ok" else 503)
+        return json_response(stats, 200 if stats["status"] == "ok" else 503)
 
     async def metrics_page(self, request: Request) -> Response:
         from starlette.responses import Response
@@ -168,7 +151,7 @@ class _Server:
         streams = getattr(request.app.state, "upstream_streams", None)
         if callable(streams):  # the proxy's reading of its upstream streams
             report = {**report, "streams": streams()}
-        return _json_response(report)
+        return json_response(report)
 
     async def index(self, request: Request) -> Response:
         return self._static("index.html", "text/html")
@@ -195,9 +178,19 @@ class _Server:
             body = await read_json(request, self.max_body_bytes)
         except ClientGone as e:
             logger.info("%s %s: %s", request.method, request.url.path, e)
-            return _empty_response(499)
+            return empty_response(499)
         model = self._check_model(body)
         vocab = self._vocab()
+        bodies = split_prompts(body) if kind == "completion" else None
+        if bodies is not None:
+            reqs = [
+                await self.compiling(
+                    lambda b=b: parse_completion(b, model, vocab.size, self.temperature),
+                    b, self.scheduler.tokenizer,
+                )
+                for b in bodies
+            ]  # fmt: skip
+            return await answer_several(request, reqs, self.scheduler, vocab)
         parse = parse_chat if kind == "chat" else parse_completion
         req = await self.compiling(
             lambda: parse(body, model, vocab.size, self.temperature), body, self.scheduler.tokenizer
@@ -209,31 +202,31 @@ class _Server:
         job = Job(id=prefix + uuid.uuid4().hex[:24], request=req, loop=asyncio.get_running_loop(),
                   outside=runner is not None)  # fmt: skip
         self.scheduler.submit(job)
-        watcher = asyncio.create_task(_watch_disconnect(request.receive, job))
+        watcher = asyncio.create_task(watch_disconnect(request.receive, job))
         handed_over = False
         try:
             # Wait for the first event before answering, so that a prompt the model
             # rejects still gets a proper HTTP error status.
             event = await job.next_event()
             if event[0] == "error":
-                raise _generation_error(event[2])
+                raise generation_error(event[2])
             if event[0] == "cancelled":
                 if runner is not None:  # it may have been admitted meanwhile
                     self.scheduler.release(job, "cancelled")
-                return _empty_response(499)
+                return empty_response(499)
             if runner is not None:  # admitted; the runner frees its place when it ends
                 answer = await runner.run(job, body, self.scheduler.release)
                 if answer is None or isinstance(answer, dict):
-                    return _empty_response(499) if answer is None else _json_response(answer)
+                    return empty_response(499) if answer is None else json_response(answer)
                 handed_over = True
                 return EventStream(answer, job, watcher, self.scheduler.client_timeout)  # type: ignore[return-value]
             fmts = [Formatter(job.id, req, vocab, choice) for choice in range(req.n)]
             box = self._vote_box(req)
             if req.stream:
                 handed_over = True
-                stream = self._stream(job, fmts, event, box)
+                stream = stream_events(job, fmts, event, box)
                 return EventStream(stream, job, watcher, self.scheduler.client_timeout)  # type: ignore[return-value]
-            return await self._collect(job, fmts, event, box)
+            return await collect(job, fmts, event, box)
         finally:
             if not handed_over:
                 watcher.cancel()
@@ -245,112 +238,6 @@ class _Server:
             return None
         json_reply = req.structure.json_constrained
         return VoteBox(req.n, req.vote, json_reply, self.scheduler.calibration)
-
-    async def _collect(
-        self, job: Job, fmts: list[Formatter], event: Any, box: VoteBox | None = None
-    ) -> Response:
-        steps: list[list[Any]] = [[] for _ in fmts]
-        open_choices = len(fmts)
-        while True:
-            kind, choice, value = event
-            if kind == "step":
-                steps[choice].append(value)
-                if box is not None:
-                    box.add(choice, value)
-            elif kind == "done":
-                open_choices -= 1
-                if open_choices == 0:
-                    break
-            elif kind == "error":
-                raise _generation_error(value)
-            else:  # cancelled
-                return _empty_response(499)
-            event = await job.next_event()
-        responses = [f.response(s) for f, s in zip(fmts, steps, strict=True)]
-        if box is not None:
-            for choice, r in enumerate(responses):
-                r["tokentrail"]["ballot"] = box.ballot(choice)
-        merged = merge_responses(responses)
-        if box is not None:
-            merged["tokentrail"]["vote"] = box.result()
-            if job.early_stop is not None:
-                merged["usage"]["tokentrail"] = job.early_stop.usage()
-        return _json_response(merged)
-
-    async def _stream(
-        self, job: Job, fmts: list[Formatter], event: Any, box: VoteBox | None = None
-    ) -> AsyncIterator[bytes]:
-        """The SSE body: each event's chunk, and every event that had arrived with it in
-        the same item (one send, not one per token, when the client's tokens come
-        faster than they are written)."""
-        open_choices = len(fmts)
-        parts: list[bytes] = []
-        while True:
-            kind, choice, value = event
-            if kind == "step":
-                chunk = fmts[choice].chunk(value)
-                if box is not None:
-                    box.add(choice, value)
-                    if value.finish_reason is not None:
-                        chunk["tokentrail"]["ballot"] = box.ballot(choice)
-                parts.append(sse(chunk))
-            elif kind == "done":
-                open_choices -= 1
-                if open_choices == 0:
-                    break
-            elif kind == "error":
-                logger.error("generation %s failed mid-stream: %s", job.id, value)
-                parts.append(sse(_generation_error(value).body()))
-                yield b"".join(parts)
-                return
-            else:  # cancelled
-                if parts:
-                    yield b"".join(parts)
-                return
-            ready = job.ready_event()
-            if ready is None:
-                if parts:
-                    yield parts[0] if len(parts) == 1 else b"".join(parts)
-                    parts = []
-                ready = await job.next_event()
-            event = ready
-        if box is not None:  # the vote, once every choice has ended: a chunk of its own
-            chunk = fmts[0].usage_chunk()
-            del chunk["usage"]
-            chunk["tokentrail"] = {"vote": box.result()}
-            parts.append(sse(chunk))
-        if fmts[0].req.include_usage:
-            chunk = fmts[0].usage_chunk()
-            chunk["usage"] = usage(
-                fmts[0].prompt_tokens, sum(f.n_tokens for f in fmts), fmts[0].cached_tokens
-            )
-            if job.early_stop is not None:
-                chunk["usage"]["tokentrail"] = job.early_stop.usage()
-            parts.append(sse(chunk))
-        parts.append(b"data: [DONE]\n\n")
-        yield b"".join(parts)
-
-
-def _generation_error(exc: BaseException) -> APIError:
-    """Map an engine exception to a client error (bad prompt/value) or a server error."""
-    if isinstance(exc, APIError):
-        return exc
-    if isinstance(exc, EngineError):  # e.g. an upstream that is gone (502) or slow (504)
-        kind = "invalid_request_error" if 400 <= exc.status < 500 else "upstream_error"
-        return APIError(exc.status, str(exc), type=kind, code=exc.code)
-    if isinstance(exc, ValueError | TypeError):
-        # A ConstraintError (e.g. a constraint the upstream cannot serve) names its field.
-        param = getattr(exc, "param", None)
-        return APIError(
-            400, f"the model rejected the request: {exc}", code="invalid_request", param=param
-        )
-    return APIError(
-        500,
-        f"generation failed: {type(exc).__name__}: {exc}",
-        type="server_error",
-        code="internal_error",
-    )
-
 
 async def _api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, APIError)

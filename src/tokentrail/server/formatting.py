@@ -31,6 +31,9 @@ class Formatter:
         self.id = request_id
         self.req = req
         self.choice = choice
+        #: Whether the answer has several choices (`n` > 1, or several prompts): then
+        #: each chunk's extension names its choice.
+        self.several = req.n > 1
         self.cached_tokens = 0
         self.vocab = vocab
         self.spell = spellings(vocab)
@@ -358,7 +361,7 @@ class Formatter:
             out = self._envelope("text_completion")
         self.first = False
         out["choices"] = [choice]
-        if self.req.n > 1:
+        if self.several:
             ext["choice"] = self.choice
         out["tokentrail"] = ext
         return out

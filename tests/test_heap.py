@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import gc
 import json
+import math
 import subprocess
 import sys
 import weakref
@@ -84,7 +85,14 @@ def test_the_server_freezes_its_start_up_heap() -> None:
     code = (
         "import gc, tokentrail.server.cli as c; from tokentrail import load_vocab;"
         f"v = load_vocab({str(DEMO)!r}); assert gc.get_freeze_count() == 0;"
-        "c._settle_heap(); print(gc.get_freeze_count())"
+        "d = gc.get_threshold(); c._settle_heap(); print(gc.get_freeze_count(), *d,"
+        " *gc.get_threshold())"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert int(out.stdout) > 10_000  # the interpreter, the modules and the vocabulary
+    frozen, *numbers = map(int, out.stdout.split())
+    assert frozen > 10_000  # the interpreter, the modules and the vocabulary
+    # Collections come less often than at Python's default thresholds, full ones (the
+    # product of the three) far less often.
+    default, now = numbers[:3], numbers[3:]
+    assert all(a >= b for a, b in zip(now, default, strict=True))
+    assert math.prod(now) >= 50 * math.prod(default)

@@ -319,6 +319,7 @@ def test_tokentrail_serve_keeps_its_contract(tokentrail_server: str, capsys: Any
     caps = {k: v["status"] for k, v in report["capabilities"].items()}
     assert caps["extension"] == caps["bytes"] == caps["top_k"] == caps["n"] == "yes"
     assert caps["usage_in_stream"] == caps["seed"] == caps["stop"] == "yes"
+    assert caps["prompt_logprobs"] == "yes"  # `echo` with logprobs, on MLX
     # The two things it used to break (stop-string tokens, <|im_end|> listed) pass now.
     assert report["contract"]["stop_tokens"] == report["contract"]["special_tokens"] == PASS
     assert report["contract"]["errors"] == PASS

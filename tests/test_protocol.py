@@ -96,7 +96,7 @@ CASES = [
     (COMP, {"prompt": ["a", "b"]}, 400, "prompt"),
     (COMP, {"prompt": [10**9]}, 400, "prompt"),
     (COMP, {"prompt": 5}, 400, "prompt"),
-    (COMP, {"prompt": "x", "echo": True}, 400, "echo"),
+    (COMP, {"prompt": "x", "echo": "yes"}, 400, "echo"),
     (COMP, {"prompt": "x", "suffix": ""}, 400, "suffix"),
     (COMP, {"prompt": "x", "best_of": 3}, 400, "best_of"),
     (COMP, {}, 400, "prompt"),

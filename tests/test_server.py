@@ -373,7 +373,7 @@ def test_sse_framing(server: Server) -> None:
         (COMP, {"prompt": [["a"], "b"]}, 400, "prompt"),
         (COMP, {"prompt": [10**9]}, 400, "prompt"),
         (COMP, {"prompt": 5}, 400, "prompt"),
-        (COMP, {"prompt": "x", "echo": True}, 400, "echo"),
+        (COMP, {"prompt": "x", "echo": "yes"}, 400, "echo"),
         (COMP, {"prompt": "x", "best_of": 3}, 400, "best_of"),
         (COMP, {}, 400, "prompt"),
         (COMP, {"prompt": ""}, 400, "prompt"),

@@ -9,6 +9,7 @@ from ..fastjson import dumps
 from ..output.record import TokenOutput
 from ..segment import TokenSpan, json_number
 from ..vocab import Vocab
+from .echo import prompt_logprobs
 from .protocol import GenRequest
 from .wire_tokens import spellings
 from .wire_tokens import wire_logprob as _lp
@@ -290,6 +291,21 @@ class Formatter:
             "text_offset": [at for _, at in listed],
         }
 
+    def _echo(
+        self, text: str, logprobs: dict[str, Any] | None, head: bool
+    ) -> tuple[str, dict[str, Any] | None]:
+        """A completion's `text` and `logprobs` with the echoed prompt (`server.echo`):
+        its text and entries first where `head` (the response, or the first chunk), the
+        completion's offsets after its text."""
+        echo = self.req.echoed
+        shift = len(echo.text)
+        if logprobs is not None:
+            logprobs["text_offset"] = [at + shift for at in logprobs["text_offset"]]
+            if head and echo.rows is not None:
+                before = prompt_logprobs(echo, self.spell, self.req.top_logprobs)
+                logprobs = {key: before[key] + logprobs[key] for key in before}
+        return (echo.text + text if head else text), logprobs
+
     def _note(self, step: TokenOutput) -> int:
         """Account for a step; return the text offset where its text starts."""
         offset = self.chars
@@ -352,10 +368,15 @@ class Formatter:
             }
             out = self._envelope("chat.completion.chunk")
         else:
+            text, logprobs = step.text, None
+            if self.req.logprobs:
+                logprobs = self.completion_logprobs(listed)
+            if self.req.echoed is not None:
+                text, logprobs = self._echo(text, logprobs, self.first)
             choice = {
                 "index": self.choice,
-                "text": step.text,
-                "logprobs": self.completion_logprobs(listed) if self.req.logprobs else None,
+                "text": text,
+                "logprobs": logprobs,
                 "finish_reason": step.finish_reason,
             }
             out = self._envelope("text_completion")
@@ -414,14 +435,12 @@ class Formatter:
                 }
             ]
         else:
+            logprobs = self.completion_logprobs(listed) if self.req.logprobs else None
+            if self.req.echoed is not None:
+                text, logprobs = self._echo(text, logprobs, True)
             out = self._envelope("text_completion")
             out["choices"] = [
-                {
-                    "index": self.choice,
-                    "text": text,
-                    "logprobs": self.completion_logprobs(listed) if self.req.logprobs else None,
-                    "finish_reason": finish,
-                }
+                {"index": self.choice, "text": text, "logprobs": logprobs, "finish_reason": finish}
             ]
         out["usage"] = self.usage()
         out["tokentrail"] = ext

@@ -24,6 +24,7 @@ from ..prompting import eos_ids, prompt_ids, room, stop_matcher, vocab_for
 from ..sampling import SamplingError, SamplingParams, check_max_tokens
 from ..structure.tool_choice import tool_parser_for
 from .config import ServerConfig
+from .echo import echo_for
 from .protocol import GenRequest
 from .structured import bound, structure_options
 
@@ -69,6 +70,7 @@ def prepare(
         constraint = bound(req.structure, tokenizer, config.reasoning, chat)
         params = req.params(engine.vocab_size, constraint)
         outputs = tuple(_output(req, ids, engine, tokenizer, config) for _ in range(req.n))
+        req.echoed = echo_for(req, ids, engine, tokenizer)  # read by its `Formatter`s
     except (SamplingError, ConstraintError) as e:
         # e.g. a logit_bias id past the engine's vocabulary; tools with no format
         raise APIError(400, str(e), param=e.param, code="invalid_value") from None

@@ -345,13 +345,14 @@ class CompletionRequest(_Common):
 
     prompt: Annotated[str | list[int], PlainValidator(_prompt)]
     logprobs: int | None = None
-    echo: Any = None
+    #: The prompt returned before the completion (`tokentrail.server.echo`).
+    echo: bool | None = None
     suffix: Any = None
 
-    @field_validator("echo", "suffix")
+    @field_validator("suffix")
     @classmethod
-    def _unsupported(cls, value: Any, info: ValidationInfo) -> Any:
-        if (value if info.field_name == "echo" else value is not None):
+    def _unsupported(cls, value: Any) -> Any:
+        if value is not None:
             raise _fail("unsupported_parameter", "is not supported")
         return value
 
@@ -401,6 +402,10 @@ class GenRequest:
     #: (`tokentrail.server.voting`).
     vote: str | None = None
     early_stop: bool = False
+    #: ``echo`` (completions): the prompt before the completion; `echoed` is the prompt
+    #: as echoed (`tokentrail.server.echo.Echo`), set when the request is prepared.
+    echo: bool = False
+    echoed: Any = None
 
     @property
     def needs_logprobs(self) -> bool:
@@ -520,4 +525,6 @@ def parse_completion(
         wire = CompletionRequest.model_validate(body, context={"vocab_size": vocab_size})
     except ValidationError as e:
         raise validation_error(e) from None
-    return _gen_request(wire, "completion", wire.prompt, model, vocab_size, temperature)
+    req = _gen_request(wire, "completion", wire.prompt, model, vocab_size, temperature)
+    req.echo = bool(wire.echo)
+    return req

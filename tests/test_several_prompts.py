@@ -139,6 +139,7 @@ def _idle(server: Server, timeout: float = 60) -> dict[str, Any]:
 def test_hang_up_stops_every_prompt(server: Server) -> None:
     body = {"model": server.model, "prompt": PROMPTS, "max_tokens": 400, "stream": True,
             "temperature": 1.0, "logit_bias": {"0": -100, "2": -100}}  # fmt: skip
+    before = _idle(server)["generated_tokens"]
     with (
         httpx.Client(timeout=60) as client,
         client.stream("POST", server.url + "/v1/completions", json=body) as r,
@@ -150,7 +151,7 @@ def test_hang_up_stops_every_prompt(server: Server) -> None:
     # the response is closed here, long before 3 x 400 tokens
     health = _idle(server)
     assert (health["active"], health["queued"]) == (0, 0), health
-    assert health["generated_tokens"] < 3 * 400 + 100
+    assert health["generated_tokens"] - before < 3 * 400 / 2  # stopped, not run out
 
 
 def test_refused_whole_when_the_queue_cannot_hold_it(

@@ -28,13 +28,16 @@ class Formatter:
     """Turns one sequence's steps into OpenAI chunks/responses with the tokentrail
     extension; `choice` is the sequence's index among the request's `n`."""
 
-    def __init__(self, request_id: str, req: GenRequest, vocab: Vocab, choice: int = 0) -> None:
+    def __init__(
+        self, request_id: str, req: GenRequest, vocab: Vocab, choice: int = 0,
+        *, several: bool = False,
+    ) -> None:  # fmt: skip
         self.id = request_id
         self.req = req
         self.choice = choice
-        #: Whether the answer has several choices (`n` > 1, or several prompts): then
-        #: each chunk's extension names its choice.
-        self.several = req.n > 1
+        #: Whether the answer has several choices (`n` > 1, or `several`: one of several
+        #: prompts): then each chunk's extension names its choice.
+        self.several = several or req.n > 1
         self.cached_tokens = 0
         self.vocab = vocab
         self.spell = spellings(vocab)

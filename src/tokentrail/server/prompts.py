@@ -162,7 +162,7 @@ async def merge_streams(
     finally:
         for task in tasks:
             task.cancel()
-        with contextlib.suppress(BaseException):
+        with contextlib.suppress(asyncio.CancelledError):  # (wait never raises the tasks')
             await asyncio.wait(tasks)
         for stream in streams:
             with contextlib.suppress(BaseException):
@@ -194,10 +194,8 @@ async def answer_several(
                 raise generation_error(event[2])
             if event[0] == "cancelled":
                 return empty_response(499)
-        fmts = [[Formatter(rid, req, vocab, i * req.n + c) for c in range(req.n)]
+        fmts = [[Formatter(rid, req, vocab, i * req.n + c, several=True) for c in range(req.n)]
                 for i, req in enumerate(reqs)]  # fmt: skip
-        for f in (f for per in fmts for f in per):
-            f.several = True
         jobs = group.jobs
         if reqs[0].stream:
             ended: list[list[str]] = [[] for _ in jobs]

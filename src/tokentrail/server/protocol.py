@@ -333,7 +333,11 @@ def _prompt(value: Any, info: ValidationInfo) -> str | list[int]:
             raise _fail("invalid_value", f"token id {bad} is outside the vocabulary{span}")
         return [int(t) for t in value]
     if isinstance(value, list) and len(value) > 1 and all(isinstance(p, str | list) for p in value):
-        raise _fail("unsupported_value", "holds several prompts; only one per request is supported")
+        raise _fail(  # the server splits them first (`server.prompts.split_prompts`)
+            "unsupported_value",
+            "holds several prompts; parse each on its own (the server's /v1/completions "
+            "answers several, one job each)",
+        )
     raise _fail(
         "invalid_type",
         f"must be a string or a non-empty array of token ids, got {json_type_name(value)}",

@@ -24,7 +24,7 @@ the original's.
 - `plan_branch`: what the engine reads (`Branch.engine_ids`) and the steps replayed
   before its first one (`Branch.replay`), from the memory, else from one forward pass of
   the model over prompt + prefix (+ token) with logits at every position
-  (`engines.scoring.position_logprobs`: MLX and torch), else a `BranchError` saying
+  (`engines.scoring.position_logprobs`: MLX, torch and llama.cpp), else a `BranchError` saying
   why. The library has no memory of earlier replies: it always takes the forward pass.
 
 The forced token's own record is the original's distribution at `at` when the token is

@@ -22,6 +22,7 @@ __all__ = [
     "EngineError",
     "RewindableBase",
     "RewindableSteps",
+    "Row",
     "Step",
     "check_generate_args",
     "read_model_config",
@@ -31,6 +32,11 @@ __all__ = [
 
 #: The distributions a step's logprobs may come from (`Step.distribution`).
 DISTRIBUTIONS = ("raw", "processed", "masked")
+
+
+#: One position of a sequence scored teacher-forced (`engines.scoring.position_logprobs`):
+#: the logprob of the token there and the k most likely (id, logprob), most likely first.
+Row = tuple[float, list[tuple[int, float]]]
 
 
 @dataclass(slots=True)

@@ -4,8 +4,10 @@ candidate continuation, from its full distribution (no sampling processors, no m
 `tokentrail.structure.ContinuationScorer` is what JSON fields need for `alternatives`:
 `continuation_logprobs(k, ids)` is the logprob of each of `ids`, teacher-forced after
 the prompt and the output's first `k` tokens. Here that is one forward pass of the model
-over prompt + output[:k] + ids (no cache is touched, so generation is unaffected); it
-runs only for a leaf with allowed values, and only when fields were asked for.
+over prompt + output[:k] + ids (no cache is touched, so generation is unaffected; on
+llama.cpp the pass takes the engine's own context, which a server's batch does not use,
+and the engine's own generation decodes its sequence again after it); it runs only for
+a leaf with allowed values, and only when fields were asked for.
 """
 
 from __future__ import annotations
@@ -15,8 +17,7 @@ from typing import Any
 
 __all__ = ["ModelScorer", "position_logprobs", "scorer_for"]
 
-#: Per position: the logprob of the token there and the k most likely (id, logprob).
-Row = tuple[float, list[tuple[int, float]]]
+from .base import Row
 
 
 class ModelScorer:
@@ -78,6 +79,17 @@ def _torch_logprobs(model: Any, device: Any) -> Callable[[list[int], int], list[
     return logprobs
 
 
+def _llamacpp_logprobs(engine: Any) -> Callable[[list[int], int], list[float]]:
+    """On the engine's own context (`llamacpp.positions`): a server's batch decodes on
+    its own, and the engine's own generation decodes its sequence again after it."""
+    from .llamacpp.positions import position_rows
+
+    def logprobs(ids: list[int], n: int) -> list[float]:
+        return [lp for lp, _ in position_rows(engine, ids, n, 0)]
+
+    return logprobs
+
+
 def scorer_for(
     engine: Any,
     tokenizer: Any,
@@ -85,7 +97,7 @@ def scorer_for(
     output_ids: list[int],
     options: dict[str, Any] | None = None,
 ) -> tuple[ModelScorer | None, str | None]:
-    """A scorer for `engine` (MLX or torch), or (None, why not)."""
+    """A scorer for `engine` (MLX, torch or llama.cpp), or (None, why not)."""
     options = options or {}
     if options.get("prompt_cache") is not None or options.get("input_embeddings") is not None:
         return None, "a prompt cache or input embeddings hide the prompt's tokens from the scorer"
@@ -97,6 +109,9 @@ def scorer_for(
     if engine.name == "torch" and model is not None:
         device = getattr(engine, "device", None)
         fn = _torch_logprobs(model, device)
+        return ModelScorer(fn, tokenizer, prompt_ids, output_ids), None
+    if engine.name == "llamacpp" and getattr(engine, "llama", None) is not None:
+        fn = _llamacpp_logprobs(engine)
         return ModelScorer(fn, tokenizer, prompt_ids, output_ids), None
     return None, f"the {engine.name} engine does not score continuations (no logits in process)"
 
@@ -140,7 +155,9 @@ def position_logprobs(
     """For each of `ids[n:]`, teacher-forced after `ids[:n]` in one forward pass: the
     model's logprob of it (log_softmax of its logits, no sampling processors) and the
     `k` most likely (id, logprob), most likely first. (None, why not) for an engine with
-    no logits in process (MLX and torch have them)."""
+    no logits in process (MLX, torch and llama.cpp have them; llama.cpp's come from its
+    engine's own context, `llamacpp.positions`; vLLM computes them itself as its
+    ``prompt_logprobs``, `vllm.positions`)."""
     if n < 1 or n > len(ids):
         raise ValueError(f"n must be in 1..{len(ids)}, got {n}")
     if n == len(ids):
@@ -150,4 +167,15 @@ def position_logprobs(
         return _mlx_rows(model, ids, n, k), None
     if engine.name == "torch" and model is not None:
         return _torch_rows(model, getattr(engine, "device", None), ids, n, k), None
+    if engine.name == "llamacpp" and getattr(engine, "llama", None) is not None:
+        from .llamacpp.positions import position_rows
+
+        return position_rows(engine, ids, n, k), None
+    if engine.name == "vllm":
+        from .vllm.positions import position_rows as vllm_rows
+
+        rows = vllm_rows(engine, ids, n, k)
+        if rows is not None:
+            return rows, None
+        return None, "an offline vllm.LLM streams one request at a time"
     return None, f"the {engine.name} engine does not expose its logits in process"

@@ -12,10 +12,11 @@ none (null), as in OpenAI's and vLLM's answers. ``text_offset`` counts the chara
 the prompt's bytes complete before each token. The completion's own entries follow,
 their offsets after the echoed text. Streamed, the first chunk carries the prompt.
 
-The prompt's logprobs need the model's logits at every position, in process: MLX and
-torch. Elsewhere (llama.cpp, vLLM, the proxy) ``echo`` with ``logprobs`` is a 400
-naming ``echo``; ``echo`` alone works everywhere. The ``tokentrail`` extension's
-segments stay the completion's.
+The prompt's logprobs need the model's logits at every position: MLX, torch and
+llama.cpp compute them in process (`engines.llamacpp.positions`), vLLM as its own
+``prompt_logprobs`` (`engines.vllm.positions`). Through the proxy ``echo`` with
+``logprobs`` is a 400 naming ``echo``; ``echo`` alone works everywhere. The
+``tokentrail`` extension's segments stay the completion's.
 """
 
 from __future__ import annotations
@@ -53,8 +54,8 @@ def echo_for(req: GenRequest, ids: list[int], engine: Any, tokenizer: Any) -> Ec
         if found is None:
             raise APIError(
                 400,
-                f"'echo' with 'logprobs' needs the prompt's logprobs, and {why} (MLX and "
-                "torch do); leave 'logprobs' out to echo the prompt's text",
+                f"'echo' with 'logprobs' needs the prompt's logprobs, and {why} (MLX, "
+                "torch, llama.cpp and vLLM do); leave 'logprobs' out to echo the prompt's text",
                 param="echo",
                 code="unsupported_value",
             )

@@ -689,6 +689,34 @@ def test_a_constrained_answer_on_vllm_says_its_logprobs_are_masked(
 
 
 # Last in this file: it kills the module's `ours` server.
+def test_serve_engine_vllm_echoes_the_prompts_logprobs_as_vllm_scores_them(
+    ours: Server, vllm: Server
+) -> None:
+    """``echo`` with ``logprobs`` on ``serve --engine vllm`` (lm-evaluation-harness's
+    ``local-completions`` scoring): each prompt token's logprob and its alternatives
+    are vLLM's own ``prompt_logprobs`` of the same ids (`engines.vllm.positions`)."""
+    first = straight(vllm, "/v1/completions", {"prompt": "def reverse(s):\n    return s",
+                                               "max_tokens": 1})  # fmt: skip
+    ids = first["choices"][0]["prompt_token_ids"]
+    theirs = straight(
+        vllm, "/v1/completions", {"prompt": ids, "max_tokens": 1, "prompt_logprobs": 3}
+    )["choices"][0]["prompt_logprobs"]
+    client = openai.OpenAI(base_url=ours.url + "/v1", api_key="x", max_retries=0, timeout=300)
+    mine = client.completions.create(
+        model=ours.model, prompt=ids, max_tokens=1, temperature=0, logprobs=3, echo=True
+    ).choices[0].logprobs
+    assert len(mine.tokens) == len(ids) + 1
+    assert mine.token_logprobs[0] is None and mine.top_logprobs[0] is None
+    for i in range(1, len(ids)):
+        position = theirs[i]
+        assert math.isclose(mine.token_logprobs[i], position[str(ids[i])]["logprob"],
+                            abs_tol=CLOSE)  # fmt: skip
+        ranked = sorted((e["logprob"] for e in position.values() if e["rank"] <= 3), reverse=True)
+        listed = sorted(mine.top_logprobs[i].values(), reverse=True)
+        assert 1 <= len(listed) <= 3
+        assert listed == pytest.approx(ranked[: len(listed)], abs=CLOSE)
+
+
 def test_serve_engine_vllm_killed_outright_leaves_no_vllm_process_behind(ours: Server) -> None:
     """`kill -9` of `serve --engine vllm` alone (not its group): vLLM's engine processes,
     which nothing of vLLM's stops when their parent dies, are ended by tokentrail's

@@ -89,6 +89,12 @@ def test_api_key_guards_the_api(served: Served) -> None:
     assert r.status_code == 401
     assert httpx.get(served.url + "/metrics", timeout=30).status_code == 401
     assert httpx.get(served.url + "/metrics", headers=served.auth(), timeout=30).status_code == 200
+    # the tokenizer endpoints (`server.tokenize`) too
+    assert httpx.get(served.url + "/tokenizer_info", timeout=30).status_code == 401
+    for path, body in (("/tokenize", {"prompt": "x"}), ("/detokenize", {"tokens": [1]})):
+        assert httpx.post(served.url + path, json=body, timeout=30).status_code == 401
+        ok = httpx.post(served.url + path, json=body, headers=served.auth(), timeout=30)
+        assert ok.status_code == 200, ok.text
     for open_path in ("/", "/health", "/favicon.ico", "/static/page.js"):
         assert httpx.get(served.url + open_path, timeout=30).status_code == 200, open_path
     with pytest.raises(openai.AuthenticationError):

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import APIError, ClientGone
 from ..vocab import Vocab
+from . import tokenize
 from .answers import (
     collect,
     empty_response,
@@ -344,6 +345,7 @@ def _routes(server: _Server) -> list[Any]:
         Route("/v1/models/{model:path}", server.model, methods=["GET"]),
         Route("/v1/completions", server.completions, methods=["POST"]),
         Route("/v1/chat/completions", server.chat, methods=["POST"]),
+        *tokenize.routes(server),  # vLLM's tokenizer endpoints, where lm-eval looks
     ]
     if STATIC_DIR.is_dir():
         routes.append(Mount("/static", StaticFiles(directory=STATIC_DIR), name="static"))

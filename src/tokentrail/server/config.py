@@ -249,7 +249,8 @@ class ServerConfig:
         default_note="0.0, as mlx_lm.server",
     ))
     api_key: str | None = field(default=None, metadata=declare(
-        Flag("--api-key", "require 'Authorization: Bearer KEY' on /v1/* and /metrics",
+        Flag("--api-key",
+             "require 'Authorization: Bearer KEY' on /v1/*, /metrics and the tokenizer endpoints",
              metavar="KEY"),
         env="TOKENTRAIL_API_KEY",
         default_note="$TOKENTRAIL_API_KEY; none",

@@ -1,8 +1,9 @@
 """`Guard`: the ASGI middleware every request passes first, outermost first: the access
 log and request metrics (one info line per request on the logger named
 "tokentrail.server.access"), the `Host` check against DNS rebinding (421), the API key
-on ``/v1/*``, ``/metrics`` and ``/tokentrail/*`` (401), and ``application/json`` for
-POST bodies (415, so a cross-site form cannot start a generation).
+on ``/v1/*``, ``/metrics``, ``/tokentrail/*`` and the tokenizer endpoints (401), and
+``application/json`` for POST bodies (415, so a cross-site form cannot start a
+generation).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ access_log = logging.getLogger("tokentrail.server.access")
 __all__ = ["GUARDED_PATHS", "ROUTES", "Guard"]
 
 #: Paths the API key guards (the page, its files, the icon and /health stay open).
-GUARDED_PATHS = ("/v1/", "/metrics", "/tokentrail/")
+GUARDED_PATHS = ("/v1/", "/metrics", "/tokentrail/", "/tokenize", "/detokenize")
 
 
 def _host_name(value: str) -> str:
@@ -140,5 +141,8 @@ ROUTES = frozenset(
         "/v1/completions",
         "/v1/chat/completions",
         "/tokentrail/upstream",
+        "/tokenize",
+        "/detokenize",
+        "/tokenizer_info",
     }
 )

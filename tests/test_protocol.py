@@ -77,7 +77,7 @@ CASES = [
     (CHAT, {"messages": MSG, "logit_bias": [1]}, 400, "logit_bias"),
     (CHAT, {"messages": MSG, "stream_options": {"include_usage": True}}, 400, "stream_options"),
     (CHAT, {"messages": MSG, "stream": True, "stream_options": 3}, 400, "stream_options"),
-    (CHAT, {"messages": MSG, "presence_penalty": 0.5}, 400, "presence_penalty"),
+    (CHAT, {"messages": MSG, "frequency_penalty": -2.5}, 400, "frequency_penalty"),
     (CHAT, {"messages": MSG, "presence_penalty": 5}, 400, "presence_penalty"),
     (CHAT, {"messages": MSG, "max_tokens": 3, "max_completion_tokens": 4}, 400,
      "max_completion_tokens"),

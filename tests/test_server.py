@@ -360,7 +360,7 @@ def test_sse_framing(server: Server) -> None:
         (CHAT, {"messages": MSG, "logit_bias": {"1": 500}}, 400, "logit_bias"),
         (CHAT, {"messages": MSG, "logit_bias": {"x": 1}}, 400, "logit_bias"),
         (CHAT, {"messages": MSG, "stream_options": {"include_usage": True}}, 400, "stream_options"),
-        (CHAT, {"messages": MSG, "presence_penalty": 0.5}, 400, "presence_penalty"),
+        (CHAT, {"messages": MSG, "frequency_penalty": -2.5}, 400, "frequency_penalty"),
         (CHAT, {"messages": MSG, "model": "gpt-4o"}, 404, "model"),
         (CHAT, {"messages": MSG, "model": 7}, 400, "model"),
         (CHAT, {}, 400, "messages"),

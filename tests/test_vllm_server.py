@@ -717,6 +717,22 @@ def test_serve_engine_vllm_echoes_the_prompts_logprobs_as_vllm_scores_them(
         assert listed == pytest.approx(ranked[: len(listed)], abs=CLOSE)
 
 
+def test_serve_engine_vllm_penalties_are_vllms(ours: Server, vllm: Server) -> None:
+    """``presence_penalty`` and ``frequency_penalty`` go to vLLM as its own sampling
+    parameters: the greedy ids are those of vLLM's server for the same request."""
+    body = {"prompt": "List fruits: apple, banana, apple, banana,", "max_tokens": 32,
+            "temperature": 0, "presence_penalty": 1.2, "frequency_penalty": 0.8}  # fmt: skip
+    theirs = straight(vllm, "/v1/completions", body)["choices"][0]["token_ids"]
+    plain = straight(vllm, "/v1/completions", {**body, "presence_penalty": 0,
+                                               "frequency_penalty": 0})["choices"][0]  # fmt: skip
+    assert plain["token_ids"] != theirs  # the penalties change the answer
+    client = openai.OpenAI(base_url=ours.url + "/v1", api_key="x", max_retries=0, timeout=300)
+    extra = {k: body[k] for k in ("presence_penalty", "frequency_penalty")}
+    mine = client.completions.create(model=ours.model, prompt=body["prompt"], max_tokens=32,
+                                     temperature=0, extra_body=extra)  # fmt: skip
+    assert [t["id"] for t in ext_tokens([ext(mine)])] == theirs
+
+
 def test_serve_engine_vllm_killed_outright_leaves_no_vllm_process_behind(ours: Server) -> None:
     """`kill -9` of `serve --engine vllm` alone (not its group): vLLM's engine processes,
     which nothing of vLLM's stops when their parent dies, are ended by tokentrail's

@@ -128,7 +128,8 @@ def signature(params: SamplingParams) -> tuple[Any, ...]:
     shaped: tuple[Any, ...] = ()
     if params.logprobs_mode == "processed":
         shaped = (params.temp, params.top_p, params.top_k, params.min_p)
-    return (params.logprobs_mode, params.repetition_penalty, bias, shaped)
+    return (params.logprobs_mode, params.repetition_penalty, params.presence_penalty,
+            params.frequency_penalty, bias, shaped)  # fmt: skip
 
 
 @dataclass(eq=False)
@@ -306,8 +307,9 @@ def _forward(
     why = None
     if params.logprobs_mode == "processed":
         why = "the 'processed' logprobs depend on the original reply's sampling"
-    elif params.repetition_penalty or params.logit_bias:
-        why = "a repetition penalty or logit bias changes the model's own distribution"
+    elif (params.repetition_penalty or params.logit_bias or params.presence_penalty
+          or params.frequency_penalty):  # fmt: skip
+        why = "a penalty or logit bias changes the model's own distribution"
     rows = None
     if why is None:
         rows, why = position_logprobs(engine, prompt + tail, len(prompt), params.top_logprobs)

@@ -85,6 +85,8 @@ def stream_generate(
     top_logprobs: int = 0,
     stop: str | Sequence[str] | None = None,
     skip_special_tokens: bool = True,
+    presence_penalty: float = 0.0,
+    frequency_penalty: float = 0.0,
     sampler: Callable[[Any], Any] | None = None,
     logits_processors: Sequence[Callable[[Any, Any], Any]] | None = None,
     align_to_prompt: bool = True,
@@ -117,9 +119,11 @@ def stream_generate(
     `input_embeddings`, `num_draft_tokens`, ...), so for the same inputs and seed the
     tokens and `from_draft` flags are mlx-lm's. tokentrail's own keywords: `temp`,
     `top_p`, `top_k`, `min_p` build an mlx-lm sampler (give those or `sampler`, not
-    both); `repetition_penalty` and `logit_bias` add mlx-lm processors after
-    `logits_processors`; `seed` seeds MLX's generator when generation starts;
-    `top_logprobs` (0..20) alternatives per token; `stop` strings; `skip_special_tokens`.
+    both); `repetition_penalty`, `presence_penalty`, `frequency_penalty` (OpenAI's,
+    over the engine's window of recent tokens: `SamplingParams`) and `logit_bias` add
+    mlx-lm processors after `logits_processors`; `seed` seeds MLX's generator when
+    generation starts; `top_logprobs` (0..20) alternatives per token; `stop` strings;
+    `skip_special_tokens`.
 
     `prompt` is text, token ids, or chat messages (rendered with the tokenizer's chat
     template and a generation prompt). `max_tokens=None` (or -1) generates until EOS or
@@ -169,6 +173,7 @@ def stream_generate(
     params = make_params(
         temp=temp, top_p=top_p, top_k=top_k, min_p=min_p,
         repetition_penalty=repetition_penalty, logit_bias=logit_bias, seed=seed,
+        presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
         top_logprobs=top_logprobs, vocab_size=engine.vocab_size, constraint=constraint,
         logprobs_mode=logprobs_mode,
     )

@@ -72,6 +72,13 @@ class SamplingParams:
     seed: int | None = None
     top_logprobs: int = 0
     constraint: Constraint | None = None
+    #: OpenAI's penalties: each token already in the recent context has its logit lowered
+    #: by `presence_penalty` once and by `frequency_penalty` per time it occurs there
+    #: (0: off). The context is the engine's own: the last 20 tokens on MLX and torch
+    #: (mlx-lm's, prompt included), the last 64 on llama.cpp (its ``repeat_last_n``,
+    #: prompt included, as llama-server), every generated token on vLLM (its rule).
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
     logprobs_mode: Literal["raw", "processed"] = "raw"
     logprobs: bool = True
 
@@ -140,6 +147,8 @@ RANGES: Mapping[str, Range] = {
         Range("top_k", "int", 0, note="0 means no top-k filter"),
         Range("min_p", "real", 0, 1),
         Range("repetition_penalty", "real", 0, lo_open=True),
+        Range("presence_penalty", "real", -2, 2),
+        Range("frequency_penalty", "real", -2, 2),
         Range("seed", "int", 0),
         Range("top_logprobs", "int", 0, MAX_TOP_LOGPROBS),
         Range("logit_bias", "real"),
@@ -228,6 +237,8 @@ def make_params(
     logit_bias: Mapping[int, float] | None = None,
     seed: int | None = None,
     top_logprobs: int = 0,
+    presence_penalty: float = 0.0,
+    frequency_penalty: float = 0.0,
     vocab_size: int | None = None,
     limits: Mapping[str, Range] = LIBRARY_LIMITS,
     labels: Mapping[str, str] | None = None,
@@ -248,7 +259,8 @@ def make_params(
     names = labels or {}
     given = {"temp": temp, "top_p": top_p, "top_k": top_k, "min_p": min_p,
              "top_logprobs": top_logprobs, "repetition_penalty": repetition_penalty,
-             "seed": seed}
+             "seed": seed, "presence_penalty": presence_penalty,
+             "frequency_penalty": frequency_penalty}
     checked = {
         name: None if value is None and name in _OPTIONAL
         else check_value(name, value, limits, names.get(name))

@@ -481,7 +481,8 @@ def _processed(logprobs: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 def _make_processors(
     params: SamplingParams, device: torch.device
 ) -> Callable[[Any, torch.Tensor], torch.Tensor] | None:
-    """Logit bias, then the repetition penalty (mlx-lm's `make_logits_processors`)."""
+    """Logit bias, then the repetition, presence and frequency penalties over the same
+    recent tokens (mlx-lm's `make_logits_processors`, in its order)."""
     bias_ids = bias_values = None
     if params.logit_bias:
         bias_ids = torch.tensor(list(params.logit_bias), dtype=torch.long, device=device)
@@ -491,7 +492,8 @@ def _make_processors(
     penalty = params.repetition_penalty
     if penalty == 0:
         penalty = None
-    if bias_ids is None and penalty is None:
+    presence, frequency = params.presence_penalty, params.frequency_penalty
+    if bias_ids is None and penalty is None and not presence and not frequency:
         return None
 
     def process(history: Any, logits: torch.Tensor) -> torch.Tensor:
@@ -501,6 +503,11 @@ def _make_processors(
             selected = logits[history]
             # Sign-aware: a penalty > 1 always makes a seen token less likely.
             logits[history] = torch.where(selected < 0, selected * penalty, selected / penalty)
+        if history is not None and history.numel():
+            if presence:  # once per token seen, however often
+                logits[history] -= presence
+            if frequency:  # once per time it was seen
+                logits = logits.index_add(0, history, logits.new_full(history.shape, -frequency))
         return logits
 
     return process

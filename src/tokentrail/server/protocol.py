@@ -224,16 +224,6 @@ class _Common(_Wire, StructuredFields):
             raise _fail("unsupported_value", f"must be 1 (the only value supported), got {value}")
         return value
 
-    @field_validator("presence_penalty", "frequency_penalty")
-    @classmethod
-    def _no_penalties(cls, value: float | None) -> float | None:
-        if value:
-            raise _fail(
-                "unsupported_parameter",
-                "is not supported (use 'repetition_penalty'); send 0 or leave it out",
-            )
-        return value
-
     def check_together(self) -> None:
         """Rules across fields (bad_request naming the field to change)."""
         if self.stream_options is not None and not self.stream:
@@ -388,6 +378,8 @@ class GenRequest:
     top_k: int = 0
     min_p: float = 0.0
     repetition_penalty: float | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
     seed: int | None = None
     stop: list[str] | None = None
     logit_bias: dict[str, float] | dict[int, float] | None = None
@@ -451,6 +443,8 @@ class GenRequest:
             top_k=self.top_k,
             min_p=self.min_p,
             repetition_penalty=self.repetition_penalty,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
             logit_bias=self.logit_bias,
             seed=self.seed,
             top_logprobs=self.top_logprobs,
@@ -486,6 +480,8 @@ def _gen_request(
         top_k=0 if wire.top_k in (None, -1) else wire.top_k,  # -1 means off, as in vLLM
         min_p=0.0 if wire.min_p is None else wire.min_p,
         repetition_penalty=wire.repetition_penalty,
+        presence_penalty=wire.presence_penalty or 0.0,
+        frequency_penalty=wire.frequency_penalty or 0.0,
         seed=wire.seed,
         stop=list(wire.stop) if wire.stop else None,
         logit_bias=dict(wire.logit_bias) if wire.logit_bias else None,

@@ -419,6 +419,8 @@ class LlamaCppBatch(BaseBatch):
             seq.window,
             p.repetition_penalty,
             self._scratch,
+            p.presence_penalty,
+            p.frequency_penalty,
         )
         seq.window.append(token)
         seq.produced += 1

@@ -4,13 +4,13 @@ chain, and logprobs read from a view over llama.cpp's logits buffer.
 * Decoding uses the `llama_cpp.Llama` object's `eval` (llama.cpp's batches and KV cache,
   with the longest common prefix of the previous sequence reused, as `Llama.generate`).
 * Sampling is a llama.cpp sampler chain (`llama_sampler_*`) in llama-cpp-python's order:
-  logit bias, repeat penalty, top-k, top-p, min-p, temperature, then a seeded `dist`
-  sampler (or `greedy` at temperature 0). The same seed and settings draw the same
-  tokens as `Llama.create_completion` (without a repeat penalty; with one, the prompt
-  also counts, as in llama-server).
+  logit bias, penalties (repeat, frequency, presence), top-k, top-p, min-p, temperature,
+  then a seeded `dist` sampler (or `greedy` at temperature 0). The same seed and
+  settings draw the same tokens as `Llama.create_completion` (without penalties; with
+  one, the prompt also counts, as in llama-server).
 * Each step's logprob and top-k come from `llama_get_logits_ith` read through a numpy
   view (no copy): one pass for the log-normalizer, a blockwise max to find the top-k,
-  and exact corrections for the few ids that logit bias or the repeat penalty changed.
+  and exact corrections for the few ids that logit bias or the penalties changed.
   `Step.logprobs` is a lazy view of the full vector, materialised only if asked for.
 * The tokenizer (`LlamaCppTokenizer`) is llama.cpp's own: its `Vocab` is built from
   `llama_token_to_piece` for every id and the token attributes (control tokens are
@@ -37,7 +37,7 @@ from ..base import RewindableBase, Step, check_generate_args
 from ..gguf_models import GGUFError, check_magic, explain_llamacpp_failure, gguf_source
 from .batch import LlamaCppBatch
 from .guided import guided_chain, guided_step
-from .sampling import REPEAT_LAST_N, LazyLogprobs, make_sampler, step_logprobs
+from .sampling import REPEAT_LAST_N, LazyLogprobs, make_sampler, penalizes, step_logprobs
 
 log = logging.getLogger(__name__)
 
@@ -290,7 +290,7 @@ _CTX_PAD = 256
 class LlamaCppEngine:
     """Runs a llama-cpp-python `Llama`; see `tokentrail.engines.Engine`.
 
-    `Step.logprob` is log p(token) after logit bias and the repeat penalty, before
+    `Step.logprob` is log p(token) after logit bias and the penalties, before
     temperature and the top-k/top-p/min-p filters (as on the other engines); with neither,
     it equals llama-cpp-python's own `logprobs` (a log-softmax of the raw logits).
     """
@@ -349,11 +349,14 @@ class LlamaCppEngine:
         self, prompt_ids: Sequence[int], params: SamplingParams, max_tokens: int | None
     ) -> LlamaCppRewindable:
         """A step stream that can take tokens back (`engines.base.RewindableSteps`, for
-        field retry; see `LlamaCppRewindable`). A repeat penalty is refused: llama.cpp's
+        field retry; see `LlamaCppRewindable`). A penalty is refused: llama.cpp's
         penalty sampler cannot forget the tokens taken back."""
         ids = check_generate_args(prompt_ids, params, max_tokens, self.vocab_size)
-        if params.repetition_penalty not in (None, 1.0):
-            raise ValueError("field retry on llama.cpp does not take repetition_penalty")
+        if penalizes(params):
+            raise ValueError(
+                "field retry on llama.cpp does not take repetition_penalty, presence_penalty "
+                "or frequency_penalty"
+            )
         return LlamaCppRewindable(self, ids, self.bound(params), max_tokens)
 
     def open_batch(self, max_batch: int, **options: Any) -> LlamaCppBatch:
@@ -405,12 +408,18 @@ class LlamaCppEngine:
         k: int,
         bias: Mapping[int, float] | None,
         window: deque[int],
-        penalty: float | None,
+        params: SamplingParams | None,
     ) -> tuple[float, list[tuple[int, float]], LazyLogprobs]:
-        """logprob of `token` and the top-k, from llama.cpp's logits (a numpy view)."""
+        """logprob of `token` and the top-k, from llama.cpp's logits (a numpy view), after
+        `params`' penalties over `window` (None: none)."""
         ptr = llama_cpp.llama_get_logits_ith(self.llama.ctx, -1)
         x = np.ctypeslib.as_array(ptr, shape=(self.vocab_size or 0,))
-        lp, top, lse, affected = step_logprobs(x, token, k, bias, window, penalty, self._scratch)
+        p = params
+        lp, top, lse, affected = step_logprobs(
+            x, token, k, bias, window, None if p is None else p.repetition_penalty,
+            self._scratch, 0.0 if p is None else p.presence_penalty,
+            0.0 if p is None else p.frequency_penalty,
+        )  # fmt: skip
         return lp, top, LazyLogprobs(self, x, lse, affected)
 
     def _steps(
@@ -419,7 +428,6 @@ class LlamaCppEngine:
         owner = object()
         guided = guided_chain(params, self.vocab_size or 0)
         chain = self._sampler(params, ids, guided)
-        penalty = params.repetition_penalty
         window: deque[int] = deque(ids[-REPEAT_LAST_N:], maxlen=REPEAT_LAST_N)
         sequence: list[int] = []
         pending = ids
@@ -438,7 +446,7 @@ class LlamaCppEngine:
                 # llama_sampler_sample also accepts the token into the chain.
                 token = int(llama_cpp.llama_sampler_sample(chain.sampler, self.llama.ctx, -1))
                 lp, top, full = self._logprobs(
-                    token, params.top_logprobs, params.logit_bias, window, penalty
+                    token, params.top_logprobs, params.logit_bias, window, params
                 )
                 window.append(token)
                 n += 1

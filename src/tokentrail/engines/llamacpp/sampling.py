@@ -8,6 +8,7 @@ logits buffer without copying it; `LazyLogprobs` is the full vector, computed on
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -24,14 +25,14 @@ REPETITION_CONTEXT_SIZE = REPEAT_LAST_N
 _TOPK_BLOCK = 256
 _DEFAULT_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: a random seed
 
-__all__ = ["REPEAT_LAST_N", "LazyLogprobs", "make_sampler", "step_logprobs"]
+__all__ = ["REPEAT_LAST_N", "LazyLogprobs", "make_sampler", "penalizes", "step_logprobs"]
 
 
 def make_sampler(
     params: SamplingParams, prompt: Sequence[int], n_vocab: int, guided: Any = None
 ) -> Any:
     """llama.cpp's sampler chain for `params`, in llama-cpp-python's order; the prompt's
-    last tokens are accepted into it when a repeat penalty is on (as llama-server).
+    last tokens are accepted into it when a penalty is on (as llama-server).
 
     `guided` (a `llamacpp.guided.GuidedChain`) adds its grammar mask after the penalty
     (where llama.cpp puts its own grammar sampler) and its recorder before the draw."""
@@ -43,8 +44,12 @@ def make_sampler(
     if params.logit_bias:
         chain.add_logit_bias(n_vocab, dict(params.logit_bias))
     penalty = params.repetition_penalty
-    if penalty is not None and penalty != 1.0:
-        chain.add_penalties(n_vocab, REPEAT_LAST_N, penalty, 0.0, 0.0)
+    penalized = penalizes(params)
+    if penalized:
+        chain.add_penalties(
+            n_vocab, REPEAT_LAST_N, penalty or 1.0, params.frequency_penalty,
+            params.presence_penalty,
+        )  # fmt: skip
     if guided is not None and guided.guide is not None:
         chain.add_custom(guided.mask)
     if params.temp == 0:
@@ -62,10 +67,19 @@ def make_sampler(
         if guided is not None and guided.wants_record:
             chain.add_custom(guided.record)
         chain.add_dist(_DEFAULT_SEED if params.seed is None else params.seed & 0xFFFFFFFF)
-    if penalty is not None and penalty != 1.0:
+    if penalized:
         for t in prompt[-REPEAT_LAST_N:]:
-            chain.accept(t)  # the prompt counts towards the penalty (llama-server)
+            chain.accept(t)  # the prompt counts towards the penalties (llama-server)
     return chain
+
+
+def penalizes(params: SamplingParams) -> bool:
+    """Whether `params` has llama.cpp's penalties sampler work to do (a repeat, frequency
+    or presence penalty)."""
+    repeat = params.repetition_penalty
+    return (repeat is not None and repeat != 1.0) or bool(
+        params.frequency_penalty or params.presence_penalty
+    )
 
 
 def step_logprobs(
@@ -76,22 +90,30 @@ def step_logprobs(
     window: Iterable[int],
     penalty: float | None,
     scratch: np.ndarray,
+    presence: float = 0.0,
+    frequency: float = 0.0,
 ) -> tuple[float, list[tuple[int, float]], float, dict[int, float]]:
     """The logprob of `token`, the top-k (id, logprob), the log-normalizer and the ids whose
-    logits bias or penalty changed (with their new logits), from logits `x` (a view).
+    logits bias or penalties changed (with their new logits), from logits `x` (a view).
 
-    One pass over `x` into `scratch` (preallocated, vocabulary-sized) for the normalizer,
-    a blockwise max to find the top-k, exact corrections for the changed ids.
+    The penalties are llama.cpp's (its penalties sampler, after the bias): for each id in
+    `window` (the last ``REPEAT_LAST_N`` tokens), the repeat `penalty` (sign-aware), then
+    `frequency` per time it occurs there and `presence` once. One pass over `x` into
+    `scratch` (preallocated, vocabulary-sized) for the normalizer, a blockwise max to find
+    the top-k, exact corrections for the changed ids.
     """
     n = x.shape[0]
     affected: dict[int, float] = {}
     if bias:
         for i, b in bias.items():
             affected[i] = float(x[i]) + b
-    if penalty is not None and penalty != 1.0:
-        for i in set(window):
+    repeat = penalty is not None and penalty != 1.0
+    if repeat or presence or frequency:
+        for i, count in Counter(window).items():
             v = affected.get(i, float(x[i]))
-            affected[i] = v * penalty if v <= 0 else v / penalty
+            if repeat:
+                v = v * penalty if v <= 0 else v / penalty  # type: ignore[operator]
+            affected[i] = v - (count * frequency + presence)
     n_blocks = n // _TOPK_BLOCK
     want = k + len(affected)
     if n_blocks > want:

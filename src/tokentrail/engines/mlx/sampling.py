@@ -68,7 +68,10 @@ def sampling_for(
 
     top_k = _top_k(params, vocab_size)
     sampler = make_sampler(params.temp, params.top_p, params.min_p, 1, top_k=top_k)
-    processors = make_logits_processors(params.logit_bias, params.repetition_penalty)
+    processors = make_logits_processors(
+        params.logit_bias, params.repetition_penalty,
+        presence_penalty=params.presence_penalty, frequency_penalty=params.frequency_penalty,
+    )  # fmt: skip
     return sampler, processors
 
 

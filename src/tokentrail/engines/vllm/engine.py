@@ -511,6 +511,10 @@ def _sampling_params(params: SamplingParams, max_tokens: int | None, vocab: int 
     }
     if params.repetition_penalty is not None:
         kwargs["repetition_penalty"] = params.repetition_penalty
+    if params.presence_penalty:
+        kwargs["presence_penalty"] = params.presence_penalty
+    if params.frequency_penalty:
+        kwargs["frequency_penalty"] = params.frequency_penalty
     if params.logit_bias:
         kwargs["logit_bias"] = dict(params.logit_bias)
     if params.logprobs_mode != "raw":

@@ -176,7 +176,19 @@ def openai_body(ask: CompletionAsk) -> dict[str, Any]:
         body["seed"] = params.seed
     if params.logit_bias:
         body["logit_bias"] = {str(i): b for i, b in params.logit_bias.items()}
+    body.update(penalty_fields(params))
     return body
+
+
+def penalty_fields(params: SamplingParams) -> dict[str, float]:
+    """OpenAI's ``presence_penalty`` and ``frequency_penalty`` where set (llama-server,
+    vLLM and mlx_lm.server take them under those names)."""
+    out = {}
+    if params.presence_penalty:
+        out["presence_penalty"] = params.presence_penalty
+    if params.frequency_penalty:
+        out["frequency_penalty"] = params.frequency_penalty
+    return out
 
 
 class OpenAIDialect(UpstreamDialect):

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..constraints import gbnf_tokens, llamacpp_fields
-from .base import CompletionAsk, UpstreamDialect, ids_only
+from .base import CompletionAsk, UpstreamDialect, ids_only, penalty_fields
 
 __all__ = ["LlamaCppDialect"]
 
@@ -48,6 +48,7 @@ class LlamaCppDialect(UpstreamDialect):
             body["seed"] = params.seed
         if params.logit_bias:
             body["logit_bias"] = [[int(i), float(b)] for i, b in params.logit_bias.items()]
+        body.update(penalty_fields(params))
         return "/completion", body
 
     def completion_request(self, ask: CompletionAsk) -> tuple[str, dict[str, Any]]:

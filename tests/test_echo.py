@@ -25,6 +25,7 @@ from tests.helpers.env import require
 openai = require("openai")
 require("uvicorn")
 
+from tests.helpers.responses import extension_ids  # noqa: E402
 from tests.helpers.servers import Server, start_llama_server, start_server  # noqa: E402
 
 DEMO = Path(__file__).resolve().parents[1] / "src" / "tokentrail" / "demo_model"
@@ -43,19 +44,10 @@ def _ask(server: Server, prompt: Any, **options: Any) -> Any:
     return client.completions.create(model=server.model, prompt=prompt, temperature=0, **options)
 
 
-def _ids(completion: Any) -> list[int]:
-    """The completion's token ids, from the extension's segments (each token once)."""
-    out: dict[int, int] = {}
-    for seg in (completion.model_extra or {})["tokentrail"]["segments"]:
-        for t in seg["tokens"]:
-            out.setdefault(t["index"], t["id"])
-    return [out[i] for i in sorted(out)]
-
-
 def test_a_greedy_completion_echoed_back_has_its_own_logprobs(server: Server) -> None:
     prompt = [400, 401, 402, 403]
     made = _ask(server, prompt, max_tokens=6, logprobs=3).choices[0]
-    generated = _ids(_ask(server, prompt, max_tokens=6, logprobs=3))
+    generated = extension_ids(_ask(server, prompt, max_tokens=6, logprobs=3))
     assert len(generated) == len(made.logprobs.tokens) == 6
 
     echoed = _ask(server, prompt + generated, max_tokens=1, logprobs=3, echo=True).choices[0]

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from tests.helpers.env import need_llama_cpp, require
+from tests.helpers.responses import extension_ids
 from tokentrail.engines.scoring import position_logprobs
 from tokentrail.sampling import make_params
 
@@ -167,15 +168,6 @@ def served(smollm2_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
     srv.stop()
 
 
-def _ids(completion: Any) -> list[int]:
-    """The completion's token ids, from the extension's segments (each token once)."""
-    out: dict[int, int] = {}
-    for seg in (completion.model_extra or {})["tokentrail"]["segments"]:
-        for t in seg["tokens"]:
-            out.setdefault(t["index"], t["id"])
-    return [out[i] for i in sorted(out)]
-
-
 def test_echo_with_logprobs_on_serve_engine_llamacpp(
     served: Any, smol: tuple[Any, Any]
 ) -> None:
@@ -189,7 +181,7 @@ def test_echo_with_logprobs_on_serve_engine_llamacpp(
 
     prompt = smol[1].encode(PROMPTS[0])
     whole = ask(prompt, max_tokens=6, logprobs=3)
-    made, generated = whole.choices[0], _ids(whole)
+    made, generated = whole.choices[0], extension_ids(whole)
     assert len(generated) == len(made.logprobs.tokens) == 6
     echoed = ask(prompt + generated, max_tokens=1, logprobs=3, echo=True).choices[0]
     lp = echoed.logprobs

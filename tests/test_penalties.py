@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 
 from tests.helpers.env import need_llama_cpp, require
+from tests.helpers.responses import extension_ids
 from tokentrail.sampling import make_params
 
 PENALTIES = {"presence_penalty": 1.0, "frequency_penalty": 0.6}
@@ -134,9 +135,7 @@ def test_the_proxy_passes_penalties_to_llama_server(
         client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="x", max_retries=0)
         out = client.completions.create(model=proxy.model, prompt=ids, max_tokens=N,
                                         temperature=0, extra_body=PENALTIES)  # fmt: skip
-        by_index = {t["index"]: t["id"]  # (a token split over segments is in each)
-                    for s in out.model_extra["tokentrail"]["segments"] for t in s["tokens"]}
-        got = [by_index[i] for i in sorted(by_index)]
+        got = extension_ids(out)
         theirs = _server_ids(llama_server.url, ids)
         assert got == theirs[: len(got)] and len(got) >= min(len(theirs), N) - 1
     finally:

@@ -20,6 +20,16 @@ def ext(obj: Any) -> dict[str, Any]:
     return obj.model_extra["tokentrail"]
 
 
+def extension_ids(completion: Any) -> list[int]:
+    """A response's token ids in order, from its extension's segments (a token whose
+    text two segments share is listed in both: each index once)."""
+    out: dict[int, int] = {}
+    for seg in ext(completion)["segments"]:
+        for t in seg["tokens"]:
+            out.setdefault(t["index"], t["id"])
+    return [out[i] for i in sorted(out)]
+
+
 def check_token_bytes(tok: Any, specials: set[int], ids: list[int], raw: list[bytes]) -> None:
     """`raw` are the real bytes of `ids`: they decode as the tokenizer decodes them."""
     assert len(ids) == len(raw)

@@ -77,7 +77,8 @@ class _Server:
         #: Constraints compile on its pool, within its time budget (issue #29).
         self.compiling = CompileGate(metrics)
 
-    def _check_model(self, body: Mapping[str, Any]) -> str:
+    def check_model(self, body: Mapping[str, Any]) -> str:
+        """The served model's name, or a 400/404 for a ``model`` field naming another."""
         model = body.get("model")
         if model is None:
             return self.scheduler.model_name
@@ -97,7 +98,8 @@ class _Server:
             code="model_not_found",
         )
 
-    def _vocab(self) -> Vocab:
+    def loaded_vocab(self) -> Vocab:
+        """The served model's vocabulary, or a 503 until the model is loaded."""
         if not self.scheduler.ready or self.scheduler.vocab is None:
             raise APIError(
                 503,
@@ -180,8 +182,8 @@ class _Server:
         except ClientGone as e:
             logger.info("%s %s: %s", request.method, request.url.path, e)
             return empty_response(499)
-        model = self._check_model(body)
-        vocab = self._vocab()
+        model = self.check_model(body)
+        vocab = self.loaded_vocab()
         bodies = split_prompts(body) if kind == "completion" else None
         if bodies is not None:
             reqs = [

@@ -63,7 +63,7 @@ def routes(server: Any) -> list[Any]:
 
 async def tokenize(request: Request, server: Any) -> Response:
     body = await _body(request, server)
-    vocab = server._vocab()
+    vocab = server.loaded_vocab()
     strs = _flag(body, "return_token_strs", False)
     if "messages" in body:
         _known(body, _CHAT_KEYS)
@@ -94,7 +94,7 @@ async def tokenize(request: Request, server: Any) -> Response:
 
 async def detokenize(request: Request, server: Any) -> Response:
     body = await _body(request, server)
-    vocab = server._vocab()
+    vocab = server.loaded_vocab()
     _known(body, {"model", "tokens"})
     ids = body.get("tokens")
     if not isinstance(ids, list) or not all(is_int(i) for i in ids):
@@ -111,7 +111,7 @@ async def detokenize(request: Request, server: Any) -> Response:
 
 
 async def tokenizer_info(request: Request, server: Any) -> Response:
-    server._vocab()  # 503 until the model is loaded
+    server.loaded_vocab()  # 503 until the model is loaded
     tokenizer = server.scheduler.tokenizer
     info: dict[str, Any] = {"tokenizer_class": type(tokenizer).__name__}
     for name in ("eos_token", "bos_token", "pad_token", "unk_token"):
@@ -125,7 +125,7 @@ async def tokenizer_info(request: Request, server: Any) -> Response:
 
 async def _body(request: Request, server: Any) -> dict[str, Any]:
     body = await read_json(request, server.max_body_bytes)
-    server._check_model(body)
+    server.check_model(body)
     return body
 
 

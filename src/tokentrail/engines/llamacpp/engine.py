@@ -380,6 +380,14 @@ class LlamaCppEngine:
             max_batch = max(1, min(most, (self.context_length or per) // per))
         return max_batch, {"kv_unified": False, "n_ctx": per * max_batch}
 
+    def forget_context(self) -> None:
+        """Empty the engine context's KV cache (after another use of it, `positions`):
+        the next generation step finds it used by someone else and decodes its own
+        sequence again."""
+        llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(self.llama.ctx), -1, -1, -1)
+        self.llama.n_tokens = 0
+        self._owner = None
+
     def _eval(self, owner: object, sequence: list[int], new: list[int]) -> None:
         """Make the KV cache hold `sequence + new` (reusing what it holds), run the model."""
         llama = self.llama

@@ -45,17 +45,16 @@ def position_rows(engine: Any, ids: Sequence[int], n: int, k: int) -> list[Row]:
     if any(not 0 <= i < vocab for i in ids):
         raise ValueError(f"a token id is outside the vocabulary of {vocab} ids")
     ctx = llama.ctx
-    mem = llama_cpp.llama_get_memory(ctx)
     n_batch = max(1, int(llama.n_batch))
     batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
     scratch = np.empty(vocab, dtype=np.float32)
     rows: list[Row] = []
     last = len(ids) - 1  # the last id's own logits score nothing
     try:
-        _forget(engine, mem)
+        engine.forget_context()
         for start in range(0, last, n_batch):
             chunk = ids[start : min(start + n_batch, last)]
-            b = batch
+            b = batch  # (its fields are ctypes arrays, filled in place)
             for j, token in enumerate(chunk):
                 b.token[j] = token
                 b.pos[j] = start + j
@@ -74,12 +73,6 @@ def position_rows(engine: Any, ids: Sequence[int], n: int, k: int) -> list[Row]:
                 rows.append((lp, top))
     finally:
         llama_cpp.llama_batch_free(batch)
-        _forget(engine, mem)
+        engine.forget_context()
     return rows
 
-
-def _forget(engine: Any, mem: Any) -> None:
-    """Empty the engine context's KV cache and tell its `Llama` and generators so."""
-    llama_cpp.llama_memory_seq_rm(mem, -1, -1, -1)
-    engine.llama.n_tokens = 0
-    engine._owner = None

@@ -328,6 +328,11 @@ class VLLMEngine:
             raise RuntimeError("an offline vllm.LLM has no event loop")
         return self._loop.submit(coro)
 
+    @property
+    def offline(self) -> bool:
+        """Whether this wraps an offline ``vllm.LLM`` (one stream at a time, no loop)."""
+        return self._offline
+
     def peak_memory(self) -> float:
         """0.0: vLLM reserves `gpu_memory_utilization` of each GPU in worker processes."""
         return 0.0

@@ -30,7 +30,7 @@ def position_rows(engine: Any, ids: Sequence[int], n: int, k: int) -> list[Row] 
         raise ValueError(f"n must be in 1..{len(ids)}, got {n}")
     if n == len(ids):
         return []
-    if getattr(engine, "_loop", None) is None:
+    if engine.offline:
         return None
     found = engine.submit(_prompt_logprobs(engine.engine, ids, k)).result()
     if found is None or len(found) != len(ids):

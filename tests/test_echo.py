@@ -115,6 +115,9 @@ def test_through_the_proxy_the_text_is_echoed_and_prompt_logprobs_refused(
         plain = _ask(proxy, PROMPT, max_tokens=4).choices[0]
         echoed = _ask(proxy, PROMPT, max_tokens=4, echo=True).choices[0]
         assert echoed.text == PROMPT + plain.text
+        alone = _ask(proxy, PROMPT, max_tokens=0, echo=True)  # the upstream is not asked
+        assert alone.choices[0].text == PROMPT and alone.choices[0].finish_reason == "length"
+        assert alone.usage.completion_tokens == 0
         body = {"model": proxy.model, "prompt": PROMPT, "max_tokens": 2, "echo": True,
                 "logprobs": 1}  # fmt: skip
         r = httpx.post(proxy.url + "/v1/completions", json=body, timeout=60)
@@ -124,3 +127,61 @@ def test_through_the_proxy_the_text_is_echoed_and_prompt_logprobs_refused(
     finally:
         proxy.stop()
         llama.stop()
+
+
+def test_max_tokens_0_returns_the_prompt_scored_and_generates_nothing(server: Server) -> None:
+    """OpenAI's legacy way to score a text (HELM, older lm-evaluation-harness): ``echo``
+    with ``max_tokens`` 0. The prompt's entries are those of the same prompt echoed
+    before a completion (checked against the batch's decoding above)."""
+    prompt = [400, 401, 402, 403, 404]
+    scored = _ask(server, prompt, max_tokens=0, logprobs=3, echo=True)
+    choice = scored.choices[0]
+    before = _ask(server, prompt, max_tokens=1, logprobs=3, echo=True).choices[0]
+    n = len(prompt)
+    assert choice.finish_reason == "length"
+    assert scored.usage.prompt_tokens == n and scored.usage.completion_tokens == 0
+    assert before.text.startswith(choice.text) and len(choice.logprobs.tokens) == n
+    for key in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+        assert getattr(choice.logprobs, key) == getattr(before.logprobs, key)[:n], key
+    assert scored.model_extra["tokentrail"]["segments"] == []
+    # logprobs 0 (HELM's request): each token's own logprob, no alternatives
+    zero = _ask(server, PROMPT, max_tokens=0, logprobs=0, echo=True).choices[0]
+    assert zero.text == PROMPT and zero.logprobs.token_logprobs[0] is None
+    assert all(isinstance(v, float) for v in zero.logprobs.token_logprobs[1:])
+    assert all(top == {} for top in zero.logprobs.top_logprobs[1:])
+    plain = _ask(server, PROMPT, max_tokens=0, echo=True).choices[0]
+    assert plain.text == PROMPT and plain.logprobs is None and plain.finish_reason == "length"
+
+
+def test_max_tokens_0_streamed_and_with_several_choices(server: Server) -> None:
+    options = {"max_tokens": 0, "echo": True, "logprobs": 2}
+    whole = _ask(server, PROMPT, **options)
+    chunks = list(_ask(server, PROMPT, stream=True, stream_options={"include_usage": True},
+                       **options))  # fmt: skip
+    texts = [c for c in chunks if c.choices]
+    assert len(texts) == 1 and texts[0].choices[0].text == PROMPT
+    assert texts[0].choices[0].finish_reason == "length"
+    assert texts[0].choices[0].logprobs.token_logprobs == whole.choices[0].logprobs.token_logprobs
+    assert chunks[-1].usage.completion_tokens == 0
+    assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
+    two = _ask(server, [PROMPT, "Two prompts"], max_tokens=0, echo=True)
+    assert [c.text for c in two.choices] == [PROMPT, "Two prompts"]
+    n2 = _ask(server, PROMPT, max_tokens=0, echo=True, n=2)
+    assert [c.text for c in n2.choices] == [PROMPT, PROMPT]
+    assert n2.usage.completion_tokens == 0
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/completions", {"prompt": PROMPT, "max_tokens": 0}),
+        ("/v1/completions", {"prompt": PROMPT, "max_tokens": 0, "echo": False}),
+        ("/v1/completions", {"prompt": PROMPT, "max_tokens": -1, "echo": True}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}],
+                                  "max_tokens": 0}),
+    ],
+)
+def test_max_tokens_0_needs_echo(server: Server, path: str, body: dict[str, Any]) -> None:
+    r = httpx.post(server.url + path, json={"model": server.model, **body}, timeout=60)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "max_tokens"

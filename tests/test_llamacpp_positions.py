@@ -202,3 +202,27 @@ def test_echo_with_logprobs_on_serve_engine_llamacpp(
     # each offset points at its token within the echoed text
     assert all(echoed.text[o:].startswith(t) for o, t in zip(lp.text_offset, lp.tokens,
                                                              strict=True) if t)  # fmt: skip
+
+
+def test_max_tokens_0_scores_the_prompt_on_serve_engine_llamacpp(
+    served: Any, smol_ref: Any, smol: tuple[Any, Any]
+) -> None:
+    """``echo`` with ``max_tokens`` 0 (OpenAI's legacy scoring, HELM's request): the
+    prompt's logprobs alone, each the log-softmax of llama-cpp-python's own logits at the
+    position before it."""
+    import httpx
+    import numpy as np
+
+    ids = smol[1].encode(PROMPTS[1])
+    body = {"model": served.model, "prompt": ids, "max_tokens": 0, "echo": True, "logprobs": 1}
+    r = httpx.post(served.url + "/v1/completions", json=body, timeout=300)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert choice["finish_reason"] == "length" and r.json()["usage"]["completion_tokens"] == 0
+    got = choice["logprobs"]["token_logprobs"]
+    assert len(got) == len(ids) and got[0] is None
+    smol_ref.reset()
+    smol_ref.eval(ids)
+    scores = np.array(smol_ref.scores[: len(ids)], dtype=np.float64)
+    ref = scores - np.logaddexp.reduce(scores, axis=1, keepdims=True)
+    assert got[1:] == pytest.approx([ref[i - 1, ids[i]] for i in range(1, len(ids))], abs=2e-3)

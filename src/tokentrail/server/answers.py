@@ -114,6 +114,8 @@ async def stream_events(
                     chunk["tokentrail"]["ballot"] = box.ballot(choice)
             parts.append(sse(chunk))
         elif kind == "done":
+            if fmts[choice].req.prompt_only:
+                parts.append(sse(fmts[choice].prompt_chunk()))
             open_choices -= 1
             if open_choices == 0:
                 break

@@ -17,6 +17,10 @@ llama.cpp compute them in process (`engines.llamacpp.positions`), vLLM as its ow
 ``prompt_logprobs`` (`engines.vllm.positions`). Through the proxy ``echo`` with
 ``logprobs`` is a 400 naming ``echo``; ``echo`` alone works everywhere. The
 ``tokentrail`` extension's segments stay the completion's.
+
+``echo`` with ``max_tokens`` 0 (`GenRequest.prompt_only`) is the prompt alone: the
+scheduler runs no step and ends each choice with "length"
+(`Formatter.prompt_chunk`).
 """
 
 from __future__ import annotations

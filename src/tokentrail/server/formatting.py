@@ -390,6 +390,29 @@ class Formatter:
         out["tokentrail"] = ext
         return out
 
+    def prompt_chunk(self) -> dict[str, Any]:
+        """The one chunk of a choice that generates nothing (``echo`` with `max_tokens`
+        0, `GenRequest.prompt_only`): the prompt, its logprobs where asked, "length"."""
+        self._prompt_only()
+        text, logprobs = self._echo("", self._no_logprobs(), True)
+        out = self._envelope("text_completion")
+        out["choices"] = [
+            {"index": self.choice, "text": text, "logprobs": logprobs, "finish_reason": "length"}
+        ]
+        ext: dict[str, Any] = {"segments": []}
+        if self.several:
+            ext["choice"] = self.choice
+        out["tokentrail"] = ext
+        self.first = False
+        return out
+
+    def _prompt_only(self) -> None:
+        self.prompt_tokens = len(self.req.echoed.ids)
+        self.finish_reason = "length"
+
+    def _no_logprobs(self) -> dict[str, Any] | None:
+        return self.completion_logprobs([]) if self.req.logprobs else None
+
     def usage_chunk(self) -> dict[str, Any]:
         obj = "chat.completion.chunk" if self.req.kind == "chat" else "text_completion"
         out = self._envelope(obj)
@@ -400,6 +423,8 @@ class Formatter:
     # -- whole --
 
     def response(self, steps: list[TokenOutput]) -> dict[str, Any]:
+        if self.req.prompt_only:
+            self._prompt_only()
         text_parts: list[str] = []
         segments: list[dict[str, Any]] = []
         listed: list[tuple[TokenSpan, int]] = []

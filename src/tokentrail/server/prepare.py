@@ -162,6 +162,8 @@ def _limit(
     context; a `context_length` below it (None: the same) is a request's share of a
     split KV cache, and the error says so."""
     context_length = context_length or whole
+    if req.prompt_only:  # nothing generated: the prompt needs no room after it
+        return 0
     overflow = "raise" if req.max_tokens_given else "cap"
     try:
         limit = room(context_length, n_prompt, req.max_tokens, overflow=overflow)

@@ -190,6 +190,8 @@ def _stop_string(value: Any) -> Any:
 StopString = Annotated[str, BeforeValidator(_stop_string)]
 Stops = Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS), BeforeValidator(_stop_list)]
 TokenCount = Annotated[int, Field(ge=1, le=MAX_TOKENS_LIMIT)]
+#: A completion's `max_tokens`: 0 too, with ``echo`` (the prompt scored, nothing made).
+CompletionTokenCount = Annotated[int, Field(ge=0, le=MAX_TOKENS_LIMIT)]
 
 
 class StreamOptions(_Wire):
@@ -339,8 +341,10 @@ class CompletionRequest(_Common):
 
     prompt: Annotated[str | list[int], PlainValidator(_prompt)]
     logprobs: int | None = None
-    #: The prompt returned before the completion (`tokentrail.server.echo`).
+    #: The prompt returned before the completion (`tokentrail.server.echo`); with
+    #: `max_tokens` 0 the prompt alone, scored (OpenAI's legacy way to score a text).
     echo: bool | None = None
+    max_tokens: CompletionTokenCount | None = None
     suffix: Any = None
 
     @field_validator("suffix")
@@ -402,6 +406,12 @@ class GenRequest:
     #: as echoed (`tokentrail.server.echo.Echo`), set when the request is prepared.
     echo: bool = False
     echoed: Any = None
+
+    @property
+    def prompt_only(self) -> bool:
+        """``echo`` with `max_tokens` 0: the prompt returned (with its logprobs where
+        asked) and nothing generated; its choices end with "length"."""
+        return self.echo and self.max_tokens == 0
 
     @property
     def needs_logprobs(self) -> bool:
@@ -525,6 +535,18 @@ def parse_completion(
         wire = CompletionRequest.model_validate(body, context={"vocab_size": vocab_size})
     except ValidationError as e:
         raise validation_error(e) from None
+    if wire.max_tokens == 0:
+        if not wire.echo:
+            raise bad_request(
+                "max_tokens",
+                "'max_tokens' must be at least 1; 0 is for 'echo' alone (the prompt "
+                "returned, scored where 'logprobs' is set, nothing generated)",
+            )
+        if wire.tokentrail is not None and wire.tokentrail.vote is not None:
+            raise bad_request(
+                "tokentrail.vote", "'tokentrail.vote' needs completions to vote on; "
+                "'max_tokens' 0 makes none",
+            )  # fmt: skip
     req = _gen_request(wire, "completion", wire.prompt, model, vocab_size, temperature)
     req.echo = bool(wire.echo)
     return req

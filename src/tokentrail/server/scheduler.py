@@ -401,6 +401,11 @@ class Scheduler:
             return
         self.admission.start(job)
         job.outbox = self._outbox
+        if req.prompt_only:  # echo with max_tokens 0: the prompt alone, nothing to run
+            for choice in range(req.n):
+                job.post("done", choice, None)
+            self.admission.finish(job, "completed")
+            return
         branch = ready.branch
         prefix = [] if branch is None else branch.engine_ids[len(ready.ids) :]
         early = job.early_stop = EarlyStop(req.n) if req.early_stop else None

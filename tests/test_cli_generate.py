@@ -128,3 +128,47 @@ def test_verbose_before_and_after_the_subcommand() -> None:
     assert "loaded" not in stderr_of(*quiet)
     assert "loaded the demo model with the mlx engine" in stderr_of("-v", *quiet)
     assert "loaded the demo model with the mlx engine" in stderr_of(*quiet[:1], "-v", *quiet[1:])
+
+
+def test_penalty_and_min_p_flags_reach_the_sampler() -> None:
+    """`--presence-penalty`, `--frequency-penalty` and `--repetition-penalty`: the
+    greedy tokens equal mlx-lm's own `generate_step` with its `make_logits_processors`
+    on the same model and prompt (the oracle), and differ from those without the flags.
+    (`--min-p` rides along: a filter that always keeps the likeliest token leaves a
+    greedy choice as it is.)"""
+    mx = pytest.importorskip("mlx.core")
+    from mlx_lm.generate import generate_step
+    from mlx_lm.sample_utils import make_logits_processors
+
+    import tokentrail
+
+    text, n = "the the the cat sat on the mat and the cat", 24
+    flags = ["--presence-penalty", "1", "--frequency-penalty", "0.6",
+             "--repetition-penalty", "1.3", "--min-p", "0.05"]  # fmt: skip
+    r = generate("--json", "--no-chat", "--max-tokens", str(n), *flags, text)
+    assert r.returncode == 0, r.stderr
+    mine = [json.loads(line)["token"] for line in r.stdout.splitlines()]
+    model, tok = tokentrail.load()
+    processors = make_logits_processors(
+        repetition_penalty=1.3, presence_penalty=1.0, frequency_penalty=0.6
+    )
+    theirs = [int(t) for t, _ in generate_step(
+        mx.array(tok.encode(text)), model, max_tokens=n, logits_processors=processors,
+        sampler=lambda x: mx.argmax(x, axis=-1),
+    )]  # fmt: skip
+    assert mine == theirs[: len(mine)] and len(mine) >= 8
+    plain = generate("--json", "--no-chat", "--max-tokens", str(n), text)
+    assert [json.loads(line)["token"] for line in plain.stdout.splitlines()] != mine
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "named"),
+    [("--presence-penalty", "3", "presence_penalty"),
+     ("--frequency-penalty", "-2.5", "frequency_penalty"),
+     ("--repetition-penalty", "0", "repetition_penalty"),
+     ("--min-p", "1.5", "min_p")],
+)  # fmt: skip
+def test_bad_sampling_flags_exit_2_naming_the_setting(flag: str, value: str, named: str) -> None:
+    r = generate(flag, value, PROMPT)
+    assert r.returncode == 2 and r.stdout == ""
+    assert len(r.stderr.strip().splitlines()) == 1 and named in r.stderr, r.stderr

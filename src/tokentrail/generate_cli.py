@@ -59,6 +59,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="nucleus sampling threshold in (0, 1] (default: 1)")
     p.add_argument("--top-k", type=int, default=0, metavar="K",
                    help="sample from the K most likely tokens; 0 is off (default: 0)")
+    p.add_argument("--min-p", type=float, default=0.0, metavar="P",
+                   help="drop tokens below P times the likeliest's probability; 0 is off "
+                   "(default: 0)")
+    p.add_argument("--repetition-penalty", type=float, default=None, metavar="R",
+                   help="divide the logits of tokens already in the context by R (> 0; "
+                   "default: none)")
+    p.add_argument("--presence-penalty", type=float, default=0.0, metavar="X",
+                   help="subtract X from the logits of tokens already generated, -2..2 "
+                   "(OpenAI's; default: 0)")
+    p.add_argument("--frequency-penalty", type=float, default=0.0, metavar="X",
+                   help="subtract X times its count from each generated token's logit, "
+                   "-2..2 (OpenAI's; default: 0)")
     p.add_argument("--seed", type=int, default=None, metavar="S",
                    help="random seed for reproducible sampling")
     p.add_argument("--stop", action="append", default=None, metavar="STR",
@@ -127,6 +139,16 @@ def _read_prompt(args: argparse.Namespace) -> str:
     return sys.stdin.read().rstrip("\n")
 
 
+def _sampling(args: argparse.Namespace) -> dict[str, Any]:
+    """The sampling flags as `make_params` and `stream_generate` keywords."""
+    return {
+        "temp": args.temp, "top_p": args.top_p, "top_k": args.top_k, "min_p": args.min_p,
+        "repetition_penalty": args.repetition_penalty,
+        "presence_penalty": args.presence_penalty,
+        "frequency_penalty": args.frequency_penalty, "seed": args.seed,
+    }  # fmt: skip
+
+
 def run(args: argparse.Namespace) -> int:
     """Run `tokentrail generate`; return the exit status."""
     from .sampling import check_max_tokens, make_params
@@ -139,8 +161,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         # Settings are checked before the (slow) model load, so mistakes fail fast.
         check_max_tokens(args.max_tokens)
-        make_params(temp=args.temp, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
-                    top_logprobs=top)
+        make_params(**_sampling(args), top_logprobs=top)
         if args.stop:
             StopMatcher(args.stop)
     except (ValueError, TypeError) as e:
@@ -163,9 +184,8 @@ def run(args: argparse.Namespace) -> int:
         )
         prompt = _prompt(args, prompt_text, templated)
         responses = stream_generate(
-            model, tokenizer, prompt, max_tokens=args.max_tokens, temp=args.temp,
-            top_p=args.top_p, top_k=args.top_k, seed=args.seed, stop=args.stop,
-            top_logprobs=top, reasoning=reasoning, fields=wants_fields(args), **constraint,
+            model, tokenizer, prompt, max_tokens=args.max_tokens, **_sampling(args),
+            stop=args.stop, top_logprobs=top, reasoning=reasoning, fields=wants_fields(args), **constraint,
             calibration=args.calibration,
         )
     except (FileNotFoundError, ValueError, TypeError, TokenizerLoadError, ImportError) as e:

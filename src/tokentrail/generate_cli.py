@@ -185,8 +185,8 @@ def run(args: argparse.Namespace) -> int:
         prompt = _prompt(args, prompt_text, templated)
         responses = stream_generate(
             model, tokenizer, prompt, max_tokens=args.max_tokens, **_sampling(args),
-            stop=args.stop, top_logprobs=top, reasoning=reasoning, fields=wants_fields(args), **constraint,
-            calibration=args.calibration,
+            stop=args.stop, top_logprobs=top, reasoning=reasoning, fields=wants_fields(args),
+            **constraint, calibration=args.calibration,
         )
     except (FileNotFoundError, ValueError, TypeError, TokenizerLoadError, ImportError) as e:
         _fail(str(e))

@@ -35,6 +35,29 @@ LEVEL_STYLES = ("red", "dark_orange", "yellow", "green", "bright_green")
 _PROG = "tokentrail generate"
 
 
+#: The sampling flags: (flag, type, default, metavar, help).
+_SAMPLING_FLAGS: tuple[tuple[str, Any, Any, str, str], ...] = (
+    ("--temp", float, 0.0, "T", "sampling temperature; 0 is greedy (default: 0)"),
+    ("--top-p", float, 1.0, "P", "nucleus sampling threshold in (0, 1] (default: 1)"),
+    ("--top-k", int, 0, "K", "sample from the K most likely tokens; 0 is off (default: 0)"),
+    ("--min-p", float, 0.0, "P",
+     "drop tokens below P times the likeliest's probability; 0 is off (default: 0)"),
+    ("--repetition-penalty", float, None, "R",
+     "divide the logits of tokens already in the context by R (> 0; default: none)"),
+    ("--presence-penalty", float, 0.0, "X",
+     "subtract X from the logits of tokens already generated, -2..2 (OpenAI's; default: 0)"),
+    ("--frequency-penalty", float, 0.0, "X",
+     "subtract X times its count from each generated token's logit, -2..2 (OpenAI's; "
+     "default: 0)"),
+    ("--seed", int, None, "S", "random seed for reproducible sampling"),
+)  # fmt: skip
+
+
+def _add_sampling(p: argparse.ArgumentParser) -> None:
+    for flag, kind, default, metavar, text in _SAMPLING_FLAGS:
+        p.add_argument(flag, type=kind, default=default, metavar=metavar, help=text)
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `generate` command to the tokentrail CLI."""
     p = add_command(
@@ -53,26 +76,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="model runtime (default: mlx; llamacpp runs a .gguf file)")
     p.add_argument("--max-tokens", type=int, default=256, metavar="N",
                    help="most tokens to generate; -1 for no limit (default: 256)")
-    p.add_argument("--temp", type=float, default=0.0, metavar="T",
-                   help="sampling temperature; 0 is greedy (default: 0)")
-    p.add_argument("--top-p", type=float, default=1.0, metavar="P",
-                   help="nucleus sampling threshold in (0, 1] (default: 1)")
-    p.add_argument("--top-k", type=int, default=0, metavar="K",
-                   help="sample from the K most likely tokens; 0 is off (default: 0)")
-    p.add_argument("--min-p", type=float, default=0.0, metavar="P",
-                   help="drop tokens below P times the likeliest's probability; 0 is off "
-                   "(default: 0)")
-    p.add_argument("--repetition-penalty", type=float, default=None, metavar="R",
-                   help="divide the logits of tokens already in the context by R (> 0; "
-                   "default: none)")
-    p.add_argument("--presence-penalty", type=float, default=0.0, metavar="X",
-                   help="subtract X from the logits of tokens already generated, -2..2 "
-                   "(OpenAI's; default: 0)")
-    p.add_argument("--frequency-penalty", type=float, default=0.0, metavar="X",
-                   help="subtract X times its count from each generated token's logit, "
-                   "-2..2 (OpenAI's; default: 0)")
-    p.add_argument("--seed", type=int, default=None, metavar="S",
-                   help="random seed for reproducible sampling")
+    _add_sampling(p)
     p.add_argument("--stop", action="append", default=None, metavar="STR",
                    help="stop when the text contains STR (repeat for several)")
     p.add_argument(

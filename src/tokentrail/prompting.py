@@ -88,16 +88,23 @@ def prompt_ids(
     prompt: Any,
     vocab_size: int | None,
     tools: Sequence[Mapping[str, Any]] | None = None,
+    *,
+    template: Mapping[str, Any] | None = None,
+    add_special_tokens: bool | None = None,
 ) -> list[int]:
     """Token ids for a str, a list of ids, an array of ids or a list of chat messages
     (rendered with the tokenizer's chat template and a generation prompt; `tools`, in
-    OpenAI's shape, go to the template too). `tools` with a prompt that is not chat
-    messages is a ValueError."""
+    OpenAI's shape, go to the template too, and `template`'s variables: see `chat_ids`).
+    `tools` with a prompt that is not chat messages is a ValueError. A str is encoded
+    with the tokenizer's special tokens (BOS) unless it starts with them or
+    `add_special_tokens` is False."""
     if isinstance(prompt, str):
         if not prompt:
             raise ValueError("prompt is empty")
         bos = getattr(tokenizer, "bos_token", None)
         add_special = bos is None or not prompt.startswith(bos)
+        if add_special_tokens is not None:
+            add_special = add_special_tokens
         ids = tokenizer.encode(prompt, add_special_tokens=add_special)
         return check_ids(list(ids), vocab_size, "encoded prompt")
     if hasattr(prompt, "tolist") and not isinstance(prompt, list):
@@ -110,7 +117,7 @@ def prompt_ids(
     if len(prompt) == 0:
         raise ValueError("prompt is empty")
     if all(isinstance(m, Mapping) for m in prompt):
-        return chat_ids(tokenizer, prompt, vocab_size, tools)
+        return chat_ids(tokenizer, prompt, vocab_size, tools, template)
     if tools:
         raise ValueError("tools are rendered by the chat template: give chat messages")
     return check_ids(prompt, vocab_size, "prompt")
@@ -121,9 +128,16 @@ def chat_ids(
     messages: Sequence[Mapping[str, Any]],
     vocab_size: int | None,
     tools: Sequence[Mapping[str, Any]] | None = None,
+    template: Mapping[str, Any] | None = None,
 ) -> list[int]:
     """Chat messages rendered by the tokenizer's chat template, with a generation prompt
-    (and `tools`, OpenAI's tool definitions, when given: the template renders them)."""
+    (and `tools`, OpenAI's tool definitions, when given: the template renders them).
+
+    `template`: more variables for the template (vLLM's ``chat_template_kwargs``, e.g.
+    ``enable_thinking``), and ``add_generation_prompt`` False, or
+    ``continue_final_message`` True: the last message (an assistant's) is left open
+    for the reply to continue, as transformers renders it (every tokenizer here takes
+    it: transformers', mlx-lm's and the GGUF's)."""
     for i, m in enumerate(messages):
         if not isinstance(m.get("role"), str) or "content" not in m:
             raise ValueError(
@@ -138,11 +152,22 @@ def chat_ids(
             "pass the prompt as a str or token ids"
         )
     kwargs: dict[str, Any] = {"add_generation_prompt": True, "tokenize": True}
+    kwargs.update(template or {})
+    if kwargs.get("continue_final_message") and messages[-1].get("role") != "assistant":
+        raise ValueError(
+            "continue_final_message continues the last message, which must be the "
+            f"assistant's, not the {messages[-1].get('role')!r} one"
+        )
     if tools:
         kwargs["tools"] = [dict(t) for t in tools]
     if not type(tokenizer).__module__.startswith("mlx_lm"):
         kwargs["return_dict"] = False  # transformers 5 returns a BatchEncoding otherwise
-    ids = tokenizer.apply_chat_template([dict(m) for m in messages], **kwargs)
+    try:
+        ids = tokenizer.apply_chat_template([dict(m) for m in messages], **kwargs)
+    except Exception as e:  # the template's own raise_exception, or a variable it refuses
+        if type(e).__module__.split(".")[0] != "jinja2":
+            raise
+        raise ValueError(f"the chat template failed: {e}") from None
     if isinstance(ids, Mapping):  # some tokenizers return a BatchEncoding regardless
         ids = ids["input_ids"]
     return check_ids(list(ids), vocab_size, "chat template output")

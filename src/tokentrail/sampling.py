@@ -81,6 +81,9 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     logprobs_mode: Literal["raw", "processed"] = "raw"
     logprobs: bool = True
+    #: The end-of-sequence tokens do not end the reply (vLLM's ``ignore_eos``): the
+    #: shared loop does not stop on them, and an upstream is asked not to.
+    ignore_eos: bool = False
 
 
 #: The values `SamplingParams.logprobs_mode` takes: which distribution a step's `logprob`
@@ -245,6 +248,7 @@ def make_params(
     constraint: Constraint | None = None,
     logprobs_mode: str = "raw",
     logprobs: bool = True,
+    ignore_eos: bool = False,
 ) -> SamplingParams:
     """Check every sampling setting against `limits` (default: `RANGES`, the library's)
     and return them as `SamplingParams`.
@@ -253,8 +257,8 @@ def make_params(
     wrong type) naming the parameter and the accepted range. `vocab_size`, when known,
     bounds the ids in `logit_bias`. `labels` renames settings in errors (and their
     `param`) to the names the caller's users know, e.g. {"temp": "temperature"}.
-    `constraint` (a bound `Constraint`), `logprobs_mode` ("raw" or "processed") and
-    `logprobs` are passed through; see `SamplingParams`.
+    `constraint` (a bound `Constraint`), `logprobs_mode` ("raw" or "processed"),
+    `logprobs` and `ignore_eos` are passed through; see `SamplingParams`.
     """
     names = labels or {}
     given = {"temp": temp, "top_p": top_p, "top_k": top_k, "min_p": min_p,
@@ -279,7 +283,7 @@ def make_params(
         )
     return SamplingParams(  # type: ignore[arg-type]
         **checked, logit_bias=bias, constraint=constraint, logprobs_mode=logprobs_mode,
-        logprobs=bool(logprobs),
+        logprobs=bool(logprobs), ignore_eos=bool(ignore_eos),
     )
 
 

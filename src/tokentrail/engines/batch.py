@@ -70,6 +70,8 @@ class Batch(Protocol):
 
     def remove(self, uid: int) -> None: ...
 
+    def holds(self, uid: int) -> bool: ...
+
     def step(self) -> list[tuple[int, Outcome]]: ...
 
     def cached_tokens(self, uid: int) -> int: ...
@@ -126,6 +128,10 @@ class BaseBatch:
 
     def __len__(self) -> int:
         return len(self._live)
+
+    def holds(self, uid: int) -> bool:
+        """Whether sequence `uid` is still in the batch (not removed, not ended)."""
+        return uid in self._live
 
     def close(self) -> None:
         for uid in list(self._live):

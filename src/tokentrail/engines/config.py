@@ -24,6 +24,7 @@ __all__ = [
     "attach_eos_ids",
     "config_eos_ids",
     "config_int",
+    "continue_last",
     "is_hub_id",
     "model_eos_ids",
 ]
@@ -119,3 +120,20 @@ def attach_eos_ids(tokenizer: Any, eos_token_ids: Iterable[int]) -> Any:
     except AttributeError:  # a future transformers may define it read-only
         log.warning("cannot attach eos_token_ids %s to %s", sorted(eos), type(tokenizer).__name__)
     return tokenizer
+
+
+def continue_last(rendered: str, content: str) -> str:
+    """A rendered chat cut right after its last message's `content`, so that the reply
+    continues that message (``continue_final_message``, with the meaning transformers
+    gives it): the content's last occurrence, kept with its leading and trailing
+    whitespace where the template rendered them, without where it stripped them.
+    ValueError where the content is empty or not in the rendering."""
+    core = content.strip()
+    at = rendered.rfind(core) if core else -1
+    if at < 0:
+        raise ValueError(
+            "continue_final_message: the last message's content is empty or the chat "
+            "template does not render it as given"
+        )
+    kept = content.lstrip()
+    return rendered[: at + (len(kept) if rendered.startswith(kept, at) else len(core))]

@@ -383,6 +383,8 @@ class Formatter:
                 "finish_reason": step.finish_reason,
             }
             out = self._envelope("text_completion")
+        if self.req.return_token_ids:
+            self._token_ids(out, choice, [step.token], self.first)
         self.first = False
         out["choices"] = [choice]
         if self.several:
@@ -399,12 +401,26 @@ class Formatter:
         out["choices"] = [
             {"index": self.choice, "text": text, "logprobs": logprobs, "finish_reason": "length"}
         ]
+        if self.req.return_token_ids:
+            self._token_ids(out, out["choices"][0], [], True)
         ext: dict[str, Any] = {"segments": []}
         if self.several:
             ext["choice"] = self.choice
         out["tokentrail"] = ext
         self.first = False
         return out
+
+    def _token_ids(
+        self, out: dict[str, Any], choice: dict[str, Any], ids: list[int], head: bool
+    ) -> None:
+        """vLLM's ``return_token_ids``: the choice's `token_ids` (a chunk's own), and
+        with the `head` (the response or the first chunk) the prompt's
+        `prompt_token_ids`, at the top for chat and in the choice for completions."""
+        choice["token_ids"] = ids
+        if head and self.req.prompt_ids is not None:
+            (out if self.req.kind == "chat" else choice)["prompt_token_ids"] = list(
+                self.req.prompt_ids
+            )
 
     def _prompt_only(self) -> None:
         self.prompt_tokens = len(self.req.echoed.ids)
@@ -470,6 +486,8 @@ class Formatter:
             out["choices"] = [
                 {"index": self.choice, "text": text, "logprobs": logprobs, "finish_reason": finish}
             ]
+        if self.req.return_token_ids:
+            self._token_ids(out, out["choices"][0], [s.token for s in steps], True)
         out["usage"] = self.usage()
         out["tokentrail"] = ext
         return out

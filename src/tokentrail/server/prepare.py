@@ -63,7 +63,8 @@ def prepare(
     `replies`: earlier replies' records, where a branch's prefix is replayed from;
     `context_length`: the most tokens a request may hold (None: the engine's)."""
     try:
-        ids = prompt_ids(tokenizer, req.prompt, engine.vocab_size, req.tools)
+        ids = prompt_ids(tokenizer, req.prompt, engine.vocab_size, req.tools,
+                         template=req.template, add_special_tokens=req.add_special_tokens)
         limit = _limit(req, len(ids), context_length, engine.context_length)
         stop_matcher(req.stop)
         chat = req.kind == "chat"
@@ -71,6 +72,7 @@ def prepare(
         params = req.params(engine.vocab_size, constraint)
         outputs = tuple(_output(req, ids, engine, tokenizer, config) for _ in range(req.n))
         req.echoed = echo_for(req, ids, engine, tokenizer)  # read by its `Formatter`s
+        req.prompt_ids = tuple(ids) if req.return_token_ids else None
     except (SamplingError, ConstraintError) as e:
         # e.g. a logit_bias id past the engine's vocabulary; tools with no format
         raise APIError(400, str(e), param=e.param, code="invalid_value") from None

@@ -36,6 +36,7 @@ from ..errors import APIError
 from ..sampling import OPENAI_LIMITS, SamplingError, SamplingParams, is_int, make_params
 from .structured import Structure, StructuredFields, structure_of
 from .tool_calls import ToolSpec, template_messages, with_tools
+from .vllm_fields import ChatFields, CommonFields, CompletionFields, vllm_extras
 from .voting import check_vote
 
 DEFAULT_MAX_TOKENS = 256
@@ -198,9 +199,10 @@ class StreamOptions(_Wire):
     include_usage: bool | None = None
 
 
-class _Common(_Wire, StructuredFields):
+class _Common(_Wire, StructuredFields, CommonFields):
     """The fields chat and completions share (the constraint fields and the
-    ``tokentrail`` options: `tokentrail.server.structured`)."""
+    ``tokentrail`` options: `tokentrail.server.structured`; vLLM's extra fields:
+    `tokentrail.server.vllm_fields`)."""
 
     model: str | None = None
     n: Annotated[int, Field(ge=1, le=MAX_N)] | None = None
@@ -278,7 +280,7 @@ class ChatMessage(_Wire):
         return out
 
 
-class ChatRequest(_Common):
+class ChatRequest(_Common, ChatFields):
     """A /v1/chat/completions body."""
 
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
@@ -336,7 +338,7 @@ def _prompt(value: Any, info: ValidationInfo) -> str | list[int]:
     )
 
 
-class CompletionRequest(_Common):
+class CompletionRequest(_Common, CompletionFields):
     """A /v1/completions body."""
 
     prompt: Annotated[str | list[int], PlainValidator(_prompt)]
@@ -406,6 +408,19 @@ class GenRequest:
     #: as echoed (`tokentrail.server.echo.Echo`), set when the request is prepared.
     echo: bool = False
     echoed: Any = None
+    #: vLLM's extra fields (`tokentrail.server.vllm_fields`): the end tokens do not
+    #: end the reply; ids that do; special tokens' text kept; ids listed in the reply.
+    ignore_eos: bool = False
+    stop_token_ids: tuple[int, ...] = ()
+    skip_special_tokens: bool = True
+    return_token_ids: bool = False
+    #: How a chat prompt is rendered: the template's variables (`chat_template_kwargs`,
+    #: `add_generation_prompt`, `continue_final_message`), for `prompting.prompt_ids`;
+    #: a text prompt's `add_special_tokens` (None: the tokenizer's rule).
+    template: dict[str, Any] | None = None
+    add_special_tokens: bool | None = None
+    #: The prompt's ids, kept when the reply lists them (`return_token_ids`).
+    prompt_ids: tuple[int, ...] | None = None
 
     @property
     def prompt_only(self) -> bool:
@@ -459,6 +474,7 @@ class GenRequest:
             seed=self.seed,
             top_logprobs=self.top_logprobs,
             logprobs=self.needs_logprobs,
+            ignore_eos=self.ignore_eos,
             vocab_size=vocab_size,
             limits=OPENAI_LIMITS,
             labels=_CHAT_LABELS if self.kind == "chat" else _COMPLETION_LABELS,
@@ -499,6 +515,7 @@ def _gen_request(
         top_logprobs=top,
         structure=structure_of(wire, kind == "chat"),
     )
+    vllm_extras(wire, req, vocab_size)
     if wire.tokentrail is not None:
         check_vote(wire.tokentrail.vote, wire.tokentrail.early_stop, req.n)
         req.vote, req.early_stop = wire.tokentrail.vote, bool(wire.tokentrail.early_stop)

@@ -29,7 +29,7 @@ from typing import Any
 
 from ..batch import open_sequence
 from ..branching import Record, ReplyMemory, record_of
-from ..errors import APIError
+from ..errors import APIError, EngineError
 from ..output.processor import OutputProcessor
 from ..output.vote import EarlyStop, feed_early
 from ..vocab import Vocab
@@ -372,6 +372,22 @@ class Scheduler:
             seq = self._seqs.get(uid)
             if seq is not None:
                 self._advance(batch, uid, seq, engine_step)
+        if len(batch) < len(self._seqs):  # fewer in the batch than here (or a solo)
+            self._lost(batch)
+
+    def _lost(self, batch: Any) -> None:
+        """End with an error each sequence the batch no longer holds though its reply
+        has not ended (a stream that ended early), instead of waiting for steps that
+        never come."""
+        for uid, seq in list(self._seqs.items()):
+            if seq.solo is None and not batch.holds(uid):
+                why = EngineError(
+                    "the engine's stream ended before the reply did (no end token, under "
+                    "the token limit)", 502, "stream_ended",
+                )  # fmt: skip
+                logger.info("request %s: %s", seq.job.id, why)
+                seq.job.post("error", seq.choice, why)
+                self._leave(batch, seq, "failed")
 
     def _join(self, batch: Any, job: Job) -> None:
         """Turn a request into `n` sequences of the batch, or answer it with an error; a
@@ -408,15 +424,19 @@ class Scheduler:
             return
         branch = ready.branch
         prefix = [] if branch is None else branch.engine_ids[len(ready.ids) :]
+        # vLLM's ignore_eos and stop_token_ids: a stop id ends the reply as an end token
+        # does (listed, its text left out, "stop"), as vLLM's stop-terminated replies
+        eos = (frozenset() if req.ignore_eos else loaded.eos) | frozenset(req.stop_token_ids)
         early = job.early_stop = EarlyStop(req.n) if req.early_stop else None
         try:
             for choice in range(req.n):
                 if ready.retry is not None:
-                    self._join_solo(job, ready, choice)
+                    self._join_solo(job, ready, choice, eos)
                     continue
                 uid, state = open_sequence(
                     batch, loaded.engine, loaded.tokenizer, ready.ids, ready.params,
-                    ready.limit, req.stop, choice=choice, eos=loaded.eos, prefix=prefix,
+                    ready.limit, req.stop, choice=choice, eos=eos, prefix=prefix,
+                    skip_special_tokens=req.skip_special_tokens,
                 )  # fmt: skip
                 job.live += 1
                 now = time.perf_counter()
@@ -443,14 +463,14 @@ class Scheduler:
                 self.admission.finish(job, "failed")
         self.metrics.batch_size.set(len(self._seqs))
 
-    def _join_solo(self, job: Job, ready: Any, choice: int) -> None:
+    def _join_solo(self, job: Job, ready: Any, choice: int, eos: frozenset[int]) -> None:
         """Choice `choice` beside the batch, on the engine's rewindable steps (field
         retry); its uid is negative, never one the batch gives."""
         loaded = self._loaded
         assert loaded is not None
         solo = open_solo(
-            loaded.engine, loaded.tokenizer, ready, choice, job.request.stop, loaded.eos,
-            loaded.calibration,
+            loaded.engine, loaded.tokenizer, ready, choice, job.request.stop, eos,
+            loaded.calibration, skip_special_tokens=job.request.skip_special_tokens,
         )  # fmt: skip
         job.live += 1
         now = time.perf_counter()

@@ -52,6 +52,8 @@ def open_solo(
     stop: Any,
     eos: frozenset[int],
     calibration: Any = None,
+    *,
+    skip_special_tokens: bool = True,
 ) -> Solo:
     """Choice `choice` of a prepared request (`server.prepare.Prepared` with `retry`)
     on the engine's rewindable steps."""
@@ -59,7 +61,8 @@ def open_solo(
     options.setdefault("output_ids", [])  # one list, read by the scorer across rebuilds
 
     def make_processor() -> OutputProcessor:
-        state = sequence_state(engine, tokenizer, ready.ids, ready.limit, stop, eos)
+        state = sequence_state(engine, tokenizer, ready.ids, ready.limit, stop, eos,
+                               skip_special_tokens)  # fmt: skip
         return OutputProcessor(state, calibration=calibration, **options)
 
     asked = ready.retry

@@ -11,7 +11,8 @@ find.
 - ``/tokenize``: ``{"prompt": str}`` (``add_special_tokens``, default true, adds what
   the tokenizer adds, a BOS say) or ``{"messages": [...]}`` (rendered by the chat
   template with a generation prompt unless ``add_generation_prompt`` is false, checked
-  and rendered as the chat endpoint renders them, ``tools`` included);
+  and rendered as the chat endpoint renders them, ``tools``, ``continue_final_message``
+  and ``chat_template_kwargs`` included);
   ``return_token_strs`` adds each token's string as the completions API spells it.
   Answers ``{"count", "max_model_len", "tokens", "token_strs"}``.
 - ``/detokenize``: ``{"tokens": [ids]}`` answers ``{"prompt": text}``, the ids' text
@@ -40,7 +41,11 @@ if TYPE_CHECKING:
 __all__ = ["detokenize", "routes", "tokenize", "tokenizer_info"]
 
 _PROMPT_KEYS = {"model", "prompt", "add_special_tokens", "return_token_strs"}
-_CHAT_KEYS = {"model", "messages", "add_generation_prompt", "return_token_strs", "tools"}
+_CHAT_KEYS = {"model", "messages", "add_generation_prompt", "return_token_strs", "tools",
+              "continue_final_message", "chat_template_kwargs"}  # fmt: skip
+#: Those that parse as the chat endpoint parses them (`server.vllm_fields`).
+_TEMPLATE_KEYS = ("messages", "tools", "add_generation_prompt", "continue_final_message",
+                  "chat_template_kwargs")  # fmt: skip
 
 
 def routes(server: Any) -> list[Any]:
@@ -145,23 +150,16 @@ def _flag(body: Mapping[str, Any], key: str, default: bool) -> bool:
 
 def _chat(body: Mapping[str, Any], server: Any, vocab_size: int) -> list[int]:
     """The messages checked and rendered as the chat endpoint renders them (with a
-    generation prompt; without one where ``add_generation_prompt`` is false)."""
+    generation prompt unless ``add_generation_prompt`` is false; vLLM's
+    ``continue_final_message`` and ``chat_template_kwargs``)."""
     from ..prompting import chat_ids
     from .protocol import parse_chat
 
-    wire = {k: body[k] for k in ("messages", "tools") if body.get(k) is not None}
-    generation = _flag(body, "add_generation_prompt", True)
+    _flag(body, "add_generation_prompt", True)
+    wire = {k: body[k] for k in _TEMPLATE_KEYS if body.get(k) is not None}
     req = parse_chat(wire, server.scheduler.model_name, vocab_size)
-    tokenizer = server.scheduler.tokenizer
     try:
-        if generation:
-            return chat_ids(tokenizer, req.prompt, vocab_size, req.tools)
-        ids = tokenizer.apply_chat_template(
-            [dict(m) for m in req.prompt], add_generation_prompt=False, tokenize=True,
-            **({"tools": [dict(t) for t in req.tools]} if req.tools else {}),
-        )  # fmt: skip
+        return chat_ids(server.scheduler.tokenizer, req.prompt, vocab_size, req.tools,
+                        req.template)  # fmt: skip
     except (TypeError, ValueError) as e:
         raise APIError(400, f"the chat template failed: {e}", param="messages") from None
-    if isinstance(ids, Mapping):
-        ids = ids["input_ids"]
-    return [int(i) for i in ids]

@@ -34,6 +34,7 @@ import numpy as np
 from ...sampling import SamplingParams
 from ...vocab import Vocab
 from ..base import RewindableBase, Step, check_generate_args
+from ..config import continue_last
 from ..gguf_models import GGUFError, check_magic, explain_llamacpp_failure, gguf_source
 from .batch import LlamaCppBatch
 from .guided import guided_chain, guided_step
@@ -231,9 +232,12 @@ class LlamaCppTokenizer:
         return_dict: bool = False,
         **kwargs: Any,
     ) -> Any:
-        """Render `messages` with the GGUF's chat template; token ids unless tokenize=False."""
+        """Render `messages` with the GGUF's chat template; token ids unless tokenize=False.
+        ``continue_final_message`` leaves the last message open (`continue_last`)."""
         if self.chat_template is None:
             raise ValueError("this GGUF model has no tokenizer.chat_template")
+        keep_going = bool(kwargs.pop("continue_final_message", False))
+        add_generation_prompt = add_generation_prompt and not keep_going
         formatter = self._formatters.get(add_generation_prompt)
         if formatter is None:  # the template compiles once, not at every request
             from llama_cpp.llama_chat_format import Jinja2ChatFormatter
@@ -246,6 +250,8 @@ class LlamaCppTokenizer:
             )
             self._formatters[add_generation_prompt] = formatter
         text = formatter(messages=[dict(m) for m in messages], **kwargs).prompt
+        if keep_going:
+            text = continue_last(text, str(messages[-1].get("content") or ""))
         if not tokenize:
             return text
         add_bos = self.bos_token is None or not text.startswith(self.bos_token)

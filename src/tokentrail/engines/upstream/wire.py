@@ -98,6 +98,8 @@ class StepReader:
         self._told = distribution is None  # the frames say it (their extension's)
         self.streamed = bool(body.get("stream", True))
         self.max_tokens = max_tokens
+        #: Asked to go on past end tokens (vLLM's ``ignore_eos``): one does not end it.
+        self.ignore_eos = bool(body.get("ignore_eos"))
         self.done = False
         self.cost = ReadCost()
         self._events: list[TokenEvent] = []
@@ -159,7 +161,7 @@ class StepReader:
         steps = self._drain()
         if self.max_tokens is not None and self._n >= self.max_tokens:
             return steps
-        eos = self.engine.eos_ids
+        eos = () if self.ignore_eos else self.engine.eos_ids
         if self._last is not None and self._last in eos:
             return steps
         if self._finish == "stop" and eos:
@@ -174,7 +176,8 @@ class StepReader:
             return [*steps, stand_in]
         raise UpstreamError(
             f"the upstream stopped after {self._n} token(s) (finish_reason {self._finish!r}) "
-            "before the token limit and without an end token",
+            "before the token limit and "
+            + ("though asked to ignore end tokens" if self.ignore_eos else "without an end token"),
         )
 
     def _chunk(self, chunk: Any) -> None:

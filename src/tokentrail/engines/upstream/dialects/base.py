@@ -67,6 +67,9 @@ class UpstreamDialect:
     says_distribution = False
     #: Whether the completion stream lists token ids without logprobs being asked.
     ids_without_logprobs = False
+    #: Whether it takes vLLM's ``ignore_eos`` (`SamplingParams.ignore_eos`); where it
+    #: does not, such a request is refused rather than ended at the first end token.
+    takes_ignore_eos = False
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"
@@ -90,6 +93,15 @@ class UpstreamDialect:
             params = replace(params, constraint=None, logprobs_mode="raw")
             ask = replace(ask, params=params)
         path, body = self.completion_body(ask)
+        if params.ignore_eos:
+            if not self.takes_ignore_eos:
+                raise ConstraintError(
+                    f"ignore_eos: the upstream ({self.name} dialect) takes no such field, "
+                    "so its replies would end at the first end token; use a vLLM, "
+                    "llama.cpp or tokentrail upstream",
+                    "ignore_eos",
+                )
+            extra["ignore_eos"] = True
         return path, {**body, **extra}
 
     def completion_body(self, ask: CompletionAsk) -> tuple[str, dict[str, Any]]:

@@ -21,6 +21,7 @@ class LlamaCppDialect(UpstreamDialect):
     owned_by = "llamacpp"
     slots_probe = ("/props", "total_slots")
     processed_why = "llama-server's n_probs are the model's own distribution"
+    takes_ignore_eos = True
 
     def completion_body(self, ask: CompletionAsk) -> tuple[str, dict[str, Any]]:
         params, max_tokens = ask.params, ask.max_tokens

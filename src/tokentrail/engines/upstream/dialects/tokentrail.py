@@ -21,6 +21,7 @@ class TokentrailDialect(UpstreamDialect):
     #: Its frames say which distribution their logprobs come from (the extension's
     #: ``distribution``), and the reader passes that on (`StepReader`).
     says_distribution = True
+    takes_ignore_eos = True
 
     def sampling_fields(self, params: SamplingParams) -> dict[str, Any]:
         out: dict[str, Any] = {"top_k": params.top_k, "min_p": params.min_p}

@@ -31,6 +31,7 @@ class VLLMDialect(UpstreamDialect):
     # vLLM applies the grammar's bitmask to the logits before any logprobs (its
     # raw_logprobs included): a forbidden token is listed at -inf.
     constrained_distribution = "masked"
+    takes_ignore_eos = True
 
     def sampling_fields(self, params: SamplingParams) -> dict[str, Any]:
         out: dict[str, Any] = {"top_k": params.top_k or -1, "min_p": params.min_p}

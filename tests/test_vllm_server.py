@@ -751,3 +751,45 @@ def test_serve_engine_vllm_killed_outright_leaves_no_vllm_process_behind(ours: S
         time.sleep(0.5)
         left = [(pid, start) for pid, start in found if reaper.start_time(pid) == start]
     assert not left, [(Path("/proc") / str(pid) / "cmdline").read_bytes() for pid, _ in left]
+
+
+@pytest.mark.parametrize("front", ["ours", "proxy"])
+def test_vllms_extra_fields_answer_as_vllm_answers(
+    front: str, request: pytest.FixtureRequest, vllm: Server
+) -> None:
+    """vLLM's ``stop_token_ids``, ``ignore_eos``, ``skip_special_tokens`` and
+    ``return_token_ids`` (`tokentrail.server.vllm_fields`), sent as a vLLM user sends
+    them, to `serve --engine vllm` and to the proxy in front of vLLM: text, ids,
+    ``finish_reason`` and ``prompt_token_ids`` equal vLLM's own server's."""
+    server: Server = request.getfixturevalue(front)
+    for text in ("What is 2 + 2?", "Say hello.", "Name three colours.", "Hi!"):
+        messages = [{"role": "user", "content": text}]
+        base = {"messages": messages, "max_tokens": 96, "temperature": 0}
+        plain = straight(vllm, "/v1/chat/completions", base)["choices"][0]
+        if plain["finish_reason"] == "stop":  # it ended on its end token
+            break
+    else:
+        pytest.fail("no prompt made SmolLM2 end its reply within 96 tokens on vLLM")
+    ids = plain["token_ids"]
+    at = next(i for i in range(2, len(ids)) if ids[i] not in ids[:i])
+    cases: list[dict[str, Any]] = [
+        {"stop_token_ids": [ids[at]]},
+        # past the end token, and with its text shown
+        {"ignore_eos": True, "max_tokens": len(ids) + 4},
+        {"ignore_eos": True, "skip_special_tokens": False, "max_tokens": len(ids) + 4},
+    ]
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=300)
+    for case in cases:
+        body = {**base, **case}
+        theirs = straight(vllm, "/v1/chat/completions", body)
+        extra = {k: v for k, v in body.items() if k not in ("messages", "max_tokens",
+                                                            "temperature")}  # fmt: skip
+        mine = client.chat.completions.create(
+            model=server.model, messages=messages, max_tokens=body["max_tokens"],
+            temperature=0, extra_body={**extra, "return_token_ids": True},
+        )  # fmt: skip
+        got, want = mine.choices[0], theirs["choices"][0]
+        assert got.model_extra["token_ids"] == want["token_ids"], case
+        assert got.message.content == want["message"]["content"], case
+        assert got.finish_reason == want["finish_reason"], case
+        assert mine.model_extra["prompt_token_ids"] == theirs["prompt_token_ids"], case

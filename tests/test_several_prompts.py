@@ -41,12 +41,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     srv.stop()
 
 
-def _client(server: Server) -> Any:
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=300)
-
-
 def _ask(server: Server, prompt: Any, **options: Any) -> Any:
-    return _client(server).completions.create(
+    return server.client().completions.create(
         model=server.model, prompt=prompt, temperature=0, **options
     )
 

@@ -40,13 +40,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     srv.stop()
 
 
-def _client(server: Server) -> Any:
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=300)
-
-
 def _chat(server: Server, messages: list[dict[str, Any]] = ASK, **extra: Any) -> Any:
     options = {k: extra.pop(k) for k in ("max_tokens", "stream", "n") if k in extra}
-    return _client(server).chat.completions.create(
+    return server.client().chat.completions.create(
         model=server.model, messages=messages, temperature=0, extra_body=extra,
         **{"max_tokens": 40, **options},
     )  # fmt: skip
@@ -125,7 +121,7 @@ def test_return_token_ids_in_vllms_places(server: Server) -> None:
     assert all("prompt_token_ids" not in c.model_extra for c in chunks[1:])
     streamed = [i for c in chunks if c.choices for i in c.choices[0].model_extra["token_ids"]]
     assert streamed == extension_ids(whole)
-    completion = _client(server).completions.create(
+    completion = server.client().completions.create(
         model=server.model, prompt="The capital of France is", max_tokens=5, temperature=0,
         extra_body={"return_token_ids": True, "add_special_tokens": False},
     )  # fmt: skip

@@ -56,6 +56,12 @@ class Server:
     def log_tail(self) -> str:
         return self.log.read_text(errors="replace")[-4000:]
 
+    def client(self) -> Any:
+        """The official `openai` client for this server: no retries, a long timeout."""
+        import openai
+
+        return openai.OpenAI(base_url=self.url + "/v1", api_key="x", max_retries=0, timeout=300)
+
     def stop(self) -> None:
         """Terminate the process (kill it if it does not exit in 20 s), then kill what it
         leaves in its process group: a server's children (vLLM's engine core, 2 GB or

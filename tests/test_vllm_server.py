@@ -240,13 +240,19 @@ def test_completion_ids_logprobs_and_top_k_are_vllms_and_match_its_prompt_logpro
     )["choices"][0]["prompt_logprobs"][len(prompt_ids):]
     for t, position in zip(tokens, scored, strict=True):
         assert math.isclose(t["logprob"], position[str(t["id"])]["logprob"], abs_tol=CLOSE)
-    # The proxy itself returns no prompt logprobs: `echo` is refused, OpenAI-shaped.
+    # `echo` through the proxy: the prompt's logprobs are vLLM's prompt_logprobs, the
+    # completion's those above (`test_serve_engine_vllm_echoes_the_prompts_...`).
     r = httpx.post(
         proxy.url + "/v1/completions",
         json={"model": proxy.model, **body, "echo": True, "logprobs": 1},
         timeout=60,
     )
-    assert r.status_code == 400 and r.json()["error"]["param"] == "echo", r.text
+    assert r.status_code == 200, r.text
+    echoed = r.json()["choices"][0]
+    assert echoed["text"] == body["prompt"] + theirs["text"]
+    listed = echoed["logprobs"]["token_logprobs"]
+    assert len(listed) == len(prompt_ids) + len(tokens) and listed[0] is None
+    assert listed[len(prompt_ids):] == pytest.approx(lps["token_logprobs"], abs=CLOSE)
 
 
 def test_stop_strings_end_the_text_where_vllm_ends_it(proxy: Server, vllm: Server) -> None:
@@ -689,12 +695,16 @@ def test_a_constrained_answer_on_vllm_says_its_logprobs_are_masked(
 
 
 # Last in this file: it kills the module's `ours` server.
+@pytest.mark.parametrize("front", ["ours", "proxy"])
 def test_serve_engine_vllm_echoes_the_prompts_logprobs_as_vllm_scores_them(
-    ours: Server, vllm: Server
+    front: str, request: pytest.FixtureRequest, vllm: Server
 ) -> None:
-    """``echo`` with ``logprobs`` on ``serve --engine vllm`` (lm-evaluation-harness's
-    ``local-completions`` scoring): each prompt token's logprob and its alternatives
-    are vLLM's own ``prompt_logprobs`` of the same ids (`engines.vllm.positions`)."""
+    """``echo`` with ``logprobs`` (lm-evaluation-harness's ``local-completions``
+    scoring) on ``serve --engine vllm`` and through the proxy in front of vLLM: each
+    prompt token's logprob and its alternatives are vLLM's own ``prompt_logprobs`` of the
+    same ids (`engines.vllm.positions`, `engines.upstream.positions`), as text prompts
+    and as ids, several prompts in one request too."""
+    ours: Server = request.getfixturevalue(front)
     first = straight(vllm, "/v1/completions", {"prompt": "def reverse(s):\n    return s",
                                                "max_tokens": 1})  # fmt: skip
     ids = first["choices"][0]["prompt_token_ids"]
@@ -715,6 +725,15 @@ def test_serve_engine_vllm_echoes_the_prompts_logprobs_as_vllm_scores_them(
         listed = sorted(mine.top_logprobs[i].values(), reverse=True)
         assert 1 <= len(listed) <= 3
         assert listed == pytest.approx(ranked[: len(listed)], abs=CLOSE)
+    # the text prompt (as lm-eval sends it, several to a request) scores the same
+    texts = ["def reverse(s):\n    return s", "The capital of France is"]
+    several = client.completions.create(
+        model=ours.model, prompt=texts, max_tokens=1, temperature=0, logprobs=1, echo=True
+    ).choices
+    assert several[0].logprobs.token_logprobs[1 : len(ids)] == pytest.approx(
+        mine.token_logprobs[1 : len(ids)], abs=CLOSE
+    )
+    assert several[1].text.startswith(texts[1])
 
 
 def test_serve_engine_vllm_penalties_are_vllms(ours: Server, vllm: Server) -> None:
@@ -731,26 +750,6 @@ def test_serve_engine_vllm_penalties_are_vllms(ours: Server, vllm: Server) -> No
     mine = client.completions.create(model=ours.model, prompt=body["prompt"], max_tokens=32,
                                      temperature=0, extra_body=extra)  # fmt: skip
     assert [t["id"] for t in ext_tokens([ext(mine)])] == theirs
-
-
-def test_serve_engine_vllm_killed_outright_leaves_no_vllm_process_behind(ours: Server) -> None:
-    """`kill -9` of `serve --engine vllm` alone (not its group): vLLM's engine processes,
-    which nothing of vLLM's stops when their parent dies, are ended by tokentrail's
-    watcher (`tokentrail.engines.reaper`) within its grace, and the watcher exits."""
-    from tokentrail.engines import reaper
-
-    found = reaper.descendants(ours.proc.pid)
-    titles = [(Path("/proc") / str(pid) / "cmdline").read_bytes() for pid, _ in found]
-    assert any(b"VLLM" in t for t in titles), titles  # vLLM's engine core, among others
-    assert any(b"reaper.py" in t for t in titles), titles  # and the watcher
-    os.kill(ours.proc.pid, signal.SIGKILL)
-    ours.proc.wait(timeout=30)
-    deadline = time.monotonic() + reaper.GRACE + 60
-    left = found
-    while left and time.monotonic() < deadline:
-        time.sleep(0.5)
-        left = [(pid, start) for pid, start in found if reaper.start_time(pid) == start]
-    assert not left, [(Path("/proc") / str(pid) / "cmdline").read_bytes() for pid, _ in left]
 
 
 @pytest.mark.parametrize("front", ["ours", "proxy"])
@@ -793,3 +792,24 @@ def test_vllms_extra_fields_answer_as_vllm_answers(
         assert got.message.content == want["message"]["content"], case
         assert got.finish_reason == want["finish_reason"], case
         assert mine.model_extra["prompt_token_ids"] == theirs["prompt_token_ids"], case
+
+
+# Last in the module: it kills the module's `ours` server outright.
+def test_serve_engine_vllm_killed_outright_leaves_no_vllm_process_behind(ours: Server) -> None:
+    """`kill -9` of `serve --engine vllm` alone (not its group): vLLM's engine processes,
+    which nothing of vLLM's stops when their parent dies, are ended by tokentrail's
+    watcher (`tokentrail.engines.reaper`) within its grace, and the watcher exits."""
+    from tokentrail.engines import reaper
+
+    found = reaper.descendants(ours.proc.pid)
+    titles = [(Path("/proc") / str(pid) / "cmdline").read_bytes() for pid, _ in found]
+    assert any(b"VLLM" in t for t in titles), titles  # vLLM's engine core, among others
+    assert any(b"reaper.py" in t for t in titles), titles  # and the watcher
+    os.kill(ours.proc.pid, signal.SIGKILL)
+    ours.proc.wait(timeout=30)
+    deadline = time.monotonic() + reaper.GRACE + 60
+    left = found
+    while left and time.monotonic() < deadline:
+        time.sleep(0.5)
+        left = [(pid, start) for pid, start in found if reaper.start_time(pid) == start]
+    assert not left, [(Path("/proc") / str(pid) / "cmdline").read_bytes() for pid, _ in left]

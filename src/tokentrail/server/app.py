@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import APIError, ClientGone
+from ..errors import APIError, ClientGone, EngineError
 from ..vocab import Vocab
 from . import tokenize
 from .answers import (
@@ -30,6 +30,7 @@ from .answers import (
 )
 from .body import read_json
 from .config import Loader, ServerConfig
+from .echo import fetch_prompt_rows, wants_fetch
 from .formatting import Formatter
 from .guard import Guard
 from .jobs import ChatRunner, Job
@@ -193,11 +194,14 @@ class _Server:
                 )
                 for b in bodies
             ]  # fmt: skip
+            for one in reqs:
+                await self._fetch(one)
             return await answer_several(request, reqs, self.scheduler, vocab)
         parse = parse_chat if kind == "chat" else parse_completion
         req = await self.compiling(
             lambda: parse(body, model, vocab.size, self.temperature), body, self.scheduler.tokenizer
         )
+        await self._fetch(req)
         runner = self.chat_runner if kind == "chat" else None
         if runner is not None:
             runner.check(req)
@@ -234,6 +238,16 @@ class _Server:
             if not handed_over:
                 watcher.cancel()
                 job.cancel("request ended")
+
+    async def _fetch(self, req: GenRequest) -> None:
+        """Through the proxy, the prompt's logprobs for ``echo`` asked of the upstream
+        in a thread, before the request joins the batch (`server.echo`)."""
+        engine = self.scheduler.model
+        if wants_fetch(req, engine):
+            try:
+                await asyncio.to_thread(fetch_prompt_rows, req, engine, self.scheduler.tokenizer)
+            except EngineError as e:
+                raise generation_error(e) from None
 
     def _vote_box(self, req: GenRequest) -> VoteBox | None:
         """The request's ballots (`server.voting`), None without ``tokentrail.vote``."""

@@ -14,8 +14,11 @@ their offsets after the echoed text. Streamed, the first chunk carries the promp
 
 The prompt's logprobs need the model's logits at every position: MLX, torch and
 llama.cpp compute them in process (`engines.llamacpp.positions`), vLLM as its own
-``prompt_logprobs`` (`engines.vllm.positions`). Through the proxy ``echo`` with
-``logprobs`` is a 400 naming ``echo``; ``echo`` alone works everywhere. The
+``prompt_logprobs`` (`engines.vllm.positions`). Through the proxy they are asked of a
+vLLM upstream (`engines.upstream.positions`), in a thread before the request joins the
+batch (`fetch_prompt_rows`: the scheduler's passes run on the event loop there); other
+upstreams have none, and ``echo`` with ``logprobs`` is a 400 naming ``echo``. ``echo``
+alone works everywhere. The
 ``tokentrail`` extension's segments stay the completion's.
 
 ``echo`` with ``max_tokens`` 0 (`GenRequest.prompt_only`) is the prompt alone: the
@@ -34,7 +37,7 @@ from ..errors import APIError
 from .protocol import GenRequest
 from .wire_tokens import Spellings
 
-__all__ = ["Echo", "echo_for", "prompt_logprobs"]
+__all__ = ["Echo", "echo_for", "fetch_prompt_rows", "prompt_logprobs", "wants_fetch"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +57,11 @@ def echo_for(req: GenRequest, ids: list[int], engine: Any, tokenizer: Any) -> Ec
         return None
     rows = None
     if req.logprobs:
-        found, why = position_logprobs(engine, list(ids), 1, req.top_logprobs)
+        fetched = req.fetched_rows
+        if fetched is not None and fetched[0] == tuple(ids):
+            found, why = fetched[1], fetched[2]
+        else:
+            found, why = position_logprobs(engine, list(ids), 1, req.top_logprobs)
         if found is None:
             raise APIError(
                 400,
@@ -66,6 +73,28 @@ def echo_for(req: GenRequest, ids: list[int], engine: Any, tokenizer: Any) -> Ec
         rows = tuple(found)
     text = req.prompt if isinstance(req.prompt, str) else tokenizer.decode(list(ids))
     return Echo(text, tuple(ids), rows)
+
+
+def wants_fetch(req: GenRequest, engine: Any) -> bool:
+    """Whether the prompt's logprobs are asked of an upstream before `req` joins the
+    batch (`fetch_prompt_rows`): ``echo`` with ``logprobs`` through the proxy."""
+    return req.echo and req.logprobs and getattr(engine, "name", None) == "upstream"
+
+
+def fetch_prompt_rows(req: GenRequest, engine: Any, tokenizer: Any) -> None:
+    """Ask the upstream for the prompt's logprobs and keep them on `req` (its
+    `fetched_rows`: the ids, the rows or None, why not), for `echo_for`. Blocking: run
+    it in a thread. A prompt that does not encode is left to `prepare`'s 400."""
+    from ..engines.upstream.positions import position_rows
+    from ..prompting import prompt_ids
+
+    try:
+        ids = prompt_ids(tokenizer, req.prompt, engine.vocab_size,
+                         add_special_tokens=req.add_special_tokens)  # fmt: skip
+    except (ValueError, TypeError):
+        return
+    rows, why = position_rows(engine, ids, 1, req.top_logprobs)
+    req.fetched_rows = (tuple(ids), rows, why)
 
 
 def prompt_logprobs(echo: Echo, spell: Spellings, top: int) -> dict[str, list[Any]]:

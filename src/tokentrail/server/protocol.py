@@ -421,6 +421,9 @@ class GenRequest:
     add_special_tokens: bool | None = None
     #: The prompt's ids, kept when the reply lists them (`return_token_ids`).
     prompt_ids: tuple[int, ...] | None = None
+    #: The prompt's logprobs asked of an upstream before the request joined the batch
+    #: (`server.echo.fetch_prompt_rows`): (ids, rows or None, why not).
+    fetched_rows: tuple[tuple[int, ...], Any, str | None] | None = None
 
     @property
     def prompt_only(self) -> bool:

@@ -197,6 +197,11 @@ class LlamaCppBatch(BaseBatch):
         guided = guided_chain(params, self.engine.vocab_size or 0)
         chain = make_sampler(params, ids, self.engine.vocab_size or 0, guided)
         window = deque(ids[-REPEAT_LAST_N:], maxlen=REPEAT_LAST_N)
+        if self.prompt_cache_bytes and not any(s.n_past for s in self._live.values()):
+            # Nothing else holds cells: the idle ones (saved) leave first, so what comes
+            # back from host memory lies in order from the cache's first cell and the
+            # sequence decodes what it decodes cold (`_evict`).
+            self._evict()
         seq_id, keep = self._claim(ids)
         self._live[uid] = LlamaSlot(
             seq_id,
@@ -306,7 +311,17 @@ class LlamaCppBatch(BaseBatch):
         self._free.append(seq.seq_id)
 
     def _evict(self) -> bool:
-        """Free the idle sequences' cached cells; whether there were any."""
+        """Free the idle sequences' cached cells; whether there were any.
+
+        In a unified cache llama.cpp then places the next tokens from the lowest free
+        cell on, so a sequence decoding beside the freed cells may get its next tokens
+        before its earlier ones, and its logits depend on where its cells lie (on
+        SmolLM2 Q4_1 a logprob moved by 0.09 four tokens on, and the next request of a
+        client alone got another reply, `tests/test_llamacpp_prompt_cache.py`): one more
+        way a unified cache's
+        sequences depend on each other (docs/engines.md). `add` evicts before it
+        places a prompt into an otherwise empty batch, so requests one after another
+        each decode what they decode cold."""
         idle = [s for s in self._free if self._held[s]]
         for s in idle:
             llama_cpp.llama_memory_seq_rm(self._mem, s, -1, -1)

@@ -369,6 +369,12 @@ def test_reasoning_in_the_message(reasoning_server: Any) -> None:
         extra_body={"tokentrail": {"reasoning": False}},
     )
     assert off.choices[0].message.content == reasoning + end + content
+    # llama-server's own switch, as its users send it: the same reply
+    none = c.chat.completions.create(
+        model=SERVED[0], messages=MSG, max_tokens=24, extra_body={"reasoning_format": "none"}
+    )
+    assert none.choices[0].message.content == reasoning + end + content
+    assert "reasoning_content" not in (none.choices[0].message.model_extra or {})
 
 
 def test_constraint_after_the_servers_reasoning_format(reasoning_server: Any) -> None:

@@ -34,6 +34,8 @@ from pydantic_core import PydanticCustomError
 
 from ..errors import APIError
 from ..sampling import OPENAI_LIMITS, SamplingError, SamplingParams, is_int, make_params
+from .llamacpp_fields import LlamaCppFields, llamacpp_extras
+from .mlx_fields import MlxFields, mlx_extras
 from .structured import Structure, StructuredFields, structure_of
 from .tool_calls import ToolSpec, template_messages, with_tools
 from .vllm_fields import ChatFields, CommonFields, CompletionFields, vllm_extras
@@ -199,10 +201,11 @@ class StreamOptions(_Wire):
     include_usage: bool | None = None
 
 
-class _Common(_Wire, StructuredFields, CommonFields):
+class _Common(_Wire, StructuredFields, CommonFields, LlamaCppFields, MlxFields):
     """The fields chat and completions share (the constraint fields and the
-    ``tokentrail`` options: `tokentrail.server.structured`; vLLM's extra fields:
-    `tokentrail.server.vllm_fields`)."""
+    ``tokentrail`` options: `tokentrail.server.structured`; vLLM's, llama-server's and
+    mlx_lm.server's extra fields: `tokentrail.server.vllm_fields`, `.llamacpp_fields`,
+    `.mlx_fields`)."""
 
     model: str | None = None
     n: Annotated[int, Field(ge=1, le=MAX_N)] | None = None
@@ -519,6 +522,8 @@ def _gen_request(
         structure=structure_of(wire, kind == "chat"),
     )
     vllm_extras(wire, req, vocab_size)
+    llamacpp_extras(wire, req, max_n=MAX_N, max_tokens=MAX_TOKENS_LIMIT)
+    mlx_extras(wire, req)
     if wire.tokentrail is not None:
         check_vote(wire.tokentrail.vote, wire.tokentrail.early_stop, req.n)
         req.vote, req.early_stop = wire.tokentrail.vote, bool(wire.tokentrail.early_stop)

@@ -377,6 +377,23 @@ def test_reasoning_in_the_message(reasoning_server: Any) -> None:
     assert "reasoning_content" not in (none.choices[0].message.model_extra or {})
 
 
+def test_reasoning_in_a_response(reasoning_server: Any) -> None:
+    """/v1/responses (`server.responses`): the reasoning is a ``reasoning`` item before
+    the message, whole and streamed, the markup in neither."""
+    srv, reasoning, _end, content = reasoning_server
+    c = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+    r = c.responses.create(model=SERVED[0], input=MSG, max_output_tokens=24)
+    assert [o.type for o in r.output] == ["reasoning", "message"]
+    assert r.output[0].content[0].text == reasoning and r.output_text == content
+    events = list(c.responses.create(model=SERVED[0], input=MSG, max_output_tokens=24,
+                                     stream=True))  # fmt: skip
+    said = {t: "".join(e.delta for e in events if e.type == t)
+            for t in ("response.reasoning_text.delta", "response.output_text.delta")}  # fmt: skip
+    assert said == {"response.reasoning_text.delta": reasoning,
+                    "response.output_text.delta": content}  # fmt: skip
+    assert [o.type for o in events[-1].response.output] == ["reasoning", "message"]
+
+
 def test_constraint_after_the_servers_reasoning_format(reasoning_server: Any) -> None:
     """`--reasoning-markers '' END` on the server and `response_format` in the request: the
     reasoning is the model's own greedy text up to END (no mask while it reasons), and

@@ -45,6 +45,7 @@ from .protocol import (
     parse_chat,
     parse_completion,
 )
+from .responses import ResponseShape, chat_body, response_events, whole_response
 from .scheduler import Scheduler
 from .sse import EventStream
 from .structured import CompileGate
@@ -177,13 +178,23 @@ class _Server:
     async def completions(self, request: Request) -> Response:
         return await self._complete(request, "completion")
 
-    async def _complete(self, request: Request, kind: Kind) -> Response:
+    async def responses(self, request: Request) -> Response:
+        """OpenAI's Responses API on the chat pipeline (`server.responses`)."""
+        if self.chat_runner is not None:
+            raise APIError(404, "/v1/responses is not served with --upstream-chat: use "
+                           "/v1/chat/completions", code="not_found")  # fmt: skip
+        return await self._complete(request, "chat", responses=True)
+
+    async def _complete(self, request: Request, kind: Kind, responses: bool = False) -> Response:
         try:
             body = await read_json(request, self.max_body_bytes)
         except ClientGone as e:
             logger.info("%s %s: %s", request.method, request.url.path, e)
             return empty_response(499)
         model = self.check_model(body)
+        wire = body
+        if responses:
+            body = chat_body(body)
         vocab = self.loaded_vocab()
         bodies = split_prompts(body) if kind == "completion" else None
         if bodies is not None:
@@ -205,7 +216,7 @@ class _Server:
         runner = self.chat_runner if kind == "chat" else None
         if runner is not None:
             runner.check(req)
-        prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
+        prefix = "resp_" if responses else "chatcmpl-" if kind == "chat" else "cmpl-"
         job = Job(id=prefix + uuid.uuid4().hex[:24], request=req, loop=asyncio.get_running_loop(),
                   outside=runner is not None)  # fmt: skip
         self.scheduler.submit(job)
@@ -228,6 +239,14 @@ class _Server:
                 handed_over = True
                 return EventStream(answer, job, watcher, self.scheduler.client_timeout)  # type: ignore[return-value]
             fmts = [Formatter(job.id, req, vocab, choice) for choice in range(req.n)]
+            if responses:
+                shape = ResponseShape(job.id, wire, req.model)
+                if req.stream:
+                    handed_over = True
+                    events = response_events(job, fmts[0], event, shape)
+                    return EventStream(events, job, watcher, self.scheduler.client_timeout)  # type: ignore[return-value]
+                whole = await whole_response(job, fmts[0], event, shape)
+                return empty_response(499) if whole is None else json_response(whole)
             box = self._vote_box(req)
             if req.stream:
                 handed_over = True
@@ -361,6 +380,7 @@ def _routes(server: _Server) -> list[Any]:
         Route("/v1/models/{model:path}", server.model, methods=["GET"]),
         Route("/v1/completions", server.completions, methods=["POST"]),
         Route("/v1/chat/completions", server.chat, methods=["POST"]),
+        Route("/v1/responses", server.responses, methods=["POST"]),
         *tokenize.routes(server),  # vLLM's tokenizer endpoints, where lm-eval looks
     ]
     if STATIC_DIR.is_dir():

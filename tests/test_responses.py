@@ -174,3 +174,46 @@ def test_what_is_not_served_is_refused_by_name(
                    json={"model": server.model, "input": ASK, **body}, timeout=60)  # fmt: skip
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param
+
+
+# -- against llama-server's own /v1/responses --------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def llama_and_proxy(
+    smollm2_gguf: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Server, Server]]:
+    from tests.helpers.servers import start_llama_server, start_proxy
+
+    logs = tmp_path_factory.mktemp("logs")
+    llama = start_llama_server(smollm2_gguf, logs / "llama.log")
+    proxy = start_proxy(llama, logs / "proxy.log")
+    yield llama, proxy
+    proxy.stop()
+    llama.stop()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_through_the_proxy_llama_servers_own_responses_text(
+    llama_and_proxy: tuple[Server, Server], stream: bool
+) -> None:
+    """The same Responses request to llama-server (its own /v1/responses) and to the
+    proxy in front of it: the same text and token counts. (llama-server says
+    "completed" where `max_output_tokens` ended the reply; OpenAI's API, and this
+    server, "incomplete".)"""
+    llama, proxy = llama_and_proxy
+    body = {"model": "m", "input": "List five fruits, one per line.", "max_output_tokens": 12,
+            "temperature": 0, "instructions": "Be brief."}  # fmt: skip
+
+    def text(url: str) -> tuple[str, int]:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+        body["model"] = client.models.list().data[0].id
+        if not stream:
+            r = client.responses.create(**body)
+            return r.output_text, r.usage.output_tokens
+        events = list(client.responses.create(**body, stream=True))
+        said = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+        return said, events[-1].response.usage.output_tokens
+
+    theirs, mine = text(llama.url), text(proxy.url)
+    assert mine == theirs and mine[1] == 12

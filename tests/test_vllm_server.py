@@ -794,6 +794,39 @@ def test_vllms_extra_fields_answer_as_vllm_answers(
         assert mine.model_extra["prompt_token_ids"] == theirs["prompt_token_ids"], case
 
 
+@pytest.mark.parametrize("front", ["ours", "proxy"])
+def test_responses_answer_as_vllms_own_responses(
+    front: str, request: pytest.FixtureRequest, vllm: Server
+) -> None:
+    """OpenAI's Responses API (`tokentrail.server.responses`) through the official
+    client, to vLLM's own /v1/responses and to `serve --engine vllm` or the proxy in
+    front of vLLM: the same text, status, token counts and logprobs."""
+    server: Server = request.getfixturevalue(front)
+    body = {"input": "Name three colours.", "instructions": "Answer briefly.",
+            "max_output_tokens": 24, "temperature": 0, "top_logprobs": 2,
+            "include": ["message.output_text.logprobs"]}  # fmt: skip
+
+    def ask(target: Server) -> Any:
+        client = openai.OpenAI(base_url=target.url + "/v1", api_key="x", max_retries=0,
+                               timeout=300)  # fmt: skip
+        return client.responses.create(model=client.models.list().data[0].id, **body)
+
+    theirs, mine = ask(vllm), ask(server)
+    assert mine.output_text == theirs.output_text
+    assert mine.status == theirs.status
+    assert mine.usage.output_tokens == theirs.usage.output_tokens
+    assert mine.usage.input_tokens == theirs.usage.input_tokens
+    t_rows = theirs.output[-1].content[0].logprobs or []
+    m_rows = mine.output[-1].content[0].logprobs
+    # the end token, which adds no text, is spelled "" here (docs/logprobs.md, "One
+    # token, one spelling"); vLLM spells it "<|im_end|>"
+    spelled = [r.token for r in t_rows]
+    if theirs.status == "completed" and spelled and spelled[-1] == "<|im_end|>":
+        spelled[-1] = ""
+    assert [r.token for r in m_rows] == spelled and t_rows
+    assert [r.logprob for r in m_rows] == pytest.approx([r.logprob for r in t_rows], abs=1e-3)
+
+
 # Last in the module: it kills the module's `ours` server outright.
 def test_serve_engine_vllm_killed_outright_leaves_no_vllm_process_behind(ours: Server) -> None:
     """`kill -9` of `serve --engine vllm` alone (not its group): vLLM's engine processes,

@@ -151,13 +151,35 @@ def test_a_required_tool_is_a_function_call_item(server: Server, stream: bool) -
     jsonschema.validate(json.loads(calls[0].arguments), WEATHER["parameters"])
 
 
+def test_a_tools_output_sent_back_is_the_chat_tool_turn(server: Server) -> None:
+    """An agent's second turn: the first response's items (its function call) and the
+    tool's output sent back in `input` mean the chat messages with the assistant's
+    tool call and the tool's message; the answer is that chat request's."""
+    first = _respond(server, tools=[WEATHER], tool_choice="required", max_output_tokens=80)
+    call = next(o for o in first.output if o.type == "function_call")
+    items = [{"role": "user", "content": ASK}, *[o.model_dump() for o in first.output],
+             {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny."}]
+    second = _respond(server, input=items, tools=[WEATHER], tool_choice="none")
+    chat = _chat(server, [
+        {"role": "user", "content": ASK},
+        {"role": "assistant", "content": "", "tool_calls": [{"id": call.call_id,
+         "type": "function", "function": {"name": call.name, "arguments": call.arguments}}]},
+        {"role": "tool", "tool_call_id": call.call_id, "content": "Sunny."},
+    ], tools=[{"type": "function", "function": {k: WEATHER[k] for k in
+                                                ("name", "description", "parameters")}}],
+       tool_choice="none")
+    assert second.output_text == chat.choices[0].message.content
+    assert second.usage.input_tokens == chat.usage.prompt_tokens > first.usage.input_tokens
+
+
 REFUSED = [
     ("previous_response_id", {"previous_response_id": "resp_123"}),
     ("conversation", {"conversation": "conv_1"}),
     ("background", {"background": True}),
     ("reasoning", {"reasoning": {"effort": "high"}}),
     ("truncation", {"truncation": "auto"}),
-    ("input[0]", {"input": [{"type": "function_call_output", "call_id": "c", "output": "x"}]}),
+    ("input[0]", {"input": [{"type": "input_file", "file_id": "f"}]}),
+    ("input[0].call_id", {"input": [{"type": "function_call_output", "output": "x"}]}),
     ("input[0].content[0]", {"input": [{"role": "user", "content": [
         {"type": "input_image", "image_url": "http://example.com/a.png"}]}]}),
     ("tools[0]", {"tools": [{"type": "web_search"}]}),

@@ -17,14 +17,16 @@ same `Formatter`, the same segments and confidence), and its answer is reshaped:
   ``tokentrail`` extension (its segments, tokens and confidence) as chat chunks do.
 
 Read: `input` (a string, or messages whose content is a string or ``input_text`` /
-``output_text`` parts), `instructions` (a system message first), `max_output_tokens`,
-`temperature`, `top_p`, `top_logprobs`, `include`, `text.format` (``text``,
+``output_text`` parts, ``function_call`` items and their ``function_call_output``, as an
+agent sends a tool's result back; ``reasoning`` items sent back are left out, as chat
+templates leave out earlier reasoning), `instructions` (a system message first),
+`max_output_tokens`, `temperature`, `top_p`, `top_logprobs`, `include`, `text.format` (``text``,
 ``json_schema``, ``json_object``: the grammar library's constraint, as
 ``response_format``), `tools` (function tools) and `tool_choice`, `stream`, and the
 ``tokentrail`` options and other engines' fields as on chat. Refused by name (400):
 `previous_response_id` and `conversation` (this server stores no responses: send the
-whole conversation), `background`, `reasoning` (an effort), `truncation` "auto", input
-items other than messages (images, files, tool outputs), tools other than functions.
+whole conversation), `background`, `reasoning` (an effort), `truncation` "auto", other
+input items and parts (images, files), tools other than functions.
 `store`, `metadata`, `user` and the like are accepted and change nothing.
 """
 
@@ -88,12 +90,41 @@ def _messages(body: Mapping[str, Any]) -> list[dict[str, str]]:
     for k, item in enumerate(given):
         where = f"input[{k}]"
         kind = item.get("type", "message") if isinstance(item, Mapping) else None
+        if kind == "reasoning":
+            continue  # an earlier reply's reasoning, sent back: templates leave it out
+        if kind in ("function_call", "function_call_output"):
+            out.append(_tool_turn(item, kind, where, out))
+            continue
         if kind != "message" or not isinstance(item.get("role"), str):
-            raise _bad(where, f"'{where}' is a {kind or 'malformed'} item: only messages "
-                       "(role and content) are served here", "unsupported_value")  # fmt: skip
+            raise _bad(where, f"'{where}' is a {kind or 'malformed'} item: only messages, "
+                       "function calls and their outputs are served here",
+                       "unsupported_value")  # fmt: skip
         role = "system" if item["role"] == "developer" else item["role"]
         out.append({"role": role, "content": _content(item.get("content"), f"{where}.content")})
-    return out
+    return [m for m in out if m]
+
+
+def _tool_turn(item: Mapping[str, Any], kind: str, where: str,
+               before: list[dict[str, Any]]) -> dict[str, Any]:  # fmt: skip
+    """A ``function_call`` item as the assistant's tool call (joined to the assistant
+    message of calls just before it: {} then), a ``function_call_output`` as the tool's
+    message."""
+    call_id = item.get("call_id")
+    if not isinstance(call_id, str):
+        raise _bad(f"{where}.call_id", f"'{where}.call_id' must be a string")
+    if kind == "function_call_output":
+        output = item.get("output")
+        text = output if isinstance(output, str) else _content(output, f"{where}.output")
+        return {"role": "tool", "tool_call_id": call_id, "content": text}
+    name, arguments = item.get("name"), item.get("arguments")
+    if not isinstance(name, str) or not isinstance(arguments, str):
+        raise _bad(where, f"'{where}' needs 'name' and 'arguments' strings")
+    call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+    last = before[-1] if before else None
+    if last and last["role"] == "assistant" and last.get("tool_calls") and not last["content"]:
+        last["tool_calls"].append(call)
+        return {}
+    return {"role": "assistant", "content": "", "tool_calls": [call]}
 
 
 def _format(text: Any) -> dict[str, Any] | None:

@@ -198,6 +198,19 @@ def test_what_is_not_served_is_refused_by_name(
     assert r.json()["error"]["param"] == param
 
 
+def test_responses_are_counted_by_route(server: Server) -> None:
+    before = httpx.get(server.url + "/metrics", timeout=30).text
+    _respond(server, max_output_tokens=2)
+    after = httpx.get(server.url + "/metrics", timeout=30).text
+    line = 'tokentrail_http_requests_total{path="/v1/responses",status="200"}'
+
+    def count(text: str) -> float:
+        found = [ln for ln in text.splitlines() if ln.startswith(line)]
+        return float(found[0].split()[-1]) if found else 0.0
+
+    assert count(after) == count(before) + 1
+
+
 # -- against llama-server's own /v1/responses --------------------------------------------
 
 

@@ -140,6 +140,7 @@ ROUTES = frozenset(
         "/v1/models",
         "/v1/completions",
         "/v1/chat/completions",
+        "/v1/responses",
         "/tokentrail/upstream",
         "/tokenize",
         "/detokenize",

@@ -198,6 +198,18 @@ def test_what_is_not_served_is_refused_by_name(
     assert r.json()["error"]["param"] == param
 
 
+def test_a_stream_that_fails_mid_way_ends_with_error_and_failed(server: Server) -> None:
+    """A regex whose lexer outgrows llguidance's limit after the first token (as in
+    tests/test_hostile_server.py): the stream has begun, and ends with the API's
+    ``error`` event naming the field, then ``response.failed``; the server goes on."""
+    events = list(_respond(server, stream=True,
+                           extra_body={"structured_outputs": {"regex": "a{1000000}"}}))  # fmt: skip
+    assert [e.type for e in events[-2:]] == ["error", "response.failed"]
+    assert events[-2].param == "structured_outputs" and "too complex" in events[-2].message
+    assert events[-1].response.status == "failed" and events[-1].response.error.message
+    assert _respond(server, max_output_tokens=2).usage.output_tokens == 2
+
+
 def test_responses_are_counted_by_route(server: Server) -> None:
     before = httpx.get(server.url + "/metrics", timeout=30).text
     _respond(server, max_output_tokens=2)

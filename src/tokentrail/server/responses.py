@@ -421,7 +421,10 @@ async def response_events(job: Job, fmt: Formatter, event: Any,
                 yield out
         elif kind == "error":
             err = generation_error(value)
-            yield stream.ev("error", code=err.code, message=err.message, param=err.param)
+            failed = shape.envelope("failed", [])
+            failed["error"] = {"code": err.code or "server_error", "message": err.message}
+            yield stream.ev("error", code=err.code, message=err.message, param=err.param) + (
+                stream.ev("response.failed", response=failed))  # fmt: skip
             return
         elif kind == "done":
             break

@@ -137,6 +137,27 @@ def test_text_format_json_schema_is_the_grammar_constraint(server: Server) -> No
     assert got.output_text == chat.choices[0].message.content
 
 
+def test_the_clients_parse_helper_gets_its_model(server: Server) -> None:
+    """`client.responses.parse(text_format=Model)`: the client sends the model's strict
+    schema and parses the reply into it."""
+    from enum import StrEnum
+
+    from pydantic import BaseModel
+
+    class Name(StrEnum):
+        ann = "Ann"
+        bob = "Bob"
+
+    class Person(BaseModel):
+        name: Name
+        ok: bool
+
+    got = server.client().responses.parse(model=server.model, input=ASK, temperature=0,
+                                          max_output_tokens=120, text_format=Person)  # fmt: skip
+    assert isinstance(got.output_parsed, Person)
+    assert got.output_parsed == Person.model_validate_json(got.output_text)
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_required_tool_is_a_function_call_item(server: Server, stream: bool) -> None:
     jsonschema = require("jsonschema")

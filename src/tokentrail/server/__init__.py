@@ -5,7 +5,8 @@
 - ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions`` in the
   OpenAI shape, streamed (server-sent events ending with ``data: [DONE]``) or not;
 - ``POST /v1/responses``: OpenAI's Responses API on the chat pipeline
-  (`server.responses`), its typed events when streamed;
+  (`server.responses`), its typed events when streamed; ``POST /v1/messages``:
+  Anthropic's Messages API the same way (`server.messages`);
 - ``GET /v1/models/{id}``: the one model's card;
 - ``GET /health``: queue, batch and generation counters (also the proof that a client
   who hangs up stops its generation); ``GET /metrics``: Prometheus metrics;

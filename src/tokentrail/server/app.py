@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import APIError, ClientGone, EngineError
 from ..vocab import Vocab
-from . import tokenize
+from . import messages, responses, tokenize
 from .answers import (
     collect,
     empty_response,
@@ -45,7 +45,6 @@ from .protocol import (
     parse_chat,
     parse_completion,
 )
-from .responses import ResponseShape, chat_body, response_events, whole_response
 from .scheduler import Scheduler
 from .sse import EventStream
 from .structured import CompileGate
@@ -183,9 +182,16 @@ class _Server:
         if self.chat_runner is not None:
             raise APIError(404, "/v1/responses is not served with --upstream-chat: use "
                            "/v1/chat/completions", code="not_found")  # fmt: skip
-        return await self._complete(request, "chat", responses=True)
+        return await self._complete(request, "chat", api="responses")
 
-    async def _complete(self, request: Request, kind: Kind, responses: bool = False) -> Response:
+    async def messages(self, request: Request) -> Response:
+        """Anthropic's Messages API on the chat pipeline (`server.messages`)."""
+        if self.chat_runner is not None:
+            raise APIError(404, "/v1/messages is not served with --upstream-chat: use "
+                           "/v1/chat/completions", code="not_found")  # fmt: skip
+        return await self._complete(request, "chat", api="messages")
+
+    async def _complete(self, request: Request, kind: Kind, api: str | None = None) -> Response:
         try:
             body = await read_json(request, self.max_body_bytes)
         except ClientGone as e:
@@ -193,8 +199,8 @@ class _Server:
             return empty_response(499)
         model = self.check_model(body)
         wire = body
-        if responses:
-            body = chat_body(body)
+        if api is not None:
+            body = (responses.chat_body if api == "responses" else messages.chat_body)(body)
         vocab = self.loaded_vocab()
         bodies = split_prompts(body) if kind == "completion" else None
         if bodies is not None:
@@ -216,7 +222,7 @@ class _Server:
         runner = self.chat_runner if kind == "chat" else None
         if runner is not None:
             runner.check(req)
-        prefix = "resp_" if responses else "chatcmpl-" if kind == "chat" else "cmpl-"
+        prefix = _PREFIXES.get(api or kind, "cmpl-")
         job = Job(id=prefix + uuid.uuid4().hex[:24], request=req, loop=asyncio.get_running_loop(),
                   outside=runner is not None)  # fmt: skip
         self.scheduler.submit(job)
@@ -239,13 +245,18 @@ class _Server:
                 handed_over = True
                 return EventStream(answer, job, watcher, self.scheduler.client_timeout)  # type: ignore[return-value]
             fmts = [Formatter(job.id, req, vocab, choice) for choice in range(req.n)]
-            if responses:
-                shape = ResponseShape(job.id, wire, req.model)
+            if api is not None:
+                if api == "responses":
+                    shape: Any = responses.ResponseShape(job.id, wire, req.model)
+                    stream, collect_whole = responses.response_events, responses.whole_response
+                else:
+                    shape = messages.MessageShape(job.id, req.model)
+                    stream, collect_whole = messages.message_events, messages.whole_message
                 if req.stream:
                     handed_over = True
-                    events = response_events(job, fmts[0], event, shape)
+                    events = stream(job, fmts[0], event, shape)
                     return EventStream(events, job, watcher, self.scheduler.client_timeout)  # type: ignore[return-value]
-                whole = await whole_response(job, fmts[0], event, shape)
+                whole = await collect_whole(job, fmts[0], event, shape)
                 return empty_response(499) if whole is None else json_response(whole)
             box = self._vote_box(req)
             if req.stream:
@@ -277,6 +288,8 @@ class _Server:
 
 async def _api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, APIError)
+    if request.url.path == messages.PATH:  # Anthropic's clients read their own shape
+        return messages.anthropic_error(exc)  # type: ignore[no-any-return]
     return exc.response()
 
 
@@ -366,6 +379,10 @@ def create_app(
     return app
 
 
+#: Each API's id prefix.
+_PREFIXES = {"chat": "chatcmpl-", "completion": "cmpl-", "responses": "resp_", "messages": "msg_"}
+
+
 def _routes(server: _Server) -> list[Any]:
     from starlette.routing import Mount, Route
     from starlette.staticfiles import StaticFiles
@@ -381,6 +398,7 @@ def _routes(server: _Server) -> list[Any]:
         Route("/v1/completions", server.completions, methods=["POST"]),
         Route("/v1/chat/completions", server.chat, methods=["POST"]),
         Route("/v1/responses", server.responses, methods=["POST"]),
+        Route(messages.PATH, server.messages, methods=["POST"]),
         *tokenize.routes(server),  # vLLM's tokenizer endpoints, where lm-eval looks
     ]
     if STATIC_DIR.is_dir():

@@ -54,8 +54,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "serve",
         help="serve a model over an OpenAI-compatible HTTP API with segment confidence",
         description="Serve a model over an OpenAI-compatible HTTP API (/v1/completions, "
-        "/v1/chat/completions, /v1/responses, /v1/models, /health, /metrics) with "
-        "per-segment token attribution, and a live confidence page at /.",
+        "/v1/chat/completions, /v1/responses, /v1/messages, /v1/models, /health, /metrics) "
+        "with per-segment token attribution, and a live confidence page at /.",
     )
     _add_arguments(parser)
     parser.set_defaults(func=run)

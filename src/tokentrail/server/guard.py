@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from ..errors import APIError
+from .messages import PATH, anthropic_error
 from .metrics import Metrics
 
 if TYPE_CHECKING:
@@ -75,12 +76,15 @@ class Guard:
                 )
         if self.api_key is not None and path.startswith(GUARDED_PATHS):
             scheme, _, key = headers.get("authorization", "").partition(" ")
+            if "x-api-key" in headers:  # Anthropic's clients send the key so
+                scheme, key = "bearer", headers["x-api-key"]
             if scheme.lower() != "bearer" or not hmac.compare_digest(
                 key.strip().encode(), self.api_key
             ):
                 return APIError(
                     401,
-                    "a valid API key is needed: send the header 'Authorization: Bearer KEY'",
+                    "a valid API key is needed: send the header 'Authorization: Bearer KEY' "
+                    "(or 'x-api-key: KEY')",
                     code="invalid_api_key",
                     headers={"WWW-Authenticate": "Bearer"},
                 )
@@ -111,7 +115,8 @@ class Guard:
         try:
             error = self._refuse(scope)
             if error is not None:
-                await error.response()(scope, receive, send_status)
+                answer = anthropic_error(error) if scope["path"] == PATH else error.response()
+                await answer(scope, receive, send_status)
             else:
                 await self.app(scope, receive, send_status)
         finally:
@@ -141,6 +146,7 @@ ROUTES = frozenset(
         "/v1/completions",
         "/v1/chat/completions",
         "/v1/responses",
+        "/v1/messages",
         "/tokentrail/upstream",
         "/tokenize",
         "/detokenize",

@@ -43,7 +43,17 @@ from .answers import gather, generation_error
 from .formatting import Formatter
 from .jobs import Job
 
-__all__ = ["ResponseShape", "chat_body", "response_events", "whole_response"]
+__all__ = [
+    "ResponseShape",
+    "add_call",
+    "chat_body",
+    "events_of",
+    "function_specs",
+    "reshaped",
+    "response_events",
+    "text_of",
+    "whole_response",
+]
 
 #: The Responses fields this module reads or answers; the rest goes to the chat parse.
 _OWN = {"input", "instructions", "max_output_tokens", "top_logprobs", "include", "text",
@@ -59,7 +69,9 @@ def _bad(param: str, message: str, code: str = "invalid_value") -> APIError:
     return APIError(400, message, param=param, code=code)
 
 
-def _content(value: Any, where: str) -> str:
+def text_of(value: Any, where: str) -> str:
+    """A string, or text parts (``input_text``, ``output_text``, ``text``: Anthropic's
+    text blocks too) joined; anything else a 400 naming it."""
     if isinstance(value, str):
         return value
     if not isinstance(value, list):
@@ -68,8 +80,8 @@ def _content(value: Any, where: str) -> str:
     for k, part in enumerate(value):
         kind = part.get("type") if isinstance(part, Mapping) else None
         if kind not in _TEXT_PARTS or not isinstance(part.get("text"), str):
-            raise _bad(f"{where}[{k}]", f"'{where}[{k}]' is a {kind or 'malformed'} part: "
-                       "only text parts (input_text, output_text) are served here",
+            raise _bad(f"{where}[{k}]", f"'{where}[{k}]' is of type {kind!r}: "
+                       "only text (input_text, output_text, text) is served here",
                        "unsupported_value")  # fmt: skip
         texts.append(part["text"])
     return "".join(texts)
@@ -96,11 +108,11 @@ def _messages(body: Mapping[str, Any]) -> list[dict[str, str]]:
             out.append(_tool_turn(item, kind, where, out))
             continue
         if kind != "message" or not isinstance(item.get("role"), str):
-            raise _bad(where, f"'{where}' is a {kind or 'malformed'} item: only messages, "
+            raise _bad(where, f"'{where}' is of type {kind!r}: only messages, "
                        "function calls and their outputs are served here",
                        "unsupported_value")  # fmt: skip
         role = "system" if item["role"] == "developer" else item["role"]
-        out.append({"role": role, "content": _content(item.get("content"), f"{where}.content")})
+        out.append({"role": role, "content": text_of(item.get("content"), f"{where}.content")})
     return [m for m in out if m]
 
 
@@ -114,7 +126,7 @@ def _tool_turn(item: Mapping[str, Any], kind: str, where: str,
         raise _bad(f"{where}.call_id", f"'{where}.call_id' must be a string")
     if kind == "function_call_output":
         output = item.get("output")
-        text = output if isinstance(output, str) else _content(output, f"{where}.output")
+        text = output if isinstance(output, str) else text_of(output, f"{where}.output")
         return {"role": "tool", "tool_call_id": call_id, "content": text}
     name, arguments = item.get("name"), item.get("arguments")
     if not isinstance(name, str) or not isinstance(arguments, str):
@@ -145,21 +157,32 @@ def _format(text: Any) -> dict[str, Any] | None:
     raise _bad("text.format", "'text.format.type' must be text, json_schema or json_object")
 
 
+def function_specs(tools: Any, spec: Any, refusal: str) -> list[dict[str, Any]]:
+    """Chat's function tools from another API's `tools`: `spec(tool)` is the chat
+    ``function`` of a tool it serves, None for one it does not (a 400 naming it with
+    `refusal`)."""
+    if not isinstance(tools, list):
+        raise _bad("tools", "'tools' must be an array")
+    specs = []
+    for k, t in enumerate(tools):
+        fn = spec(t) if isinstance(t, Mapping) else None
+        if fn is None:
+            raise _bad(f"tools[{k}]", f"'tools[{k}]' {refusal}", "unsupported_value")
+        specs.append({"type": "function", "function": fn})
+    return specs
+
+
+def _function(t: Mapping[str, Any]) -> dict[str, Any] | None:
+    if t.get("type") != "function":
+        return None
+    return {key: t[key] for key in ("name", "description", "parameters", "strict") if key in t}
+
+
 def _tools(body: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    tools = body.get("tools")
-    if tools:
-        if not isinstance(tools, list):
-            raise _bad("tools", "'tools' must be an array")
-        specs = []
-        for k, t in enumerate(tools):
-            if not isinstance(t, Mapping) or t.get("type") != "function":
-                raise _bad(f"tools[{k}]", f"'tools[{k}]' is not a function tool: only "
-                           "function tools are served here", "unsupported_value")  # fmt: skip
-            keys = ("name", "description", "parameters", "strict")
-            fn = {key: t[key] for key in keys if key in t}
-            specs.append({"type": "function", "function": fn})
-        out["tools"] = specs
+    if body.get("tools"):
+        out["tools"] = function_specs(body["tools"], _function, "is not a function tool: "
+                                      "only function tools are served here")  # fmt: skip
     choice = body.get("tool_choice")
     if isinstance(choice, Mapping) and choice.get("type") == "function":
         choice = {"type": "function", "function": {"name": choice.get("name")}}
@@ -266,6 +289,21 @@ class ResponseShape:
         return {"type": "reasoning", "id": self.rs_id, "status": status, "summary": [],
                 "content": [{"type": "reasoning_text", "text": text}]}  # fmt: skip
 
+    def whole(self, chat: Mapping[str, Any], choice: Mapping[str, Any],
+              msg: Mapping[str, Any]) -> dict[str, Any]:  # fmt: skip
+        """The ``response`` object of a whole chat answer."""
+        status = "incomplete" if choice["finish_reason"] == "length" else "completed"
+        output = []
+        if msg.get("reasoning"):
+            output.append(self.reasoning(msg["reasoning"], "completed"))
+        calls = msg.get("tool_calls") or []
+        if msg.get("content") or not calls:
+            output.append(self.message(msg.get("content") or "", self.rows(choice), status))
+        output += [self.call(c) for c in calls]
+        out = self.envelope(status, output, self.usage(chat["usage"]))
+        out["tokentrail"] = chat["tokentrail"]
+        return out
+
     @staticmethod
     def call(call: Mapping[str, Any]) -> dict[str, Any]:
         fn = call.get("function") or {}
@@ -275,26 +313,20 @@ class ResponseShape:
                 "status": "completed"}  # fmt: skip
 
 
-async def whole_response(job: Job, fmt: Formatter, event: Any,
-                         shape: ResponseShape) -> dict[str, Any] | None:  # fmt: skip
-    """The whole ``response`` object (None: the client went away)."""
+async def reshaped(job: Job, fmt: Formatter, event: Any, build: Any) -> dict[str, Any] | None:
+    """A one-choice job's whole chat answer in another API's shape: `build(response,
+    choice, message)`; None where the client went away."""
     answers = await gather(job, [fmt], event)
     if answers is None:
         return None
-    chat = answers[0]
-    choice = chat["choices"][0]
-    msg = choice["message"]
-    status = "incomplete" if choice["finish_reason"] == "length" else "completed"
-    output = []
-    if msg.get("reasoning"):
-        output.append(shape.reasoning(msg["reasoning"], "completed"))
-    calls = msg.get("tool_calls") or []
-    if msg.get("content") or not calls:
-        output.append(shape.message(msg.get("content") or "", shape.rows(choice), status))
-    output += [shape.call(c) for c in calls]
-    out = shape.envelope(status, output, shape.usage(chat["usage"]))
-    out["tokentrail"] = chat["tokentrail"]
-    return out
+    choice = answers[0]["choices"][0]
+    return build(answers[0], choice, choice["message"])  # type: ignore[no-any-return]
+
+
+async def whole_response(job: Job, fmt: Formatter, event: Any,
+                         shape: ResponseShape) -> dict[str, Any] | None:  # fmt: skip
+    """The whole ``response`` object (None: the client went away)."""
+    return await reshaped(job, fmt, event, shape.whole)
 
 
 class _Stream:
@@ -314,6 +346,12 @@ class _Stream:
         obj = {"type": kind, "sequence_number": self.n, **fields}
         self.n += 1
         return b"event: " + kind.encode() + b"\ndata: " + dumps(obj) + b"\n\n"
+
+    def error(self, err: APIError) -> bytes:
+        failed = self.shape.envelope("failed", [])
+        failed["error"] = {"code": err.code or "server_error", "message": err.message}
+        return self.ev("error", code=err.code, message=err.message, param=err.param) + (
+            self.ev("response.failed", response=failed))  # fmt: skip
 
     def start(self) -> bytes:
         started = self.shape.envelope("in_progress", [])
@@ -344,7 +382,7 @@ class _Stream:
         ext = chunk["tokentrail"]
         reasoning = delta.get("reasoning") or ""
         for piece in delta.get("tool_calls") or []:
-            _add_call(self.calls, piece)
+            add_call(self.calls, piece)
         text = delta.get("content") or ""
         if reasoning or ("reasoning" in self.opened and not text and not self.calls):
             if "reasoning" not in self.opened:
@@ -407,12 +445,13 @@ class _Stream:
         ])  # fmt: skip
 
 
-async def response_events(job: Job, fmt: Formatter, event: Any,
-                          shape: ResponseShape) -> AsyncIterator[bytes]:  # fmt: skip
-    """The streamed answer: the API's events, each text delta with its token's
-    ``tokentrail`` extension."""
-    stream = _Stream(shape, fmt)
-    yield stream.start()
+async def events_of(job: Job, event: Any, stream: Any) -> AsyncIterator[bytes]:
+    """A streamed answer in another API's events: `stream` turns the job's events into
+    bytes (``start()``, ``step(value)``, ``error(APIError)``, ``end()``), from `event`,
+    the job's first, until its last; nothing more once it is cancelled."""
+    head = stream.start()
+    if head:
+        yield head
     while True:
         kind, _, value = event
         if kind == "step":
@@ -420,11 +459,7 @@ async def response_events(job: Job, fmt: Formatter, event: Any,
             if out:
                 yield out
         elif kind == "error":
-            err = generation_error(value)
-            failed = shape.envelope("failed", [])
-            failed["error"] = {"code": err.code or "server_error", "message": err.message}
-            yield stream.ev("error", code=err.code, message=err.message, param=err.param) + (
-                stream.ev("response.failed", response=failed))  # fmt: skip
+            yield stream.error(generation_error(value))
             return
         elif kind == "done":
             break
@@ -434,7 +469,14 @@ async def response_events(job: Job, fmt: Formatter, event: Any,
     yield stream.end()
 
 
-def _add_call(calls: dict[int, dict[str, Any]], piece: Mapping[str, Any]) -> None:
+def response_events(job: Job, fmt: Formatter, event: Any,
+                    shape: ResponseShape) -> AsyncIterator[bytes]:  # fmt: skip
+    """The streamed answer: the API's events, each text delta with its token's
+    ``tokentrail`` extension."""
+    return events_of(job, event, _Stream(shape, fmt))
+
+
+def add_call(calls: dict[int, dict[str, Any]], piece: Mapping[str, Any]) -> None:
     """Fold one chat `delta.tool_calls` piece into the call it continues."""
     call = calls.setdefault(piece.get("index", 0), {"id": None, "function": {"arguments": ""}})
     if piece.get("id"):

@@ -827,6 +827,33 @@ def test_responses_answer_as_vllms_own_responses(
     assert [r.logprob for r in m_rows] == pytest.approx([r.logprob for r in t_rows], abs=1e-3)
 
 
+@pytest.mark.parametrize("front", ["ours", "proxy"])
+def test_messages_answer_as_vllms_own_messages(
+    front: str, request: pytest.FixtureRequest, vllm: Server
+) -> None:
+    """Anthropic's Messages API (`tokentrail.server.messages`) through Anthropic's own
+    client, to vLLM's own /v1/messages and to `serve --engine vllm` or the proxy in front
+    of vLLM: the same text, stop reason and token counts, whole and streamed."""
+    anthropic = require("anthropic")
+    server: Server = request.getfixturevalue(front)
+    body = {"system": "Answer briefly.", "max_tokens": 24, "extra_body": {"temperature": 0},
+            "messages": [{"role": "user", "content": "Name three colours."}]}  # fmt: skip
+
+    def ask(target: Server, stream: bool) -> tuple[str, str, int, int]:
+        client = anthropic.Anthropic(base_url=target.url, api_key="x", max_retries=0,
+                                     timeout=300)  # fmt: skip
+        model = httpx.get(target.url + "/v1/models", timeout=30).json()["data"][0]["id"]
+        if stream:
+            with client.messages.stream(model=model, **body) as s:
+                m = s.get_final_message()
+        else:
+            m = client.messages.create(model=model, **body)
+        return m.content[0].text, m.stop_reason, m.usage.input_tokens, m.usage.output_tokens
+
+    for stream in (False, True):
+        assert ask(server, stream) == ask(vllm, stream), stream
+
+
 # Last in the module: it kills the module's `ours` server outright.
 def test_serve_engine_vllm_killed_outright_leaves_no_vllm_process_behind(ours: Server) -> None:
     """`kill -9` of `serve --engine vllm` alone (not its group): vLLM's engine processes,

@@ -20,7 +20,7 @@ Honoured, with llama-server's meaning:
   (chat: ``logprobs`` true with ``top_logprobs`` N; completions: ``logprobs`` N);
 - ``n_cmpl``: ``n``;
 - ``reasoning_format``: "none" leaves the reasoning in the content (as
-  ``tokentrail.reasoning`` false); "auto" and "deepseek" are the server's own split;
+  ``"tokentrail": {"reasoning": false}``); "auto" and "deepseek" are the server's own split;
 - ``ignore_eos``, ``chat_template_kwargs`` and ``continue_final_message`` are vLLM's
   fields too (`server.vllm_fields`), with the same meaning.
 
@@ -30,7 +30,7 @@ at most 0.5), ``top_n_sigma`` above 0, ``dynatemp_range``, ``adaptive_target`` f
 ``min_keep`` above 1, ``repeat_last_n`` other than 64 with a penalty on, ``samplers``
 in an order that differs from the one applied here or that leaves out one the request
 turns on, ``t_max_predict_ms``, ``n_indent``, ``lora``, ``post_sampling_probs``
-(``tokentrail.logprobs`` "processed" gives the logprobs after the sampling filters),
+(``"tokentrail": {"logprobs": "processed"}`` gives the logprobs after the sampling filters),
 ``grammar_lazy``, ``grammar_triggers``, ``preserved_tokens`` and
 ``reasoning_budget_tokens``. A sampler's own settings (``mirostat_tau``, ``dry_base``,
 ``xtc_threshold``...) are accepted at any value while the sampler is off, as they change

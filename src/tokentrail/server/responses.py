@@ -204,7 +204,10 @@ def chat_body(body: Mapping[str, Any]) -> dict[str, Any]:
     if body.get("background"):
         raise _bad("background", "'background' is not supported: ask with stream instead",
                    "unsupported_value")  # fmt: skip
-    if body.get("reasoning") not in (None, {}):
+    reasoning = body.get("reasoning")
+    if reasoning is not None and not (
+        isinstance(reasoning, Mapping) and all(v is None for v in reasoning.values())
+    ):
         raise _bad("reasoning", "'reasoning' is not supported: the model reasons as its "
                    "template says ('tokentrail': {'reasoning': ...} splits it)",
                    "unsupported_value")  # fmt: skip

@@ -7,6 +7,7 @@ in tests/helpers/, which test modules import; this file only holds fixtures.
 from __future__ import annotations
 
 import gc
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -111,3 +112,15 @@ def _release_module_caches(request: pytest.FixtureRequest) -> Any:
             clear()
     gc.collect()
     gc.freeze()
+
+
+@pytest.fixture(scope="module")
+def llama_and_proxy(
+    smollm2_gguf: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Any, Any]]:
+    """llama-server on SmolLM2's GGUF and `tokentrail serve --upstream` in front of it
+    (`tests.helpers.servers.llama_with_proxy`), for the module."""
+    from tests.helpers.servers import llama_with_proxy
+
+    with llama_with_proxy(smollm2_gguf, tmp_path_factory.mktemp("logs")) as both:
+        yield both

@@ -180,20 +180,6 @@ def test_anthropics_key_header_is_the_api_key(server: Server) -> None:
 # -- against llama-server's own /v1/messages ---------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def llama_and_proxy(
-    smollm2_gguf: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[Server, Server]]:
-    from tests.helpers.servers import start_llama_server, start_proxy
-
-    logs = tmp_path_factory.mktemp("logs")
-    llama = start_llama_server(smollm2_gguf, logs / "llama.log")
-    proxy = start_proxy(llama, logs / "proxy.log")
-    yield llama, proxy
-    proxy.stop()
-    llama.stop()
-
-
 @pytest.mark.parametrize("stream", [False, True])
 def test_through_the_proxy_llama_servers_own_messages_text(
     llama_and_proxy: tuple[Server, Server], stream: bool

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -202,6 +203,21 @@ def start_llama_server(
     server = launch(cmd, log, f"http://127.0.0.1:{port}", timeout=120)
     server.model_dir = gguf
     return server
+
+
+@contextlib.contextmanager
+def llama_with_proxy(gguf: Path, logs: Path) -> Iterator[tuple[Server, Server]]:
+    """llama-server on `gguf` and `tokentrail serve --upstream` in front of it, both
+    stopped on leaving."""
+    llama = start_llama_server(gguf, logs / "llama.log")
+    try:
+        proxy = start_proxy(llama, logs / "proxy.log")
+        try:
+            yield llama, proxy
+        finally:
+            proxy.stop()
+    finally:
+        llama.stop()
 
 
 def pick_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path | None:

@@ -15,6 +15,7 @@ import os
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from ..errors import APIError, ClientGone, EngineError
@@ -179,19 +180,23 @@ class _Server:
 
     async def responses(self, request: Request) -> Response:
         """OpenAI's Responses API on the chat pipeline (`server.responses`)."""
-        if self.chat_runner is not None:
-            raise APIError(404, "/v1/responses is not served with --upstream-chat: use "
-                           "/v1/chat/completions", code="not_found")  # fmt: skip
-        return await self._complete(request, "chat", api="responses")
+        return await self._other_api(request, responses)
 
     async def messages(self, request: Request) -> Response:
         """Anthropic's Messages API on the chat pipeline (`server.messages`)."""
-        if self.chat_runner is not None:
-            raise APIError(404, "/v1/messages is not served with --upstream-chat: use "
-                           "/v1/chat/completions", code="not_found")  # fmt: skip
-        return await self._complete(request, "chat", api="messages")
+        return await self._other_api(request, messages)
 
-    async def _complete(self, request: Request, kind: Kind, api: str | None = None) -> Response:
+    async def _other_api(self, request: Request, api: ModuleType) -> Response:
+        """Another API's request, run as the chat request it means; `api` is its
+        module (`chat_body`, `shape_of`, `stream_answer`, `whole_answer`)."""
+        if self.chat_runner is not None:
+            raise APIError(404, f"{api.PATH} is not served with --upstream-chat: use "
+                           "/v1/chat/completions", code="not_found")  # fmt: skip
+        return await self._complete(request, "chat", api)
+
+    async def _complete(
+        self, request: Request, kind: Kind, api: ModuleType | None = None
+    ) -> Response:
         try:
             body = await read_json(request, self.max_body_bytes)
         except ClientGone as e:
@@ -200,7 +205,7 @@ class _Server:
         model = self.check_model(body)
         wire = body
         if api is not None:
-            body = (responses.chat_body if api == "responses" else messages.chat_body)(body)
+            body = api.chat_body(body)
         vocab = self.loaded_vocab()
         bodies = split_prompts(body) if kind == "completion" else None
         if bodies is not None:
@@ -222,7 +227,7 @@ class _Server:
         runner = self.chat_runner if kind == "chat" else None
         if runner is not None:
             runner.check(req)
-        prefix = _PREFIXES.get(api or kind, "cmpl-")
+        prefix = api.ID_PREFIX if api else "chatcmpl-" if kind == "chat" else "cmpl-"
         job = Job(id=prefix + uuid.uuid4().hex[:24], request=req, loop=asyncio.get_running_loop(),
                   outside=runner is not None)  # fmt: skip
         self.scheduler.submit(job)
@@ -246,17 +251,12 @@ class _Server:
                 return EventStream(answer, job, watcher, self.scheduler.client_timeout)  # type: ignore[return-value]
             fmts = [Formatter(job.id, req, vocab, choice) for choice in range(req.n)]
             if api is not None:
-                if api == "responses":
-                    shape: Any = responses.ResponseShape(job.id, wire, req.model)
-                    stream, collect_whole = responses.response_events, responses.whole_response
-                else:
-                    shape = messages.MessageShape(job.id, req.model)
-                    stream, collect_whole = messages.message_events, messages.whole_message
+                shape = api.shape_of(job.id, wire, req)
                 if req.stream:
                     handed_over = True
-                    events = stream(job, fmts[0], event, shape)
+                    events = api.stream_answer(job, fmts[0], event, shape)
                     return EventStream(events, job, watcher, self.scheduler.client_timeout)  # type: ignore[return-value]
-                whole = await collect_whole(job, fmts[0], event, shape)
+                whole = await api.whole_answer(job, fmts[0], event, shape)
                 return empty_response(499) if whole is None else json_response(whole)
             box = self._vote_box(req)
             if req.stream:
@@ -379,10 +379,6 @@ def create_app(
     return app
 
 
-#: Each API's id prefix.
-_PREFIXES = {"chat": "chatcmpl-", "completion": "cmpl-", "responses": "resp_", "messages": "msg_"}
-
-
 def _routes(server: _Server) -> list[Any]:
     from starlette.routing import Mount, Route
     from starlette.staticfiles import StaticFiles
@@ -397,7 +393,7 @@ def _routes(server: _Server) -> list[Any]:
         Route("/v1/models/{model:path}", server.model, methods=["GET"]),
         Route("/v1/completions", server.completions, methods=["POST"]),
         Route("/v1/chat/completions", server.chat, methods=["POST"]),
-        Route("/v1/responses", server.responses, methods=["POST"]),
+        Route(responses.PATH, server.responses, methods=["POST"]),
         Route(messages.PATH, server.messages, methods=["POST"]),
         *tokenize.routes(server),  # vLLM's tokenizer endpoints, where lm-eval looks
     ]

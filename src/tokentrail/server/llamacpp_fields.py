@@ -247,7 +247,7 @@ def llamacpp_extras(wire: Any, req: Any, *, max_n: int, max_tokens: int) -> None
         if wire.repetition_penalty is not None and wire.repetition_penalty != repeat:
             raise _bad("repeat_penalty", "and 'repetition_penalty' disagree; give one of them")
         req.repetition_penalty = float(repeat)
-    _n_probs(wire, req, chat)
+    _n_probs(wire, req)
     penalized = (req.repetition_penalty not in (None, 1.0) or bool(req.presence_penalty)
                  or bool(req.frequency_penalty))  # fmt: skip
     _refuse_on(wire, penalized)
@@ -262,7 +262,7 @@ def llamacpp_extras(wire: Any, req: Any, *, max_n: int, max_tokens: int) -> None
     _reasoning(wire, req, chat)
 
 
-def _n_probs(wire: Any, req: Any, chat: bool) -> None:
+def _n_probs(wire: Any, req: Any) -> None:
     n = _int(wire, "n_probs", 0, 2**31 - 1)
     if not n:
         return

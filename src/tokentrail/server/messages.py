@@ -38,10 +38,11 @@ from .formatting import Formatter
 from .jobs import Job
 from .responses import add_call, events_of, function_specs, reshaped, text_of
 
-__all__ = ["PATH", "MessageShape", "anthropic_error", "chat_body", "message_events",
-           "whole_message"]  # fmt: skip
+__all__ = ["ID_PREFIX", "PATH", "MessageShape", "anthropic_error", "chat_body", "shape_of",
+           "stream_answer", "whole_answer"]  # fmt: skip
 
 PATH = "/v1/messages"
+ID_PREFIX = "msg_"
 #: The fields this module reads or answers; the rest goes to the chat parse.
 _OWN = {"messages", "system", "max_tokens", "stop_sequences", "tools", "tool_choice",
         "thinking", "metadata", "service_tier", "mcp_servers", "container",
@@ -168,6 +169,11 @@ def chat_body(body: Mapping[str, Any]) -> dict[str, Any]:
     return chat
 
 
+def shape_of(job_id: str, body: Mapping[str, Any], req: Any) -> MessageShape:
+    """The shape of the answer to `body` (run as `req`, its `GenRequest`)."""
+    return MessageShape(job_id, req.model)
+
+
 class MessageShape:
     """A message's id, model and the blocks it is made of."""
 
@@ -225,8 +231,8 @@ class MessageShape:
                 "input": given}  # fmt: skip
 
 
-async def whole_message(job: Job, fmt: Formatter, event: Any,
-                        shape: MessageShape) -> dict[str, Any] | None:  # fmt: skip
+async def whole_answer(job: Job, fmt: Formatter, event: Any,
+                       shape: MessageShape) -> dict[str, Any] | None:  # fmt: skip
     """The whole ``message`` (None: the client went away)."""
     return await reshaped(job, fmt, event, shape.whole)
 
@@ -323,8 +329,8 @@ class _Stream:
         return b"".join(parts)
 
 
-def message_events(job: Job, fmt: Formatter, event: Any,
-                   shape: MessageShape) -> AsyncIterator[bytes]:  # fmt: skip
+def stream_answer(job: Job, fmt: Formatter, event: Any,
+                  shape: MessageShape) -> AsyncIterator[bytes]:  # fmt: skip
     """The streamed answer: the API's events, each delta with its token's
     ``tokentrail`` extension."""
     return events_of(job, event, _Stream(shape, fmt))

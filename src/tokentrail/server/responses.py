@@ -43,17 +43,12 @@ from .answers import gather, generation_error
 from .formatting import Formatter
 from .jobs import Job
 
-__all__ = [
-    "ResponseShape",
-    "add_call",
-    "chat_body",
-    "events_of",
-    "function_specs",
-    "reshaped",
-    "response_events",
-    "text_of",
-    "whole_response",
-]
+__all__ = ["ID_PREFIX", "PATH", "ResponseShape", "add_call", "chat_body", "events_of",
+           "function_specs", "reshaped", "shape_of", "stream_answer", "text_of",
+           "whole_answer"]
+
+PATH = "/v1/responses"
+ID_PREFIX = "resp_"
 
 #: The Responses fields this module reads or answers; the rest goes to the chat parse.
 _OWN = {"input", "instructions", "max_output_tokens", "top_logprobs", "include", "text",
@@ -235,6 +230,11 @@ def chat_body(body: Mapping[str, Any]) -> dict[str, Any]:
     return chat
 
 
+def shape_of(job_id: str, body: Mapping[str, Any], req: Any) -> ResponseShape:
+    """The shape of the answer to `body` (run as `req`, its `GenRequest`)."""
+    return ResponseShape(job_id, body, req.model)
+
+
 class ResponseShape:
     """What a response echoes of its request, and its ids."""
 
@@ -243,7 +243,6 @@ class ResponseShape:
         self.created_at = int(time.time())
         self.model = model
         self.body = body
-        self.logprobs = _LOGPROBS in (body.get("include") or []) or bool(body.get("top_logprobs"))
         self.msg_id = "msg_" + uuid.uuid4().hex[:24]
         self.rs_id = "rs_" + uuid.uuid4().hex[:24]
 
@@ -279,9 +278,12 @@ class ResponseShape:
             "total_tokens": chat_usage["total_tokens"],
         }
 
-    def rows(self, choice: Mapping[str, Any]) -> list[Any]:
-        """A chat choice's `logprobs.content` rows where the request asked for them."""
-        return ((choice.get("logprobs") or {}).get("content") or []) if self.logprobs else []
+    @staticmethod
+    def rows(choice: Mapping[str, Any]) -> list[Any]:
+        """A chat choice's `logprobs.content` rows (none where the request asked none:
+        `chat_body` asks chat's logprobs exactly where ``include`` or ``top_logprobs``
+        does)."""
+        return (choice.get("logprobs") or {}).get("content") or []
 
     def message(self, text: str, logprobs: list[Any], status: str) -> dict[str, Any]:
         part = {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs}
@@ -326,8 +328,8 @@ async def reshaped(job: Job, fmt: Formatter, event: Any, build: Any) -> dict[str
     return build(answers[0], choice, choice["message"])  # type: ignore[no-any-return]
 
 
-async def whole_response(job: Job, fmt: Formatter, event: Any,
-                         shape: ResponseShape) -> dict[str, Any] | None:  # fmt: skip
+async def whole_answer(job: Job, fmt: Formatter, event: Any,
+                       shape: ResponseShape) -> dict[str, Any] | None:  # fmt: skip
     """The whole ``response`` object (None: the client went away)."""
     return await reshaped(job, fmt, event, shape.whole)
 
@@ -472,8 +474,8 @@ async def events_of(job: Job, event: Any, stream: Any) -> AsyncIterator[bytes]:
     yield stream.end()
 
 
-def response_events(job: Job, fmt: Formatter, event: Any,
-                    shape: ResponseShape) -> AsyncIterator[bytes]:  # fmt: skip
+def stream_answer(job: Job, fmt: Formatter, event: Any,
+                  shape: ResponseShape) -> AsyncIterator[bytes]:  # fmt: skip
     """The streamed answer: the API's events, each text delta with its token's
     ``tokentrail`` extension."""
     return events_of(job, event, _Stream(shape, fmt))

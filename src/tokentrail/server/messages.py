@@ -36,6 +36,7 @@ from ..errors import APIError
 from ..fastjson import dumps
 from .formatting import Formatter
 from .jobs import Job
+from .protocol import bad_request
 from .responses import add_call, events_of, function_specs, reshaped, text_of
 
 __all__ = ["ID_PREFIX", "PATH", "MessageShape", "anthropic_error", "chat_body", "shape_of",
@@ -69,20 +70,16 @@ def anthropic_error(exc: APIError) -> Any:
                         headers=exc.headers)  # fmt: skip
 
 
-def _bad(param: str, message: str, code: str = "invalid_value") -> APIError:
-    return APIError(400, message, param=param, code=code)
-
-
 def _turn(message: Any, where: str) -> list[dict[str, Any]]:
     """One Anthropic message as chat messages: tool results first (each a tool
     message), then the text with the assistant's tool calls."""
     if not isinstance(message, Mapping) or message.get("role") not in ("user", "assistant"):
-        raise _bad(where, f"'{where}' must be a message with role user or assistant")
+        raise bad_request(where, f"'{where}' must be a message with role user or assistant")
     role, content = message["role"], message.get("content")
     if isinstance(content, str):
         return [{"role": role, "content": content}]
     if not isinstance(content, list):
-        raise _bad(f"{where}.content", f"'{where}.content' must be a string or an array")
+        raise bad_request(f"{where}.content", f"'{where}.content' must be a string or an array")
     out: list[dict[str, Any]] = []
     texts: list[str] = []
     calls: list[dict[str, Any]] = []
@@ -103,7 +100,7 @@ def _turn(message: Any, where: str) -> list[dict[str, Any]]:
             out.append({"role": "tool", "tool_call_id": str(block.get("tool_use_id")),
                         "content": text})  # fmt: skip
         else:
-            raise _bad(at, f"'{at}' is of type {kind!r}: only text, tool_use "
+            raise bad_request(at, f"'{at}' is of type {kind!r}: only text, tool_use "
                        "(assistant) and tool_result (user) blocks are served here",
                        "unsupported_value")  # fmt: skip
     if texts or calls or not out:
@@ -136,7 +133,7 @@ def _tools(body: Mapping[str, Any]) -> dict[str, Any]:
             kind == "tool") else None  # fmt: skip
         mapped = {"auto": "auto", "any": "required", "none": "none", "tool": named}
         if kind not in mapped:
-            raise _bad("tool_choice", "'tool_choice' must have type auto, any, tool or none")
+            raise bad_request("tool_choice", "'tool_choice' must have type auto, any, tool or none")
         out["tool_choice"] = mapped[kind]
     return out
 
@@ -146,14 +143,14 @@ def chat_body(body: Mapping[str, Any]) -> dict[str, Any]:
     naming the field it cannot serve)."""
     thinking = body.get("thinking")
     if isinstance(thinking, Mapping) and thinking.get("type") not in (None, "disabled"):
-        raise _bad("thinking", "'thinking' is not supported: the model reasons as its "
+        raise bad_request("thinking", "'thinking' is not supported: the model reasons as its "
                    "template says ('tokentrail': {'reasoning': ...} splits it), with no "
                    "budget", "unsupported_value")  # fmt: skip
     if body.get("mcp_servers"):
-        raise _bad("mcp_servers", "'mcp_servers' is not supported", "unsupported_value")
+        raise bad_request("mcp_servers", "'mcp_servers' is not supported", "unsupported_value")
     given = body.get("messages")
     if not isinstance(given, list) or not given:
-        raise _bad("messages", "'messages' must be a non-empty array")
+        raise bad_request("messages", "'messages' must be a non-empty array")
     chat = {k: v for k, v in body.items() if k not in _OWN}
     messages = []
     if body.get("system") is not None:

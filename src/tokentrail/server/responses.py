@@ -42,6 +42,7 @@ from ..fastjson import dumps
 from .answers import gather, generation_error
 from .formatting import Formatter
 from .jobs import Job
+from .protocol import bad_request
 
 __all__ = ["ID_PREFIX", "PATH", "ResponseShape", "add_call", "chat_body", "events_of",
            "function_specs", "reshaped", "shape_of", "stream_answer", "text_of",
@@ -60,22 +61,18 @@ _LOGPROBS = "message.output_text.logprobs"
 _TEXT_PARTS = ("input_text", "output_text", "text")
 
 
-def _bad(param: str, message: str, code: str = "invalid_value") -> APIError:
-    return APIError(400, message, param=param, code=code)
-
-
 def text_of(value: Any, where: str) -> str:
     """A string, or text parts (``input_text``, ``output_text``, ``text``: Anthropic's
     text blocks too) joined; anything else a 400 naming it."""
     if isinstance(value, str):
         return value
     if not isinstance(value, list):
-        raise _bad(where, f"'{where}' must be a string or an array of text parts")
+        raise bad_request(where, f"'{where}' must be a string or an array of text parts")
     texts = []
     for k, part in enumerate(value):
         kind = part.get("type") if isinstance(part, Mapping) else None
         if kind not in _TEXT_PARTS or not isinstance(part.get("text"), str):
-            raise _bad(f"{where}[{k}]", f"'{where}[{k}]' is of type {kind!r}: "
+            raise bad_request(f"{where}[{k}]", f"'{where}[{k}]' is of type {kind!r}: "
                        "only text (input_text, output_text, text) is served here",
                        "unsupported_value")  # fmt: skip
         texts.append(part["text"])
@@ -87,13 +84,13 @@ def _messages(body: Mapping[str, Any]) -> list[dict[str, str]]:
     instructions = body.get("instructions")
     if instructions is not None:
         if not isinstance(instructions, str):
-            raise _bad("instructions", "'instructions' must be a string")
+            raise bad_request("instructions", "'instructions' must be a string")
         out.append({"role": "system", "content": instructions})
     given = body.get("input")
     if isinstance(given, str):
         return [*out, {"role": "user", "content": given}]
     if not isinstance(given, list) or not given:
-        raise _bad("input", "'input' must be a string or a non-empty array of messages")
+        raise bad_request("input", "'input' must be a string or a non-empty array of messages")
     for k, item in enumerate(given):
         where = f"input[{k}]"
         kind = item.get("type", "message") if isinstance(item, Mapping) else None
@@ -103,7 +100,7 @@ def _messages(body: Mapping[str, Any]) -> list[dict[str, str]]:
             out.append(_tool_turn(item, kind, where, out))
             continue
         if kind != "message" or not isinstance(item.get("role"), str):
-            raise _bad(where, f"'{where}' is of type {kind!r}: only messages, "
+            raise bad_request(where, f"'{where}' is of type {kind!r}: only messages, "
                        "function calls and their outputs are served here",
                        "unsupported_value")  # fmt: skip
         role = "system" if item["role"] == "developer" else item["role"]
@@ -118,14 +115,14 @@ def _tool_turn(item: Mapping[str, Any], kind: str, where: str,
     message."""
     call_id = item.get("call_id")
     if not isinstance(call_id, str):
-        raise _bad(f"{where}.call_id", f"'{where}.call_id' must be a string")
+        raise bad_request(f"{where}.call_id", f"'{where}.call_id' must be a string")
     if kind == "function_call_output":
         output = item.get("output")
         text = output if isinstance(output, str) else text_of(output, f"{where}.output")
         return {"role": "tool", "tool_call_id": call_id, "content": text}
     name, arguments = item.get("name"), item.get("arguments")
     if not isinstance(name, str) or not isinstance(arguments, str):
-        raise _bad(where, f"'{where}' needs 'name' and 'arguments' strings")
+        raise bad_request(where, f"'{where}' needs 'name' and 'arguments' strings")
     call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
     last = before[-1] if before else None
     if last and last["role"] == "assistant" and last.get("tool_calls") and not last["content"]:
@@ -149,7 +146,7 @@ def _format(text: Any) -> dict[str, Any] | None:
     if kind == "json_schema":
         schema = {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt}
         return {"type": "json_schema", "json_schema": schema}
-    raise _bad("text.format", "'text.format.type' must be text, json_schema or json_object")
+    raise bad_request("text.format", "'text.format.type' must be text, json_schema or json_object")
 
 
 def function_specs(tools: Any, spec: Any, refusal: str) -> list[dict[str, Any]]:
@@ -157,12 +154,12 @@ def function_specs(tools: Any, spec: Any, refusal: str) -> list[dict[str, Any]]:
     ``function`` of a tool it serves, None for one it does not (a 400 naming it with
     `refusal`)."""
     if not isinstance(tools, list):
-        raise _bad("tools", "'tools' must be an array")
+        raise bad_request("tools", "'tools' must be an array")
     specs = []
     for k, t in enumerate(tools):
         fn = spec(t) if isinstance(t, Mapping) else None
         if fn is None:
-            raise _bad(f"tools[{k}]", f"'tools[{k}]' {refusal}", "unsupported_value")
+            raise bad_request(f"tools[{k}]", f"'tools[{k}]' {refusal}", "unsupported_value")
         specs.append({"type": "function", "function": fn})
     return specs
 
@@ -195,25 +192,25 @@ def chat_body(body: Mapping[str, Any]) -> dict[str, Any]:
                        "conversation in 'input'"),
                       ("prompt", "stored prompts are not served here")):  # fmt: skip
         if body.get(name) is not None:
-            raise _bad(name, f"'{name}' is not supported: {why}", "unsupported_value")
+            raise bad_request(name, f"'{name}' is not supported: {why}", "unsupported_value")
     if body.get("background"):
-        raise _bad("background", "'background' is not supported: ask with stream instead",
+        raise bad_request("background", "'background' is not supported: ask with stream instead",
                    "unsupported_value")  # fmt: skip
     reasoning = body.get("reasoning")
     if reasoning is not None and not (
         isinstance(reasoning, Mapping) and all(v is None for v in reasoning.values())
     ):
-        raise _bad("reasoning", "'reasoning' is not supported: the model reasons as its "
+        raise bad_request("reasoning", "'reasoning' is not supported: the model reasons as its "
                    "template says ('tokentrail': {'reasoning': ...} splits it)",
                    "unsupported_value")  # fmt: skip
     if body.get("truncation") not in (None, "disabled"):
-        raise _bad("truncation", "'truncation' must be 'disabled': a prompt that does not "
+        raise bad_request("truncation", "'truncation' must be 'disabled': a prompt that does not "
                    "fit is refused, never cut", "unsupported_value")  # fmt: skip
     if body.get("n") not in (None, 1):
-        raise _bad("n", "'n' is not part of the Responses API: one output per response")
+        raise bad_request("n", "'n' is not part of the Responses API: one output per response")
     include = body.get("include") or []
     if not isinstance(include, list) or not all(isinstance(i, str) for i in include):
-        raise _bad("include", "'include' must be an array of strings")
+        raise bad_request("include", "'include' must be an array of strings")
     chat = {k: v for k, v in body.items() if k not in _OWN}
     chat["messages"] = _messages(body)
     if body.get("max_output_tokens") is not None:

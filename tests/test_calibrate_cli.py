@@ -287,7 +287,7 @@ def test_fit_says_which_measure_and_whether_the_top_level_is_backed(
     line = out.strip().splitlines()[-1]
     cal = Calibration.load(fit)
     assert line.startswith(f"calibration saved to {fit}: answers use ")
-    assert any(f"use {m} ({cal.maps[m]['kind']})" in line for m in cal.ranking)
+    assert any(f"use {m} ({cal.maps[m]['kind']}" in line for m in cal.ranking)
     assert "most confident level (calibrated >= 0.9) is not backed by these answers" in line
 
 

@@ -132,3 +132,8 @@ def test_the_fit_summary_says_how_far_the_top_level_is_backed(tmp_path) -> None:
     assert saved(0.948).endswith("is backed by these answers up to 0.948")
     assert saved(UNBACKED).endswith("is not backed by these answers: nothing will be shown there")
     assert saved(None).endswith("has no ceiling")
+    binned = tmp_path / "binned.json"
+    binned.write_text(json.dumps({"format": "tokentrail-calibration", "maps": {"min_prob": {
+        "kind": "isotonic", "x": [0.0, 1.0], "y": [0.1, 0.8],
+        "bins": {"edges": [0.3, 0.6], "p": [0.2, 0.4, 0.7]}}}}))
+    assert "answers use min_prob (isotonic in 3 bins)" in fit_summary(str(binned))

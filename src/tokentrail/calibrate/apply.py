@@ -13,6 +13,13 @@ nothing beyond the standard library (no numpy, no scikit-learn), so `generate` a
 - ``constant``: one probability (the base rate: a measure that carried nothing the
   cross-validation could use, or a set whose answers were all right or all wrong).
 
+A temperature or isotonic map may also carry ``bins`` (``{"edges": [...], "p": [...]}``,
+one more ``p`` than ``edges``): the measure's range cut at ``edges`` and one probability
+per piece, the mean of what the map's own curve says over the answers it was fitted on
+that fell there (the scaling-binning calibrator of Kumar, Liang and Ma, "Verified
+uncertainty calibration", NeurIPS 2019). Such a map says only those few probabilities, each
+a claim about a group of answers large enough to check (`tokentrail.calibrate.fit`).
+
 A map's ``rows`` says which answers it was fitted on and applies to: ``free`` (free
 text), ``choice`` (a constrained choice, which has ``field_prob``) or ``all``. Its
 ``ceiling`` (optional) caps what it says: the most confident level (calibrated at least
@@ -84,9 +91,14 @@ def apply_map(spec: Mapping[str, Any], value: float, chance: float | None = None
     (1/k for a choice among k) lets a constant map with a ``skill`` follow k (its own
     rate for a k it was fitted on, ``by_k``). Never above the map's ``ceiling`` (what
     its fit backs at the most confident level; see the module)."""
-    p = _mapped(spec, value, chance)
+    bins = spec.get("bins")
+    p = _mapped(spec, value, chance) if bins is None else _binned(bins, value)
     ceiling = spec.get("ceiling")
     return p if ceiling is None else min(p, float(ceiling))
+
+
+def _binned(bins: Mapping[str, Any], value: float) -> float:
+    return float(bins["p"][bisect_right(bins["edges"], value)])
 
 
 def _mapped(spec: Mapping[str, Any], value: float, chance: float | None) -> float:
@@ -139,8 +151,18 @@ def _check_map(name: str, spec: Any) -> None:
             for k, v in by_k.items())
     else:
         ok = False
+    if ok and "bins" in spec:
+        ok = spec.get("kind") in ("temperature", "isotonic") and _bins_ok(spec["bins"])
     if not ok:
         raise CalibrationError(f"the calibration map for {name!r} is malformed: {spec!r:.200}")
+
+
+def _bins_ok(bins: Any) -> bool:
+    edges, ps = (bins.get("edges"), bins.get("p")) if isinstance(bins, dict) else (None, None)
+    if not (isinstance(edges, list) and isinstance(ps, list) and len(ps) == len(edges) + 1):
+        return False
+    numbers = all(isinstance(v, (int, float)) and math.isfinite(v) for v in edges + ps)
+    return numbers and all(a < b for a, b in pairwise(edges)) and all(0 <= v <= 1 for v in ps)
 
 
 def check_fingerprint(fitted: Mapping[str, Any], running: Mapping[str, Any]) -> None:

@@ -111,8 +111,9 @@ def run(args: argparse.Namespace) -> int:
 
 def fit_summary(path: str) -> str:
     """One line on the calibration `--fit` saved at `path`: the measure its free-text
-    answers are calibrated with, and whether those answers back the most confident level
-    (the map's ``ceiling``, `tokentrail.calibrate.fit.top_ceiling`)."""
+    answers are calibrated with (its kind of map, and its bins), and whether those
+    answers back the most confident level (the map's ``ceiling``,
+    `tokentrail.calibrate.fit.top_ceiling`)."""
     from ..segment import CONFIDENCE_LEVELS
     from .apply import Calibration
 
@@ -126,5 +127,6 @@ def fit_summary(path: str) -> str:
         backed = f"is backed by these answers up to {ceiling:.3f}"
     else:
         backed = "is not backed by these answers: nothing will be shown there"
-    return (f"calibration saved to {path}: answers use {name} ({spec['kind']}); the most "
+    kind = spec["kind"] + (f" in {len(spec['bins']['p'])} bins" if "bins" in spec else "")
+    return (f"calibration saved to {path}: answers use {name} ({kind}); the most "
             f"confident level (calibrated >= {top}) {backed}")

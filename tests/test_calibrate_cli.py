@@ -278,7 +278,7 @@ def test_fit_says_which_measure_and_whether_the_top_level_is_backed(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], demo: tuple[object, object]
 ) -> None:
     """Without --quiet, --fit ends with one line on the map it saved: fourteen answers
-    back no certainty (a ceiling needs n of n right with 0.2 ** (1 / n) >= 0.9, n >= 16)."""
+    back no certainty (a ceiling needs n of n right with 0.05 ** (1 / n) >= 0.9, n >= 29)."""
     big, fit = write_big_set(tmp_path), tmp_path / "fit.json"
     code = main(["calibrate", str(big), "--out", str(tmp_path / "o"), "--max-tokens", "6",
                  "--bootstrap", "50", "--fit", str(fit)])

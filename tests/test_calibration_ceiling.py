@@ -94,7 +94,8 @@ def _overstated(spec: dict, rng: np.random.Generator) -> bool | None:
 
 def test_the_top_level_is_rarely_overstated_where_an_average_fit_is_half_the_time() -> None:
     """24 fits on 400 answers each, checked on fresh answers (seeded: 12 of 24 average
-    fits overstate the top level; 2 of the 22 capped ones that show it do)."""
+    fits overstate the top level; 1 of the 17 capped ones that show it does: the ceiling
+    is a one-sided 95% bound)."""
     rng = np.random.default_rng(5)
     capped, uncapped = [], []
     for _ in range(24):
@@ -106,8 +107,8 @@ def test_the_top_level_is_rarely_overstated_where_an_average_fit_is_half_the_tim
     assert len(shown) >= 20
     assert sum(shown) >= 0.3 * len(shown)  # the average fit: a coin flip at the top
     kept = [v for v in capped if v is not None]
-    assert len(kept) >= 18  # 400 answers this sure do back the top level, mostly
-    assert sum(kept) <= 0.2 * len(kept)  # and it is rarely overstated
+    assert len(kept) >= 15  # 400 answers this sure do back the top level, mostly
+    assert sum(kept) <= 0.1 * len(kept)  # and it is rarely overstated
 
 
 def test_the_fit_summary_says_how_far_the_top_level_is_backed(tmp_path) -> None:

@@ -53,6 +53,48 @@ def test_ece_by_hand() -> None:
     assert ece([0.1, 0.3], [0, 1]) == pytest.approx((0.1 + 0.7) / 2)
 
 
+def test_equal_mass_bins_keep_equal_confidences_together() -> None:
+    # ten answers at two figures (a binned map says few): four quantile bins cut at
+    # 0.2, 0.4, 0.6; the five at 0.2 (one right) and the five at 0.6 (four right) each
+    # stay whole: |0.2 - 0.2| * 0.5 + |0.8 - 0.6| * 0.5
+    conf = [0.2] * 5 + [0.6] * 5
+    y = [1, 0, 0, 0, 0, 1, 1, 1, 0, 1]
+    assert ece_equal_mass(conf, y, bins=4) == pytest.approx(0.1)
+    # the answers' order changes nothing (splitting the ties in file order did)
+    assert ece_equal_mass(conf[::-1], y[::-1], bins=4) == pytest.approx(0.1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 6), st.data())
+def test_equal_mass_ece_agrees_with_sklearns_quantile_bins(m: int, data: st.DataObject) -> None:
+    """Distinct confidences, ten bins of m answers each: the figure is the mean over
+    scikit-learn's quantile bins of |accuracy - mean confidence|."""
+    from sklearn.calibration import calibration_curve
+
+    conf = data.draw(st.lists(st.floats(0.0, 1.0), min_size=10 * m, max_size=10 * m,
+                              unique=True))
+    y = data.draw(st.lists(st.integers(0, 1), min_size=10 * m, max_size=10 * m))
+    if len(set(y)) < 2:  # scikit-learn wants both outcomes
+        y[0] = 1 - y[0]
+    right, said = calibration_curve(y, conf, n_bins=10, strategy="quantile")
+    assert len(right) == 10
+    assert ece_equal_mass(conf, y) == pytest.approx(float(np.mean(np.abs(right - said))))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from([0.1, 0.35, 0.5, 0.9]), min_size=2, max_size=60),
+       st.data())
+def test_tied_confidences_give_figures_independent_of_order(
+    conf: list[float], data: st.DataObject
+) -> None:
+    y = data.draw(st.lists(st.integers(0, 1), min_size=len(conf), max_size=len(conf)))
+    perm = data.draw(st.permutations(range(len(conf))))
+    c2, y2 = [conf[i] for i in perm], [y[i] for i in perm]
+    assert ece_equal_mass(c2, y2) == pytest.approx(ece_equal_mass(conf, y), abs=1e-12)
+    a, b = prr(conf, y), prr(c2, y2)
+    assert (a is None and b is None) or a == pytest.approx(b, abs=1e-12)
+
+
 def test_prr_by_hand() -> None:
     y = [1, 0, 1, 0]
     assert prr([0.9, 0.1, 0.8, 0.2], y) == pytest.approx(1.0)  # rejects the wrong first
@@ -63,6 +105,13 @@ def test_prr_by_hand() -> None:
     measure = np.mean([1 / 1, 1 / 2, 1 / 3, 2 / 4])  # most confident first: 1,0,0,1
     oracle = np.mean([1, 1, 2 / 3, 2 / 4])
     assert prr(conf, y2) == pytest.approx((measure - 0.5) / (oracle - 0.5))
+    # one confidence for all: no better than random rejection, in any order
+    assert prr([0.5] * 4, [1, 1, 0, 0]) == 0.0 == prr([0.5] * 4, [0, 0, 1, 1])
+    # ties within a measure count as rejected in random order: {0.2: y 0, 1} rejected
+    # first as a pair of mean 0.5, then 0.9 (y 1); kept curves k = 3, 2, 1: 2/3, 3/4, 1
+    expected = np.mean([2 / 3, (1 + 0.5) / 2, 1.0])
+    assert prr([0.2, 0.2, 0.9], [0, 1, 1]) == pytest.approx(
+        (expected - 2 / 3) / (np.mean([2 / 3, 1.0, 1.0]) - 2 / 3))
 
 
 @settings(max_examples=60, deadline=None)

@@ -47,7 +47,9 @@ over its answers. The same cross-validation keeps the fewest pieces of `BIN_COUN
 log loss is within one standard error of the best (the curve itself included): on a few
 hundred answers a map then says a handful of figures, each a claim about a group large
 enough to check, and is measurably closer to calibrated on answers it never saw
-(benchmarks/results/calibration.md). Needs numpy and scikit-learn (`pip install 'tokentrail[calibrate]'`).
+(benchmarks/results/calibration.md).
+
+Needs numpy and scikit-learn (`pip install 'tokentrail[calibrate]'`).
 """
 
 from __future__ import annotations

@@ -6,7 +6,9 @@ answer. Conventions:
 
 - ``ece``: 10 equal-width bins [0, 0.1), ..., [0.9, 1.0] (1.0 in the last); the
   size-weighted mean of |accuracy - mean confidence| per bin. ``ece_equal_mass``: the
-  same over 10 bins holding equal numbers of answers (sorted by confidence).
+  same over 10 bins holding equal numbers of answers, cut at the confidences' quantiles
+  (scikit-learn's ``calibration_curve(strategy="quantile")``): equal confidences share
+  a bin.
 - ``brier``: mean squared difference between confidence and correctness.
 - ``auroc``: the probability that a right answer has a higher confidence than a wrong
   one (ties count half); None with only one class.
@@ -14,6 +16,8 @@ answer. Conventions:
   confident up; the curve is the mean correctness of those kept, at each number kept;
   PRR = (area of the measure's curve - area of random rejection) / (area of the oracle's
   curve, which rejects wrong answers first, - random's). 1 is perfect, 0 is random.
+  Answers of equal confidence count as rejected in random order (the expected curve,
+  as AUROC counts ties half), so no figure depends on the answers' order.
 - ``ci95``: percentile intervals of each figure over bootstrap resamples of the answers.
 """
 
@@ -66,13 +70,18 @@ def ece(conf: Sequence[float], correct: Sequence[int | bool], bins: int = BINS) 
 def ece_equal_mass(
     conf: Sequence[float], correct: Sequence[int | bool], bins: int = BINS
 ) -> float:
-    """Expected calibration error over `bins` bins of (nearly) equal count."""
+    """Expected calibration error over `bins` bins of (nearly) equal count: cut at the
+    confidences' quantiles as scikit-learn's ``calibration_curve(strategy="quantile")``
+    cuts them, so that equal confidences always share a bin and the figure does not
+    depend on the answers' order (a map that says a few figures puts many answers on
+    each)."""
     c, y = _arrays(conf, correct)
     if not len(c):
         return float("nan")
-    order = np.argsort(c, kind="stable")
-    total = sum(abs(float((y[part] - c[part]).sum())) for part in np.array_split(order, bins))
-    return total / len(c)
+    edges = np.percentile(c, np.linspace(0.0, 100.0, bins + 1))
+    idx = np.searchsorted(edges[1:-1], c)
+    gap = np.bincount(idx, weights=y - c, minlength=bins)
+    return float(np.abs(gap).sum() / len(c))
 
 
 def brier(conf: Sequence[float], correct: Sequence[int | bool]) -> float:
@@ -112,12 +121,25 @@ def _kept_area(quality_in_reject_order: Array) -> float:
     return float(np.mean(np.cumsum(q) / np.arange(1, n + 1)))
 
 
+def _tied_means(c: Array, y: Array) -> Array:
+    """`y` in rejection order (least confident first), each answer's value replaced by
+    the mean of the answers with its confidence: the expected kept curve when ties are
+    rejected in random order, so that equal confidences (a map's few figures, a level)
+    give one figure whatever the answers' order."""
+    order = np.argsort(c, kind="stable")
+    sc, sy = c[order], y[order]
+    starts = np.flatnonzero(np.r_[True, sc[1:] != sc[:-1]])
+    sums = np.add.reduceat(sy, starts)
+    sizes = np.diff(np.r_[starts, len(sy)])
+    return np.repeat(sums / sizes, sizes)
+
+
 def prr(conf: Sequence[float], correct: Sequence[int | bool]) -> float | None:
     """lm-polygraph's Prediction Rejection Ratio of `conf` (see the module docstring)."""
     c, y = _arrays(conf, correct)
     if len(c) < 2:
         return None
-    measure = _kept_area(y[np.argsort(c, kind="stable")])
+    measure = _kept_area(_tied_means(c, y))
     oracle = _kept_area(np.sort(y))
     rand = float(y.mean())
     if oracle - rand <= 0:

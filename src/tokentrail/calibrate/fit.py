@@ -222,17 +222,21 @@ def _cross_validate(
     return {name: (total[name] / REPEATS, held[name] / REPEATS) for name in total}
 
 
-def fit_bins(spec: Mapping[str, Any], c: np.ndarray, count: int) -> dict[str, Any] | None:
+def fit_bins(
+    spec: Mapping[str, Any], c: np.ndarray, count: int, said: np.ndarray | None = None
+) -> dict[str, Any] | None:
     """Scaling-binning (Kumar, Liang and Ma, 2019): the measure values `c` cut into `count`
     pieces holding about as many answers each, each piece's probability the mean of what
-    the map `spec` says over its answers (a map's ``bins``, `tokentrail.calibrate.apply`).
-    None where the values allow fewer than two pieces."""
+    the map `spec` says over its answers (`said`, where already computed: a map's
+    ``bins``, `tokentrail.calibrate.apply`). None where the values allow fewer than two
+    pieces."""
     ordered = np.sort(c)
     cuts = {float(ordered[round(len(c) * b / count)]) for b in range(1, count)}
     edges = sorted(v for v in cuts if v > ordered[0])  # no piece left empty
     if not edges:
         return None
-    said = _apply_each(spec, c, None, np.arange(len(c)))
+    if said is None:
+        said = _apply_each(spec, c, None, np.arange(len(c)))
     piece = np.searchsorted(edges, c, side="right")
     return {"edges": edges, "p": [float(said[piece == b].mean()) for b in range(len(edges) + 1)]}
 
@@ -245,9 +249,10 @@ def _cv_bins(
 
     def predict(train: np.ndarray, test: np.ndarray) -> dict[str, np.ndarray]:
         spec = fit_kind(kind, c[train], y[train])
+        said = _apply_each(spec, c, None, train)  # the curve over the fold, once
         out = {}
         for count in BIN_COUNTS:
-            bins = fit_bins(spec, c[train], count)
+            bins = fit_bins(spec, c[train], count, said)
             binned = spec if bins is None else {**spec, "bins": bins}
             out[str(count)] = _apply_each(binned, c, None, test)
         return out

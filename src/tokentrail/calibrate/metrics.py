@@ -90,13 +90,19 @@ def brier(conf: Sequence[float], correct: Sequence[int | bool]) -> float:
     return float(np.mean((c - y) ** 2)) if len(c) else float("nan")
 
 
-def _ranks(c: Array) -> Array:
-    """1-based ranks, ties given their average rank."""
+def _tie_groups(c: Array) -> tuple[Array, Array, Array]:
+    """(order, starts, ends): `c`'s stable ascending order, and where each run of equal
+    confidences starts and ends in it."""
     order = np.argsort(c, kind="stable")
     sorted_c = c[order]
-    ranks = np.empty(len(c))
     starts = np.flatnonzero(np.r_[True, sorted_c[1:] != sorted_c[:-1]])
-    ends = np.r_[starts[1:], len(c)]
+    return order, starts, np.r_[starts[1:], len(c)]
+
+
+def _ranks(c: Array) -> Array:
+    """1-based ranks, ties given their average rank."""
+    order, starts, ends = _tie_groups(c)
+    ranks = np.empty(len(c))
     for s, e in zip(starts, ends, strict=True):
         ranks[order[s:e]] = (s + e + 1) / 2.0
     return ranks
@@ -126,12 +132,9 @@ def _tied_means(c: Array, y: Array) -> Array:
     the mean of the answers with its confidence: the expected kept curve when ties are
     rejected in random order, so that equal confidences (a map's few figures, a level)
     give one figure whatever the answers' order."""
-    order = np.argsort(c, kind="stable")
-    sc, sy = c[order], y[order]
-    starts = np.flatnonzero(np.r_[True, sc[1:] != sc[:-1]])
-    sums = np.add.reduceat(sy, starts)
-    sizes = np.diff(np.r_[starts, len(sy)])
-    return np.repeat(sums / sizes, sizes)
+    order, starts, ends = _tie_groups(c)
+    sizes = ends - starts
+    return np.repeat(np.add.reduceat(y[order], starts) / sizes, sizes)
 
 
 def prr(conf: Sequence[float], correct: Sequence[int | bool]) -> float | None:

@@ -22,8 +22,11 @@ Each row: ECE (10 equal-width bins), Brier and log loss of the `calibrated` conf
 the measure and kind of map used for most answers, the answers shown at the most
 confident level (calibrated >= 0.9: how many, their mean calibrated probability, the
 share right), and the ECE a perfectly calibrated
-confidence shows on the same answers ("floor": outcomes drawn as Bernoulli(confidence),
-500 draws, median). No decoding: run `tokentrail calibrate DATA --out DIR` first.
+confidence shows on the same answers and how unusual the measured one is against it
+("floor" and "p": `tokentrail.calibrate.consistency`, the figures report.json gives as
+``if_calibrated``; in random halvings, how many of the fits' other halves reject
+calibration at p < 0.05, which a perfectly calibrated map does in about 5%). No
+decoding: run `tokentrail calibrate DATA --out DIR` first.
 
     python benchmarks/calibration_study.py runs/facts runs/knowledge runs/gen [--families]
 """
@@ -39,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from tokentrail.calibrate.consistency import consistency
 from tokentrail.calibrate.fit import fit_calibration, log_loss
 from tokentrail.calibrate.metrics import brier, ece
 from tokentrail.calibrate.run import ITEMS, read_rows
@@ -51,11 +55,6 @@ def load(folder: Path) -> list[dict[str, Any]]:
 
 def family(row: Mapping[str, Any]) -> str:
     return str(row["id"]).split("-")[0].rstrip("0123456789")
-
-
-def floor(p: np.ndarray, draws: int = 500, seed: int = 0) -> float:
-    rng = np.random.default_rng(seed)
-    return float(np.median([ece(p, rng.random(len(p)) < p) for _ in range(draws)]))
 
 
 def evaluate(fit_rows: Sequence[Mapping[str, Any]], test_rows: Sequence[Mapping[str, Any]],
@@ -76,16 +75,18 @@ def evaluate(fit_rows: Sequence[Mapping[str, Any]], test_rows: Sequence[Mapping[
     top_level = p >= CONFIDENCE_LEVELS[-1]  # shown at the most confident level
     certain = (int(top_level.sum()), float(p[top_level].mean()) if top_level.any() else 0.0,
                float(y[top_level].mean()) if top_level.any() else 0.0)
+    floor = consistency(p, y)["ece"]
     return {"n": len(p), "accuracy": float(y.mean()), "ece": ece(p, y), "brier": brier(p, y),
-            "log_loss": log_loss(p, y), "floor": floor(p), "measure": top, "kind": kind,
-            "certain": certain}
+            "log_loss": log_loss(p, y), "floor": floor["median"], "p": floor["p"],
+            "measure": top, "kind": kind, "certain": certain}
 
 
 def line(name: str, r: Mapping[str, Any]) -> str:
     n, said, right = r["certain"]
     top = f"{n}: {said:.2f} / {right:.2f}" if n else "none"
     return (f"| {name} | {r['n']} | {r['accuracy']:.2f} | **{r['ece']:.3f}** | {r['floor']:.3f} "
-            f"| {r['brier']:.3f} | {r['log_loss']:.3f} | {r['measure']} ({r['kind']}) | {top} |")
+            f"| {r['p']:.3f} | {r['brier']:.3f} | {r['log_loss']:.3f} | {r['measure']} "
+            f"({r['kind']}) | {top} |")
 
 
 def main() -> None:
@@ -103,9 +104,9 @@ def main() -> None:
     args = ap.parse_args()
     study = functools.partial(evaluate, ceilings=not args.no_ceilings, first=args.first)
     sets = {p.name if p.is_dir() else p.parent.name: load(p) for p in args.runs}
-    print("| fitted on → reported on | n | right | ECE | floor | Brier | log loss "
+    print("| fitted on → reported on | n | right | ECE | floor | p | Brier | log loss "
           "| measure (map) | certain: n, said / right |")
-    print("|---|---:|---:|---:|---:|---:|---:|---|---|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---|---|")
     for name, rows in sets.items():
         a, b = rows[0::2], rows[1::2]
         print(line(f"{name} half 1 → half 2", study(a, b)))
@@ -122,23 +123,24 @@ def main() -> None:
     if args.splits:
         print(f"\nRandom halvings ({args.splits} per set, fit on one half, report on the other):"
               " calibrated ECE and its floor, median [10th–90th percentile]\n")
-        print("| set | n per half | ECE | floor | ECE − floor | top level shown "
+        print("| set | n per half | ECE | floor | ECE − floor | p < 0.05 | top level shown "
               "| of those, right less often than said |")
-        print("|---|---:|---|---|---|---:|---:|")
+        print("|---|---:|---|---|---|---:|---:|---:|")
         for name, rows in sets.items():
             rng = np.random.default_rng(0)  # each set's splits whatever sets come before it
-            got, shown, overstated = [], 0, 0
+            got, shown, overstated, rejected = [], 0, 0, 0
             for _ in range(args.splits):
                 order = rng.permutation(len(rows))
                 half = len(rows) // 2
                 r = study([rows[i] for i in order[:half]], [rows[i] for i in order[half:]])
                 got.append((r["ece"], r["floor"], r["ece"] - r["floor"]))
+                rejected += r["p"] < 0.05
                 n, said, right = r["certain"]
                 shown += n > 0
                 overstated += n > 0 and right < said
             q = np.percentile(np.array(got), [50, 10, 90], axis=0)
             cells = " | ".join(f"{q[0, j]:.3f} [{q[1, j]:.3f}–{q[2, j]:.3f}]" for j in range(3))
-            print(f"| {name} | {len(rows) - len(rows) // 2} | {cells} | {shown} "
+            print(f"| {name} | {len(rows) - len(rows) // 2} | {cells} | {rejected} | {shown} "
                   f"| {overstated} |")
     if args.families:
         every = [r for rows in sets.values() for r in rows]

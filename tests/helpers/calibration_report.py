@@ -5,6 +5,8 @@ report cannot drift from the answers it claims to summarise. Needs scikit-learn.
 from __future__ import annotations
 
 import json
+import random
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,17 @@ def recomputed_ece(conf: list[float], y: list[int]) -> float:
             mean = sum(conf[i] for i in idx) / len(idx)
             total += abs(acc - mean) * len(idx) / len(conf)
     return total
+
+
+def check_floor(conf: list[float], y: list[int], floor: dict[str, float], draws: int = 400) -> None:
+    """report.json's ``if_calibrated.ece`` against outcomes drawn as Bernoulli(conf) here,
+    with Python's own generator (so within the draws' noise, not to the digit)."""
+    rng = random.Random(17)
+    drawn = [recomputed_ece(conf, [int(rng.random() < c) for c in conf]) for _ in range(draws)]
+    measured = recomputed_ece(conf, y)
+    assert floor["median"] == pytest.approx(statistics.median(drawn), abs=0.005, rel=0.15)
+    assert floor["median"] <= floor["p95"]
+    assert floor["p"] == pytest.approx(sum(d >= measured - 1e-12 for d in drawn) / draws, abs=0.1)
 
 
 def check_report_against_items(out: Path, n: int) -> dict[str, Any]:
@@ -44,6 +57,7 @@ def check_report_against_items(out: Path, n: int) -> dict[str, Any]:
         if 0 < sum(y) < len(y):
             assert figures["auroc"] == pytest.approx(roc_auc_score(y, conf), abs=1e-6)
         if name == report["primary"]:  # per level: counts and accuracy of those answers
+            check_floor(conf, y, figures["if_calibrated"]["ece"])
             cuts = (0.2, 0.45, 0.7, 0.9)
             for entry in report["levels"]:
                 ys = [y for c, y in pairs if sum(c >= t for t in cuts) == entry["level"]]

@@ -30,10 +30,12 @@ import numpy as np
 __all__ = [
     "BINS",
     "auroc",
+    "bin_index",
     "bootstrap_ci",
     "brier",
     "ece",
     "ece_equal_mass",
+    "mass_index",
     "prr",
     "reliability_bins",
     "summarize",
@@ -53,8 +55,16 @@ def _arrays(conf: Sequence[float], correct: Sequence[int | bool]) -> tuple[Array
     return c, y
 
 
-def _bin_index(c: Array, bins: int = BINS) -> Array:
+def bin_index(c: Array, bins: int = BINS) -> Array:
+    """Each confidence's equal-width bin (1.0 in the last)."""
     return np.minimum((c * bins).astype(np.int64), bins - 1)
+
+
+def mass_index(c: Array, bins: int = BINS) -> Array:
+    """Each confidence's equal-mass bin, cut at the confidences' quantiles as
+    scikit-learn's ``calibration_curve(strategy="quantile")`` cuts them."""
+    edges = np.percentile(c, np.linspace(0.0, 100.0, bins + 1))
+    return np.searchsorted(edges[1:-1], c)
 
 
 def ece(conf: Sequence[float], correct: Sequence[int | bool], bins: int = BINS) -> float:
@@ -62,7 +72,7 @@ def ece(conf: Sequence[float], correct: Sequence[int | bool], bins: int = BINS) 
     c, y = _arrays(conf, correct)
     if not len(c):
         return float("nan")
-    idx = _bin_index(c, bins)
+    idx = bin_index(c, bins)
     gap = np.bincount(idx, weights=y - c, minlength=bins)  # per bin: sum(y) - sum(c)
     return float(np.abs(gap).sum() / len(c))
 
@@ -78,9 +88,7 @@ def ece_equal_mass(
     c, y = _arrays(conf, correct)
     if not len(c):
         return float("nan")
-    edges = np.percentile(c, np.linspace(0.0, 100.0, bins + 1))
-    idx = np.searchsorted(edges[1:-1], c)
-    gap = np.bincount(idx, weights=y - c, minlength=bins)
+    gap = np.bincount(mass_index(c, bins), weights=y - c, minlength=bins)
     return float(np.abs(gap).sum() / len(c))
 
 
@@ -155,7 +163,7 @@ def reliability_bins(
 ) -> list[dict[str, float | int | None]]:
     """Per equal-width bin: its range, count, mean confidence and accuracy."""
     c, y = _arrays(conf, correct)
-    idx = _bin_index(c, bins)
+    idx = bin_index(c, bins)
     out = []
     for b in range(bins):
         m = idx == b

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..segment import LEVEL_NAMES, probability_level
+from .consistency import consistency
 from .measures import MEASURES
 from .metrics import reliability_bins, summarize
 
@@ -38,9 +39,12 @@ def build_report(
 ) -> dict[str, Any]:
     """report.json's content: n, accuracy, the primary measure's name, and per measure
     (those any answer has) ECE (equal width and equal mass), Brier, AUROC, PRR, 95%
-    intervals and its reliability bins. The primary measure is the calibrated
-    probability when there is one, else the raw measure with the highest AUROC among
-    those every answer has. `extra` keys are added as they are (the run's settings)."""
+    intervals, its reliability bins, and what the same confidences would show if they
+    were perfectly calibrated (``if_calibrated``: each ECE's floor and how unusual the
+    measured one is against it; each bin's ``band``: see `consistency`). The primary
+    measure is the calibrated probability when there is one, else the raw measure with
+    the highest AUROC among those every answer has. `extra` keys are added as they are
+    (the run's settings)."""
     n = len(rows)
     measures: dict[str, Any] = {}
     for name in REPORTED:
@@ -48,7 +52,10 @@ def build_report(
         if not conf:
             continue
         figures = summarize(conf, correct, n_boot, seed)
-        figures["bins"] = reliability_bins(conf, correct)
+        floors = consistency(conf, correct, seed=seed)
+        figures["if_calibrated"] = {k: floors[k] for k in ("ece", "ece_equal_mass")}
+        figures["bins"] = [{**b, "band": band} for b, band in
+                           zip(reliability_bins(conf, correct), floors["bands"], strict=True)]
         measures[name] = figures
     full = [m for m in MEASURES if m in measures and measures[m]["n"] == n]
     if "calibrated" in measures:
@@ -110,11 +117,17 @@ def write_reliability(report: Mapping[str, Any], out: Path, title: str = "") -> 
                width=0.09, color="#4c72b0", alpha=0.35, label="accuracy per bin")
         ax.plot([b["confidence"] for b in bins], [b["accuracy"] for b in bins], "o-",
                 color="#4c72b0", label="mean confidence → accuracy")
+        banded = [b for b in bins if b.get("band")]
+        if banded:
+            ax.vlines([b["confidence"] for b in banded], [b["band"][0] for b in banded],
+                      [b["band"][1] for b in banded], color="#999", linewidth=3, alpha=0.6,
+                      label="95% of a calibrated measure")
         for b in bins:
             ax.annotate(str(b["n"]), ((b["lo"] + b["hi"]) / 2, 0.02), ha="center", fontsize=7)
-        ax.set(xlim=(0, 1), ylim=(0, 1), xlabel=f"{name}", ylabel="accuracy",
-               title=f"{name}: ECE {figures['ece']:.3f}, AUROC "
-               f"{'-' if figures['auroc'] is None else format(figures['auroc'], '.2f')}")
+        ax.set(xlim=(0, 1), ylim=(0, 1), xlabel=f"{name}", ylabel="accuracy")
+        ax.set_title(f"{name}: ECE {figures['ece']:.3f}{_floor_note(figures)}\nAUROC "
+                     f"{'-' if figures['auroc'] is None else format(figures['auroc'], '.2f')}",
+                     fontsize=9)
         ax.legend(loc="upper left", fontsize=7)
     if title:
         fig.suptitle(title, fontsize=9)
@@ -126,6 +139,11 @@ def write_reliability(report: Mapping[str, Any], out: Path, title: str = "") -> 
     return paths
 
 
+def _floor_note(figures: Mapping[str, Any]) -> str:
+    floor = (figures.get("if_calibrated") or {}).get("ece")
+    return "" if not floor else f" (if calibrated: {floor['median']:.3f}, p {floor['p']:.2f})"
+
+
 def _fmt(v: Any) -> str:
     return "-" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)
 
@@ -134,29 +152,46 @@ def _rows_of(report: Mapping[str, Any]) -> list[list[str]]:
     out = []
     for name, f in report["measures"].items():
         ci = f["ci95"].get("ece")
+        floor = (f.get("if_calibrated") or {}).get("ece") or {}
         out.append([
             name + (" *" if name == report["primary"] else ""), str(f["n"]), _fmt(f["ece"]),
-            "-" if ci is None else f"{ci[0]:.3f}–{ci[1]:.3f}", _fmt(f["ece_equal_mass"]),
+            "-" if ci is None else f"{ci[0]:.3f}–{ci[1]:.3f}", _fmt(floor.get("median")),
+            _fmt(floor.get("p")), _fmt(f["ece_equal_mass"]),
             _fmt(f["brier"]), _fmt(f["auroc"]), _fmt(f["prr"]),
         ])
     return out
 
 
-HEADER = ["measure", "n", "ECE", "ECE 95%", "ECE (mass)", "Brier", "AUROC", "PRR"]
+HEADER = ["measure", "n", "ECE", "ECE 95%", "floor", "p", "ECE (mass)", "Brier",
+          "AUROC", "PRR"]
+
+
+#: What the table's floor columns mean (under it on the terminal and the page).
+NOTE = (
+    "floor: the median ECE the same confidences show on this many answers when "
+    "drawn perfectly calibrated; p: the share of such draws with an ECE at least the "
+    "measured one (small: miscalibrated beyond the set's noise)."
+)
 
 
 def print_table(report: Mapping[str, Any], console: Any = None) -> None:
     """The report as a rich table (the primary measure starred)."""
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 
     acc = report["accuracy"]
-    table = Table(title=f"{report['n']} answers, accuracy {_fmt(acc)}")
+    # (one space between columns, no edges: ten columns fit an 80-column terminal whole)
+    table = Table(title=f"{report['n']} answers, accuracy {_fmt(acc)}", box=box.SIMPLE_HEAD,
+                  padding=0, show_edge=False)
     for h in HEADER:
-        table.add_column(h, justify="left" if h == "measure" else "right")
+        table.add_column(h, justify="left" if h == "measure" else "right",
+                         no_wrap=h in ("measure", "ECE 95%"))
     for row in _rows_of(report):
         table.add_row(*row)
-    (console or Console()).print(table)
+    console = console or Console()
+    console.print(table)
+    console.print(NOTE, style="dim")
 
 
 def write_html(report: Mapping[str, Any], out: Path) -> Path:
@@ -177,7 +212,7 @@ def write_html(report: Mapping[str, Any], out: Path) -> Path:
         "td:first-child{text-align:left}</style></head><body>"
         f"<h1>Calibration report</h1><p>{report['n']} answers, accuracy "
         f"{_fmt(report['accuracy'])}; primary measure <b>{html.escape(str(report['primary']))}"
-        f"</b> (starred).</p><table><tr>{head}</tr>{body}</table>{svg}"
+        f"</b> (starred).</p><table><tr>{head}</tr>{body}</table><p>{html.escape(NOTE)}</p>{svg}"
         f"<pre>{html.escape(json.dumps(settings, indent=1))}</pre></body></html>"
     )
     path = out / "report.html"

@@ -289,6 +289,11 @@ def test_fit_says_which_measure_and_whether_the_top_level_is_backed(
     assert line.startswith(f"calibration saved to {fit}: answers use ")
     assert any(f"use {m} ({cal.maps[m]['kind']}" in line for m in cal.ranking)
     assert "most confident level (calibrated >= 0.9) is not backed by these answers" in line
+    used = next(m for m in cal.ranking if f"use {m} (" in line)
+    held = cal.maps[used].get("cv_ece")  # what the map is expected to show on unseen answers
+    assert held is not None
+    assert (f"cross-validated, its ECE is {held['ece']:.3f} where a calibrated measure "
+            f"on these answers shows {held['if_calibrated']:.3f}") in line
 
 
 def test_a_resume_that_would_decode_otherwise_is_refused_and_a_map_says_how_it_was_fitted(

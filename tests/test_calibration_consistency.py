@@ -104,3 +104,31 @@ def test_the_report_carries_the_floor_and_the_bands() -> None:
                 assert 0 <= b["band"][0] <= b["band"][1] <= 1
     assert calibrated["if_calibrated"]["ece"]["p"] > 0.05  # drawn calibrated
     assert inflated["if_calibrated"]["ece"]["p"] < 0.01  # sqrt(c) overstates every answer
+
+
+def test_a_fitted_map_says_what_to_expect_on_answers_it_never_saw() -> None:
+    """`fit_map`'s ``cv_ece``: over ten sets of 400 answers right with probability c³,
+    its cross-validated ECE is about what the map then shows on 400 fresh answers (the
+    median within a factor of 1.5), and about its own floor (the map is unbiased)."""
+    from tokentrail.calibrate.apply import apply_map
+    from tokentrail.calibrate.fit import fit_map
+
+    rng = np.random.default_rng(4)
+    said, fresh, floors = [], [], []
+    for i in range(10):
+        c = rng.uniform(0.0, 1.0, 400)
+        spec = fit_map(c, rng.random(400) < c**3, seed=i)
+        new = rng.uniform(0.0, 1.0, 400)
+        got = [apply_map(spec, float(v), None) for v in new]
+        fresh.append(ece(got, rng.random(400) < new**3))
+        said.append(spec["cv_ece"]["ece"])
+        floors.append(spec["cv_ece"]["if_calibrated"])
+    assert 1 / 1.5 < np.median(said) / np.median(fresh) < 1.5
+    assert 0.5 < np.median(said) / np.median(floors) < 2.0
+
+
+def test_no_cross_validated_ece_without_a_cross_validation() -> None:
+    from tokentrail.calibrate.fit import fit_map
+
+    spec = fit_map([0.1 * k for k in range(1, 10)] * 2, [1] * 17 + [0])  # one wrong answer
+    assert "cv_ece" not in spec

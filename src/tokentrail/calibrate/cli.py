@@ -111,7 +111,8 @@ def run(args: argparse.Namespace) -> int:
 
 def fit_summary(path: str) -> str:
     """One line on the calibration `--fit` saved at `path`: the measure its free-text
-    answers are calibrated with (its kind of map, and its bins), and whether those
+    answers are calibrated with (its kind of map, its bins, and its cross-validated ECE
+    against a calibrated measure's on the same answers), and whether those
     answers back the most confident level (the map's ``ceiling``,
     `tokentrail.calibrate.fit.top_ceiling`)."""
     from ..segment import CONFIDENCE_LEVELS
@@ -128,5 +129,9 @@ def fit_summary(path: str) -> str:
     else:
         backed = "is not backed by these answers: nothing will be shown there"
     kind = spec["kind"] + (f" in {len(spec['bins']['p'])} bins" if "bins" in spec else "")
-    return (f"calibration saved to {path}: answers use {name} ({kind}); the most "
+    held = spec.get("cv_ece")
+    expect = "" if not held else (
+        f"; cross-validated, its ECE is {held['ece']:.3f} where a calibrated measure on "
+        f"these answers shows {held['if_calibrated']:.3f}")
+    return (f"calibration saved to {path}: answers use {name} ({kind}){expect}; the most "
             f"confident level (calibrated >= {top}) {backed}")

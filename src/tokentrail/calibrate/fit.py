@@ -49,6 +49,12 @@ hundred answers a map then says a handful of figures, each a claim about a group
 enough to check, and is measurably closer to calibrated on answers it never saw
 (benchmarks/results/calibration.md).
 
+Each map also says what to expect of it on answers it never saw, from the same
+cross-validation (``cv_ece``): the ECE of its held-out probabilities, and the ECE those
+probabilities would show if they were perfectly calibrated (`consistency`'s median), so
+that a set too small to be split still says how close the map comes and how much of the
+figure is the set's size.
+
 Needs numpy and scikit-learn (`pip install 'tokentrail[calibrate]'`).
 """
 
@@ -63,7 +69,9 @@ import numpy as np
 from ..errors import CalibrationError
 from ..segment import CONFIDENCE_LEVELS
 from .apply import EPS, FORMAT, Calibration, apply_map, is_choice
+from .consistency import consistency
 from .measures import MEASURES, SEGMENT_MEASURES
+from .metrics import ece
 
 __all__ = ["fit_bins", "fit_calibration", "fit_kind", "fit_map", "log_loss", "top_ceiling"]
 
@@ -88,6 +96,8 @@ CHOICE_POOL = 10
 #: the map's own curve, unbinned, and keeps the fewest within one standard error of the
 #: best (`_choose`).
 BIN_COUNTS = (2, 3, 4, 5, 6, 8, 10)
+#: Draws of `consistency` behind a map's cross-validated ECE floor (``cv_ece``).
+CV_DRAWS = 400
 #: Fewest answers a measure needs to be fitted.
 MIN_ITEMS = 10
 #: The calibrated probability at which the most confident level begins.
@@ -307,8 +317,9 @@ def fit_map(
     """Temperature scaling, isotonic regression or a constant for one measure, chosen
     by repeated cross-validated log loss (`_choose`), fitted on all of it; a free-text
     curve binned (``bins``, `fit_bins`) into the fewest of `BIN_COUNTS` pieces the same
-    rule keeps over the curve itself; with `cv_log_loss` per kind (and ``binned``), `n`
-    and its `ceiling` (`top_ceiling` of what is kept's held-out probabilities)."""
+    rule keeps over the curve itself; with `cv_log_loss` per kind (and ``binned``), `n`,
+    its `ceiling` (`top_ceiling` of what is kept's held-out probabilities) and, where it
+    was cross-validated, `cv_ece` (those probabilities' ECE and its floor)."""
     c = np.asarray(conf, dtype=np.float64)
     y = np.asarray(correct, dtype=np.float64)
     ch = None if chance is None else np.asarray(chance, dtype=np.float64)
@@ -331,6 +342,9 @@ def fit_map(
     held = cv[1] if cv is not None else _apply_each(spec, c, ch, np.arange(len(c)))
     spec["ceiling"] = top_ceiling(held, y)
     spec["cv_log_loss"] = {k: None if v is None else round(v, 6) for k, v in losses.items()}
+    if cv is not None:  # what to expect on answers like these that the map never saw
+        spec["cv_ece"] = {"ece": round(ece(held, y), 6),
+                          "if_calibrated": consistency(held, y, CV_DRAWS, seed)["ece"]["median"]}
     spec["n"] = len(c)
     return spec
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from .metrics import BINS, bin_index, ece, ece_equal_mass, mass_index
+from .metrics import BINS, bin_index, ece, ece_equal_mass, mass_index, pairs_as_arrays
 
 __all__ = ["DRAWS", "consistency"]
 
@@ -75,11 +75,7 @@ def consistency(
     """``{"ece": floor, "ece_equal_mass": floor, "bands": [[lo, hi] or None per bin]}``
     for `conf` measured against `correct` (see the module docstring); every figure None
     without answers."""
-    c = np.asarray(conf, dtype=np.float64)
-    y = np.asarray(correct, dtype=np.float64)
-    if c.shape != y.shape or c.ndim != 1:
-        raise ValueError(f"conf and correct must be two lists of one length, got "
-                         f"{c.shape} and {y.shape}")
+    c, y = pairs_as_arrays(conf, correct)
     if not len(c) or draws < 1:
         return {"ece": None, "ece_equal_mass": None, "bands": [None] * bins}
     width, mass = _onehot(bin_index(c, bins), bins), _onehot(mass_index(c, bins), bins)

@@ -36,6 +36,7 @@ __all__ = [
     "ece",
     "ece_equal_mass",
     "mass_index",
+    "pairs_as_arrays",
     "prr",
     "reliability_bins",
     "summarize",
@@ -46,7 +47,8 @@ BINS = 10
 Array = np.ndarray
 
 
-def _arrays(conf: Sequence[float], correct: Sequence[int | bool]) -> tuple[Array, Array]:
+def pairs_as_arrays(conf: Sequence[float], correct: Sequence[int | bool]) -> tuple[Array, Array]:
+    """`conf` and `correct` as float arrays; ValueError unless two lists of one length."""
     c = np.asarray(conf, dtype=np.float64)
     y = np.asarray(correct, dtype=np.float64)
     if c.shape != y.shape or c.ndim != 1:
@@ -69,7 +71,7 @@ def mass_index(c: Array, bins: int = BINS) -> Array:
 
 def ece(conf: Sequence[float], correct: Sequence[int | bool], bins: int = BINS) -> float:
     """Expected calibration error over `bins` equal-width bins."""
-    c, y = _arrays(conf, correct)
+    c, y = pairs_as_arrays(conf, correct)
     if not len(c):
         return float("nan")
     idx = bin_index(c, bins)
@@ -85,7 +87,7 @@ def ece_equal_mass(
     cuts them, so that equal confidences always share a bin and the figure does not
     depend on the answers' order (a map that says a few figures puts many answers on
     each)."""
-    c, y = _arrays(conf, correct)
+    c, y = pairs_as_arrays(conf, correct)
     if not len(c):
         return float("nan")
     gap = np.bincount(mass_index(c, bins), weights=y - c, minlength=bins)
@@ -94,7 +96,7 @@ def ece_equal_mass(
 
 def brier(conf: Sequence[float], correct: Sequence[int | bool]) -> float:
     """Mean squared error of the confidence as a probability of being right."""
-    c, y = _arrays(conf, correct)
+    c, y = pairs_as_arrays(conf, correct)
     return float(np.mean((c - y) ** 2)) if len(c) else float("nan")
 
 
@@ -118,7 +120,7 @@ def _ranks(c: Array) -> Array:
 
 def auroc(conf: Sequence[float], correct: Sequence[int | bool]) -> float | None:
     """Area under the ROC curve of `conf` separating right (1) from wrong (0)."""
-    c, y = _arrays(conf, correct)
+    c, y = pairs_as_arrays(conf, correct)
     pos = int(y.sum())
     neg = len(y) - pos
     if pos == 0 or neg == 0:
@@ -147,7 +149,7 @@ def _tied_means(c: Array, y: Array) -> Array:
 
 def prr(conf: Sequence[float], correct: Sequence[int | bool]) -> float | None:
     """lm-polygraph's Prediction Rejection Ratio of `conf` (see the module docstring)."""
-    c, y = _arrays(conf, correct)
+    c, y = pairs_as_arrays(conf, correct)
     if len(c) < 2:
         return None
     measure = _kept_area(_tied_means(c, y))
@@ -162,7 +164,7 @@ def reliability_bins(
     conf: Sequence[float], correct: Sequence[int | bool], bins: int = BINS
 ) -> list[dict[str, float | int | None]]:
     """Per equal-width bin: its range, count, mean confidence and accuracy."""
-    c, y = _arrays(conf, correct)
+    c, y = pairs_as_arrays(conf, correct)
     idx = bin_index(c, bins)
     out = []
     for b in range(bins):
@@ -193,7 +195,7 @@ def bootstrap_ci(
     seed: int = 0,
 ) -> dict[str, list[float] | None]:
     """95% percentile intervals of every figure over `n_boot` resamples (seeded)."""
-    c, y = _arrays(conf, correct)
+    c, y = pairs_as_arrays(conf, correct)
     rng = np.random.default_rng(seed)
     got: dict[str, list[float]] = {name: [] for name in FIGURES}
     if len(c) and n_boot > 0:
@@ -213,7 +215,7 @@ def summarize(
     conf: Sequence[float], correct: Sequence[int | bool], n_boot: int = 1000, seed: int = 0
 ) -> dict[str, object]:
     """Every figure of one measure, with its n and 95% intervals."""
-    c, y = _arrays(conf, correct)
+    c, y = pairs_as_arrays(conf, correct)
     out: dict[str, object] = {"n": len(c)}
     for name, fn in FIGURES.items():
         v = fn(c, y)

@@ -132,3 +132,28 @@ def test_no_cross_validated_ece_without_a_cross_validation() -> None:
 
     spec = fit_map([0.1 * k for k in range(1, 10)] * 2, [1] * 17 + [0])  # one wrong answer
     assert "cv_ece" not in spec
+
+
+@pytest.mark.parametrize(("n", "q", "right"), [(40, 0.9, 31), (40, 0.9, 36), (200, 0.6, 100)])
+def test_a_levels_shortfall_is_the_binomial_tail(n: int, q: float, right: int) -> None:
+    """`shortfall_p`: with every answer said q, the share of draws with at most `right`
+    right is the binomial CDF (scipy), the measured set counted among the draws."""
+    from tokentrail.calibrate.consistency import shortfall_p
+
+    got = shortfall_p([q] * n, [1] * right + [0] * (n - right), draws=8000, seed=2)
+    assert got == pytest.approx(float(stats.binom.cdf(right, n, q)), abs=0.015)
+    assert shortfall_p([], []) is None
+
+
+def test_the_report_says_whether_a_level_is_overstated_beyond_its_size() -> None:
+    """Answers said 0.95 and right 70% of the time (in the top level) are flagged; answers
+    said 0.3 and right 30% of the time are not."""
+    rows = [{"id": str(i), "output": "", "correct": i % 10 < 7, "calibrated": 0.95,
+             "measures": {}} for i in range(60)]
+    rows += [{"id": f"b{i}", "output": "", "correct": i % 10 < 3, "calibrated": 0.3,
+              "measures": {}} for i in range(60)]
+    levels = build_report(rows, n_boot=0)["levels"]
+    top, low = levels[-1], next(e for e in levels if e["n"] and abs(e["confidence"] - 0.3) < 1e-9)
+    assert top["n"] == 60 and top["p_shortfall"] < 0.001
+    assert low["p_shortfall"] > 0.3
+    assert all(e["p_shortfall"] is None for e in levels if not e["n"])

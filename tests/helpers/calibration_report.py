@@ -63,4 +63,6 @@ def check_report_against_items(out: Path, n: int) -> dict[str, Any]:
                 ys = [y for c, y in pairs if sum(c >= t for t in cuts) == entry["level"]]
                 assert entry["n"] == len(ys)
                 assert entry["accuracy"] == (sum(ys) / len(ys) if ys else None)
+                assert (entry["p_shortfall"] is None) == (not ys)
+                assert entry["p_shortfall"] is None or 0 < entry["p_shortfall"] <= 1
     return report

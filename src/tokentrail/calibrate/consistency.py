@@ -18,6 +18,11 @@ answers with confidences spread over the range a perfectly calibrated measure sh
 - ``band`` per equal-width bin: the 2.5th and 97.5th percentiles of the bin's accuracy
   over the draws, where a calibrated measure's accuracy falls 95% of the time (drawn
   on the reliability diagram).
+
+`shortfall_p` asks the one-sided question a confidence level's promise raises (answers
+shown at a level are right at least as often as their figures say): the share of draws
+in which the answers are right as rarely as they were, or more rarely. Small: the
+figures overstate these answers beyond what their number explains.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import numpy as np
 
 from .metrics import BINS, bin_index, ece, ece_equal_mass, mass_index, pairs_as_arrays
 
-__all__ = ["DRAWS", "consistency"]
+__all__ = ["DRAWS", "consistency", "shortfall_p"]
 
 #: Draws of outcomes per measure (the Monte Carlo error of the median is then about
 #: 1% of it).
@@ -94,3 +99,16 @@ def consistency(
         "ece_equal_mass": _floor(by_mass, mass, c, ece_equal_mass(c, y, bins)),
         "bands": bands,
     }
+
+
+def shortfall_p(
+    conf: Sequence[float], correct: Sequence[int | bool], draws: int = DRAWS, seed: int = 0
+) -> float | None:
+    """The share of draws of Bernoulli(conf) outcomes with at most as many right answers
+    as `correct` has (the measured set counted among them); None without answers."""
+    c, y = pairs_as_arrays(conf, correct)
+    if not len(c) or draws < 1:
+        return None
+    (right,) = _gaps(np.clip(c, 0.0, 1.0), draws, seed, [np.ones((len(c), 1))])
+    below = int(np.count_nonzero(right[:, 0] <= y.sum() + 1e-9))
+    return round((1 + below) / (1 + draws), 6)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..segment import LEVEL_NAMES, probability_level
-from .consistency import consistency
+from .consistency import consistency, shortfall_p
 from .measures import MEASURES
 from .metrics import reliability_bins, summarize
 
@@ -72,16 +72,20 @@ def build_report(
 
 def by_level(conf: Sequence[float], correct: Sequence[int]) -> list[dict[str, Any]]:
     """Per segment level (`segment.probability_level` of the value): how many answers,
-    their mean confidence and how many were right. The check that an answer shown as
-    "certain" is right at least as often as its number says."""
+    their mean confidence, how many were right, and ``p_shortfall``: how often answers
+    with those figures would be right as rarely or more rarely (`shortfall_p`). The check
+    that an answer shown as "certain" is right at least as often as its number says."""
     out = []
     for level, name in enumerate(LEVEL_NAMES):
         picked = [(c, y) for c, y in zip(conf, correct, strict=True)
                   if probability_level(c) == level]
+        said = [c for c, _ in picked]
+        right = [y for _, y in picked]
         out.append({
             "level": level, "name": name, "n": len(picked),
-            "confidence": sum(c for c, _ in picked) / len(picked) if picked else None,
-            "accuracy": sum(y for _, y in picked) / len(picked) if picked else None,
+            "confidence": sum(said) / len(picked) if picked else None,
+            "accuracy": sum(right) / len(picked) if picked else None,
+            "p_shortfall": shortfall_p(said, right) if picked else None,
         })
     return out
 

@@ -42,11 +42,11 @@ from typing import Any
 
 import numpy as np
 
-from tokentrail.calibrate.consistency import consistency
+from tokentrail.calibrate.consistency import consistency, shortfall_p
 from tokentrail.calibrate.fit import fit_calibration, log_loss
 from tokentrail.calibrate.metrics import brier, ece
 from tokentrail.calibrate.run import ITEMS, read_rows
-from tokentrail.segment import CONFIDENCE_LEVELS
+from tokentrail.segment import CONFIDENCE_LEVELS, LEVEL_NAMES, probability_level
 
 
 def load(folder: Path) -> list[dict[str, Any]]:
@@ -78,15 +78,25 @@ def evaluate(fit_rows: Sequence[Mapping[str, Any]], test_rows: Sequence[Mapping[
     floor = consistency(p, y)["ece"]
     return {"n": len(p), "accuracy": float(y.mean()), "ece": ece(p, y), "brier": brier(p, y),
             "log_loss": log_loss(p, y), "floor": floor["median"], "p": floor["p"],
-            "measure": top, "kind": kind, "certain": certain}
+            "measure": top, "kind": kind, "certain": certain, "highest": highest(p, y)}
+
+
+def highest(p: np.ndarray, y: np.ndarray) -> tuple[str, int, float, float, float]:
+    """The highest level the calibrated figures `p` show: its name, how many answers,
+    their mean figure, the share right, and `shortfall_p` of those answers."""
+    levels = np.array([probability_level(float(v)) for v in p])
+    at = levels == levels.max()
+    return (LEVEL_NAMES[int(levels.max())], int(at.sum()), float(p[at].mean()),
+            float(y[at].mean()), float(shortfall_p(p[at], y[at]) or 1.0))
 
 
 def line(name: str, r: Mapping[str, Any]) -> str:
     n, said, right = r["certain"]
     top = f"{n}: {said:.2f} / {right:.2f}" if n else "none"
+    lv, hn, hsaid, hright, hp = r["highest"]
     return (f"| {name} | {r['n']} | {r['accuracy']:.2f} | **{r['ece']:.3f}** | {r['floor']:.3f} "
             f"| {r['p']:.3f} | {r['brier']:.3f} | {r['log_loss']:.3f} | {r['measure']} "
-            f"({r['kind']}) | {top} |")
+            f"({r['kind']}) | {top} | {lv} {hn}: {hsaid:.2f} / {hright:.2f}, p {hp:.3f} |")
 
 
 def main() -> None:
@@ -105,8 +115,9 @@ def main() -> None:
     study = functools.partial(evaluate, ceilings=not args.no_ceilings, first=args.first)
     sets = {p.name if p.is_dir() else p.parent.name: load(p) for p in args.runs}
     print("| fitted on → reported on | n | right | ECE | floor | p | Brier | log loss "
-          "| measure (map) | certain: n, said / right |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---|---|")
+          "| measure (map) | certain: n, said / right | highest level shown: n, said / right, "
+          "p of a shortfall |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|")
     for name, rows in sets.items():
         a, b = rows[0::2], rows[1::2]
         print(line(f"{name} half 1 → half 2", study(a, b)))
@@ -124,11 +135,12 @@ def main() -> None:
         print(f"\nRandom halvings ({args.splits} per set, fit on one half, report on the other):"
               " calibrated ECE and its floor, median [10th–90th percentile]\n")
         print("| set | n per half | ECE | floor | ECE − floor | p < 0.05 | top level shown "
-              "| of those, right less often than said |")
-        print("|---|---:|---|---|---|---:|---:|---:|")
+              "| of those, right less often than said | highest level shown: right less "
+              "often than said, at p < 0.05 |")
+        print("|---|---:|---|---|---|---:|---:|---:|---:|")
         for name, rows in sets.items():
             rng = np.random.default_rng(0)  # each set's splits whatever sets come before it
-            got, shown, overstated, rejected = [], 0, 0, 0
+            got, shown, overstated, rejected, short, short_p = [], 0, 0, 0, 0, 0
             for _ in range(args.splits):
                 order = rng.permutation(len(rows))
                 half = len(rows) // 2
@@ -138,10 +150,13 @@ def main() -> None:
                 n, said, right = r["certain"]
                 shown += n > 0
                 overstated += n > 0 and right < said
+                _, _, hsaid, hright, hp = r["highest"]
+                short += hright < hsaid
+                short_p += hp < 0.05
             q = np.percentile(np.array(got), [50, 10, 90], axis=0)
             cells = " | ".join(f"{q[0, j]:.3f} [{q[1, j]:.3f}–{q[2, j]:.3f}]" for j in range(3))
             print(f"| {name} | {len(rows) - len(rows) // 2} | {cells} | {rejected} | {shown} "
-                  f"| {overstated} |")
+                  f"| {overstated} | {short}, {short_p} |")
     if args.families:
         every = [r for rows in sets.values() for r in rows]
         for fam in sorted({family(r) for r in every}):

@@ -45,8 +45,9 @@ _BLOCK = 4_000_000
 
 def _gaps(c: np.ndarray, draws: int, seed: int, onehots: list[np.ndarray]) -> list[np.ndarray]:
     """Per one-hot bin matrix (answers × bins): each draw's per-bin sum of outcomes,
-    (draws × bins), with outcomes drawn as Bernoulli(c)."""
+    (draws × bins), with outcomes drawn as Bernoulli(c) (c clipped to [0, 1])."""
     rng = np.random.default_rng(seed)
+    c = np.clip(c, 0.0, 1.0)
     out: list[list[np.ndarray]] = [[] for _ in onehots]
     step = max(1, _BLOCK // max(1, len(c)))
     for start in range(0, draws, step):
@@ -62,6 +63,12 @@ def _onehot(idx: np.ndarray, bins: int) -> np.ndarray:
     return m
 
 
+def _share(count: int, draws: int) -> float:
+    """A p from `count` of `draws` drawn sets as extreme as the measured one, the measured
+    set counted among them (never 0)."""
+    return round((1 + count) / (1 + draws), 6)
+
+
 def _floor(right: np.ndarray, m: np.ndarray, c: np.ndarray, measured: float) -> dict[str, float]:
     """The floor of one kind of ECE from each draw's per-bin sums of outcomes."""
     drawn = np.abs(right - c @ m).sum(axis=1) / len(c)
@@ -69,7 +76,7 @@ def _floor(right: np.ndarray, m: np.ndarray, c: np.ndarray, measured: float) -> 
     return {
         "median": round(float(np.median(drawn)), 6),
         "p95": round(float(np.percentile(drawn, 95)), 6),
-        "p": round((1 + beyond) / (1 + len(drawn)), 6),
+        "p": _share(beyond, len(drawn)),
     }
 
 
@@ -84,7 +91,7 @@ def consistency(
     if not len(c) or draws < 1:
         return {"ece": None, "ece_equal_mass": None, "bands": [None] * bins}
     width, mass = _onehot(bin_index(c, bins), bins), _onehot(mass_index(c, bins), bins)
-    by_width, by_mass = _gaps(np.clip(c, 0.0, 1.0), draws, seed, [width, mass])
+    by_width, by_mass = _gaps(c, draws, seed, [width, mass])
     counts = width.sum(axis=0)
     bands: list[list[float] | None] = []
     for b in range(bins):
@@ -109,6 +116,5 @@ def shortfall_p(
     c, y = pairs_as_arrays(conf, correct)
     if not len(c) or draws < 1:
         return None
-    (right,) = _gaps(np.clip(c, 0.0, 1.0), draws, seed, [np.ones((len(c), 1))])
-    below = int(np.count_nonzero(right[:, 0] <= y.sum() + 1e-9))
-    return round((1 + below) / (1 + draws), 6)
+    (right,) = _gaps(c, draws, seed, [np.ones((len(c), 1))])
+    return _share(int(np.count_nonzero(right[:, 0] <= y.sum() + 1e-9)), draws)

@@ -157,3 +157,36 @@ def test_the_report_says_whether_a_level_is_overstated_beyond_its_size() -> None
     assert top["n"] == 60 and top["p_shortfall"] < 0.001
     assert low["p_shortfall"] > 0.3
     assert all(e["p_shortfall"] is None for e in levels if not e["n"])
+
+
+def test_the_terminal_and_the_page_show_each_levels_promise(tmp_path) -> None:
+    """The levels' check reaches the reader, not only report.json: the terminal's second
+    table and report.html list each level that holds answers, most confident first, with
+    the figures counted here from the rows (60 said 0.95 and 42 of them right; 60 said
+    0.3 and 18 right), within 80 columns."""
+    import re
+
+    from rich.console import Console
+
+    from tokentrail.calibrate.report import print_table, write_html
+
+    rows = [{"id": str(i), "output": "", "correct": i % 10 < 7, "calibrated": 0.95,
+             "measures": {}} for i in range(60)]
+    rows += [{"id": f"b{i}", "output": "", "correct": i % 10 < 3, "calibrated": 0.3,
+              "measures": {}} for i in range(60)]
+    report = build_report(rows, n_boot=0)
+    console = Console(record=True, width=80)
+    print_table(report, console)
+    text = console.export_text()
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert "levels of calibrated" in text
+    lines = [ln.split() for ln in text.splitlines()]
+    certain = next(ln for ln in lines if ln[:1] == ["certain"])
+    doubtful = next(ln for ln in lines if ln[:1] == ["doubtful"])
+    assert certain[1:4] == ["60", "0.950", f"{42 / 60:.3f}"] and float(certain[4]) < 0.01
+    assert doubtful[1:4] == ["60", "0.300", f"{18 / 60:.3f}"] and float(doubtful[4]) > 0.3
+    names = [ln[0] for ln in lines if ln[:1] and ln[0] in ("certain", "sure", "doubtful")]
+    assert names == ["certain", "doubtful"]  # empty levels are left out, the top first
+    page = write_html(report, tmp_path).read_text(encoding="utf-8")
+    cells = re.findall(r"<tr><td>(certain|doubtful)</td><td>(\d+)</td>", page)
+    assert cells == [("certain", "60"), ("doubtful", "60")]

@@ -170,6 +170,23 @@ HEADER = ["measure", "n", "ECE", "ECE 95%", "floor", "p", "ECE (mass)", "Brier",
           "AUROC", "PRR"]
 
 
+LEVEL_HEADER = ["level", "n", "said", "right", "p short"]
+
+
+def _level_rows(report: Mapping[str, Any]) -> list[list[str]]:
+    """The primary measure's levels that hold answers, most confident first."""
+    return [[e["name"], str(e["n"]), _fmt(e["confidence"]), _fmt(e["accuracy"]),
+             _fmt(e.get("p_shortfall"))]
+            for e in reversed(report.get("levels") or []) if e["n"]]
+
+
+#: What the levels' columns mean (under their table on the terminal and the page).
+LEVEL_NOTE = (
+    "said: the level's mean figure; right: the share of its answers right; p short: the "
+    "share of draws, calibrated, right as rarely or more rarely (small: the level "
+    "overstates its answers beyond their number)."
+)
+
 #: What the table's floor columns mean (under it on the terminal and the page).
 NOTE = (
     "floor: the median ECE the same confidences show on this many answers when "
@@ -196,6 +213,16 @@ def print_table(report: Mapping[str, Any], console: Any = None) -> None:
     console = console or Console()
     console.print(table)
     console.print(NOTE, style="dim")
+    levels = _level_rows(report)
+    if levels:
+        table = Table(title=f"levels of {report['primary']}", box=box.SIMPLE_HEAD,
+                      padding=(0, 1), show_edge=False)
+        for h in LEVEL_HEADER:
+            table.add_column(h, justify="left" if h == "level" else "right")
+        for row in levels:
+            table.add_row(*row)
+        console.print(table)
+        console.print(LEVEL_NOTE, style="dim")
 
 
 def write_html(report: Mapping[str, Any], out: Path) -> Path:
@@ -209,6 +236,13 @@ def write_html(report: Mapping[str, Any], out: Path) -> Path:
         for row in _rows_of(report)
     )
     settings = {k: v for k, v in report.items() if k not in ("measures", "levels")}
+    levels = _level_rows(report)
+    level_table = "" if not levels else (
+        f"<h2>Levels of {html.escape(str(report['primary']))}</h2><table><tr>"
+        + "".join(f"<th>{html.escape(h)}</th>" for h in LEVEL_HEADER) + "</tr>"
+        + "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
+                  for row in levels)
+        + f"</table><p>{html.escape(LEVEL_NOTE)}</p>")
     page = (
         "<!doctype html><html><head><meta charset='utf-8'><title>tokentrail calibrate"
         "</title><style>body{font-family:sans-serif;margin:2em}table{border-collapse:"
@@ -216,7 +250,8 @@ def write_html(report: Mapping[str, Any], out: Path) -> Path:
         "td:first-child{text-align:left}</style></head><body>"
         f"<h1>Calibration report</h1><p>{report['n']} answers, accuracy "
         f"{_fmt(report['accuracy'])}; primary measure <b>{html.escape(str(report['primary']))}"
-        f"</b> (starred).</p><table><tr>{head}</tr>{body}</table><p>{html.escape(NOTE)}</p>{svg}"
+        f"</b> (starred).</p><table><tr>{head}</tr>{body}</table><p>{html.escape(NOTE)}</p>"
+        f"{level_table}{svg}"
         f"<pre>{html.escape(json.dumps(settings, indent=1))}</pre></body></html>"
     )
     path = out / "report.html"

@@ -195,63 +195,63 @@ NOTE = (
 )
 
 
-def print_table(report: Mapping[str, Any], console: Any = None) -> None:
-    """The report as a rich table (the primary measure starred)."""
+def _rich_table(title: str, header: Sequence[str], rows: Sequence[Sequence[str]],
+                padding: Any, no_wrap: Sequence[str] = ()) -> Any:
+    """A rich table: the first column left, the rest right, a rule under the header."""
     from rich import box
-    from rich.console import Console
     from rich.table import Table
 
-    acc = report["accuracy"]
-    # (one space between columns, no edges: ten columns fit an 80-column terminal whole)
-    table = Table(title=f"{report['n']} answers, accuracy {_fmt(acc)}", box=box.SIMPLE_HEAD,
-                  padding=0, show_edge=False)
-    for h in HEADER:
-        table.add_column(h, justify="left" if h == "measure" else "right",
-                         no_wrap=h in ("measure", "ECE 95%"))
-    for row in _rows_of(report):
+    table = Table(title=title, box=box.SIMPLE_HEAD, padding=padding, show_edge=False)
+    for i, h in enumerate(header):
+        table.add_column(h, justify="right" if i else "left", no_wrap=h in no_wrap)
+    for row in rows:
         table.add_row(*row)
+    return table
+
+
+def print_table(report: Mapping[str, Any], console: Any = None) -> None:
+    """The report as a rich table (the primary measure starred), and under it the
+    primary measure's levels that hold answers."""
+    from rich.console import Console
+
     console = console or Console()
-    console.print(table)
+    # (one space between columns, no edges: ten columns fit an 80-column terminal whole)
+    console.print(_rich_table(f"{report['n']} answers, accuracy {_fmt(report['accuracy'])}",
+                              HEADER, _rows_of(report), 0, ("measure", "ECE 95%")))
     console.print(NOTE, style="dim")
     levels = _level_rows(report)
     if levels:
-        table = Table(title=f"levels of {report['primary']}", box=box.SIMPLE_HEAD,
-                      padding=(0, 1), show_edge=False)
-        for h in LEVEL_HEADER:
-            table.add_column(h, justify="left" if h == "level" else "right")
-        for row in levels:
-            table.add_row(*row)
-        console.print(table)
+        console.print(_rich_table(f"levels of {report['primary']}", LEVEL_HEADER, levels,
+                                  (0, 1)))
         console.print(LEVEL_NOTE, style="dim")
 
 
+def _html_table(header: Sequence[str], rows: Sequence[Sequence[str]], note: str) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
+                   for row in rows)
+    return f"<table><tr>{head}</tr>{body}</table><p>{html.escape(note)}</p>"
+
+
 def write_html(report: Mapping[str, Any], out: Path) -> Path:
-    """report.html: the table and the reliability diagram, one self-contained page."""
+    """report.html: the table, the levels and the reliability diagram, one
+    self-contained page."""
     svg_path = out / "reliability.svg"
     svg = svg_path.read_text(encoding="utf-8") if svg_path.exists() else ""
     svg = svg[svg.find("<svg"):] if "<svg" in svg else ""
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in HEADER)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
-        for row in _rows_of(report)
-    )
     settings = {k: v for k, v in report.items() if k not in ("measures", "levels")}
+    primary = html.escape(str(report["primary"]))
     levels = _level_rows(report)
     level_table = "" if not levels else (
-        f"<h2>Levels of {html.escape(str(report['primary']))}</h2><table><tr>"
-        + "".join(f"<th>{html.escape(h)}</th>" for h in LEVEL_HEADER) + "</tr>"
-        + "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
-                  for row in levels)
-        + f"</table><p>{html.escape(LEVEL_NOTE)}</p>")
+        f"<h2>Levels of {primary}</h2>" + _html_table(LEVEL_HEADER, levels, LEVEL_NOTE))
     page = (
         "<!doctype html><html><head><meta charset='utf-8'><title>tokentrail calibrate"
         "</title><style>body{font-family:sans-serif;margin:2em}table{border-collapse:"
         "collapse}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}"
         "td:first-child{text-align:left}</style></head><body>"
         f"<h1>Calibration report</h1><p>{report['n']} answers, accuracy "
-        f"{_fmt(report['accuracy'])}; primary measure <b>{html.escape(str(report['primary']))}"
-        f"</b> (starred).</p><table><tr>{head}</tr>{body}</table><p>{html.escape(NOTE)}</p>"
-        f"{level_table}{svg}"
+        f"{_fmt(report['accuracy'])}; primary measure <b>{primary}</b> (starred).</p>"
+        f"{_html_table(HEADER, _rows_of(report), NOTE)}{level_table}{svg}"
         f"<pre>{html.escape(json.dumps(settings, indent=1))}</pre></body></html>"
     )
     path = out / "report.html"

@@ -42,11 +42,11 @@ from typing import Any
 
 import numpy as np
 
-from tokentrail.calibrate.consistency import consistency, shortfall_p
+from tokentrail.calibrate.consistency import consistency
 from tokentrail.calibrate.fit import fit_calibration, log_loss
 from tokentrail.calibrate.metrics import brier, ece
+from tokentrail.calibrate.report import by_level
 from tokentrail.calibrate.run import ITEMS, read_rows
-from tokentrail.segment import CONFIDENCE_LEVELS, LEVEL_NAMES, probability_level
 
 
 def load(folder: Path) -> list[dict[str, Any]]:
@@ -72,22 +72,16 @@ def evaluate(fit_rows: Sequence[Mapping[str, Any]], test_rows: Sequence[Mapping[
     y = np.array([b for _, b in pairs], dtype=np.float64)
     top = used.most_common(1)[0][0] if used else "-"
     kind = cal.maps[top]["kind"] if top in cal.maps else "-"
-    top_level = p >= CONFIDENCE_LEVELS[-1]  # shown at the most confident level
-    certain = (int(top_level.sum()), float(p[top_level].mean()) if top_level.any() else 0.0,
-               float(y[top_level].mean()) if top_level.any() else 0.0)
+    levels = by_level(p.tolist(), y.tolist())  # report.json's levels, on this half
+    top_level = levels[-1]  # shown at the most confident level
+    certain = (top_level["n"], top_level["confidence"] or 0.0, top_level["accuracy"] or 0.0)
+    high = next(e for e in reversed(levels) if e["n"])  # the highest level shown
     floor = consistency(p, y)["ece"]
     return {"n": len(p), "accuracy": float(y.mean()), "ece": ece(p, y), "brier": brier(p, y),
             "log_loss": log_loss(p, y), "floor": floor["median"], "p": floor["p"],
-            "measure": top, "kind": kind, "certain": certain, "highest": highest(p, y)}
-
-
-def highest(p: np.ndarray, y: np.ndarray) -> tuple[str, int, float, float, float]:
-    """The highest level the calibrated figures `p` show: its name, how many answers,
-    their mean figure, the share right, and `shortfall_p` of those answers."""
-    levels = np.array([probability_level(float(v)) for v in p])
-    at = levels == levels.max()
-    return (LEVEL_NAMES[int(levels.max())], int(at.sum()), float(p[at].mean()),
-            float(y[at].mean()), float(shortfall_p(p[at], y[at]) or 1.0))
+            "measure": top, "kind": kind, "certain": certain,
+            "highest": (high["name"], high["n"], high["confidence"], high["accuracy"],
+                        high["p_shortfall"])}
 
 
 def line(name: str, r: Mapping[str, Any]) -> str:

@@ -8,9 +8,10 @@ steps to the batch's output. Two ways to run it:
 
 - **On the server's own loop** (`attach`; what ``serve --upstream`` does, through
   `tokentrail.server.on_loop`): `step` never waits, it returns what has arrived, and
-  the driver awaits `arrival` between steps. The upstream's bytes, the output stage and
-  the client's SSE are then one thread and one loop: no thread hand-off, no wake-up
-  through a pipe, per token.
+  the driver awaits `arrival` between steps; while it waits, the reader that read a
+  stream's steps runs the driver's pass itself (`on_arrival`). The upstream's bytes,
+  the output stage and the client's SSE are then one thread and one loop: no thread
+  hand-off, no wake-up through a pipe, per token.
 - **On a loop of its own** (uvloop's where installed), run *inside* `step` on the thread
   that calls it: `step` runs the loop until some stream has produced a step (or `wait`
   seconds pass, or `wake` is called from another thread), then returns everything
@@ -36,7 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ...fastjson import dumps
@@ -108,6 +109,11 @@ class AsyncUpstreamBatch(BaseBatch):
         self._errors = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
         self._transport = (aiohttp.ClientError, TimeoutError)
         self._proxy = _env_proxy(engine.url)
+        #: Attached: run where a stream's steps arrive while `arrival` waits for them
+        #: (`server.on_loop.drive` sets it), in the reader's task; returns whether the
+        #: wait must end all the same. None: the wait ends (see the module).
+        self.on_arrival: Callable[[], bool] | None = None
+        self._reader_passes = 0  # how often `on_arrival` ran (a reader's task ran a pass)
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
         """Run the streams on `loop` (running, the caller's): `step` then never waits;
@@ -154,8 +160,14 @@ class AsyncUpstreamBatch(BaseBatch):
             return  # removed: nobody reads it
         self._out.append((uid, item))
         ready = self._ready
-        if ready is not None and not ready.done():
-            ready.set_result(None)
+        if ready is None or ready.done():
+            return
+        run = self.on_arrival
+        if run is not None:
+            self._reader_passes += 1
+            if not run():
+                return
+        ready.set_result(None)
 
     async def _stream(self, uid: int, url: str, body: bytes, reader: StepReader) -> None:
         try:
@@ -262,8 +274,10 @@ class AsyncUpstreamBatch(BaseBatch):
         return sort_pushed(arrived, self._live)
 
     def stats(self) -> dict[str, Any]:
-        """The batch's capacity, live sequences and reading cost (`ReadCost.to_dict`)."""
-        return {"max_batch": self.max_batch, "live": len(self._live), **self.cost.to_dict()}
+        """The batch's capacity, live sequences, how many passes its readers ran
+        (`on_arrival`) and reading cost (`ReadCost.to_dict`)."""
+        return {"max_batch": self.max_batch, "live": len(self._live),
+                "reader_passes": self._reader_passes, **self.cost.to_dict()}  # fmt: skip
 
     async def aclose(self) -> None:
         """(Attached) cancel every stream and close the session, on the loop."""

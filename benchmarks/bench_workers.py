@@ -16,7 +16,10 @@ last chunk's usage parsed; their CPU per token is reported too), so on a small m
 the clients, the upstream and the proxy share the cores: say so next to the figures.
 Each client also times the gaps between successive reads of its stream: a stall of the
 proxy (a garbage collection of its whole heap, say) shows as a long one (p99 and max).
-`--proxy-repo` runs the proxy from another checkout's src/ (before and after a change).
+`--proxy-repo` runs the proxy from another checkout's src/ (before and after a change);
+`--before PATH` compares two checkouts in one run instead: each round runs 1 worker from
+PATH's src/, then 1 from this checkout's (or `--proxy-repo`'s), and reports each side's
+medians and the proxy's CPU per token after / before.
 `--vllm-python PATH` makes the upstream vLLM's OpenAI server (that python's vLLM, CPU
 build) on the same demo model instead of llama-server: the proxy then speaks its vLLM
 dialect (`/v1/completions` with `return_token_ids` and ``token_id:N`` alternatives), the
@@ -233,9 +236,10 @@ def replay_stats(url: str) -> dict[str, int] | None:
 
 
 def run_once(upstream: tuple[list[subprocess.Popen[bytes]], str], workers: int,
-             args: argparse.Namespace, logs: Path) -> dict[str, float]:  # fmt: skip
+             args: argparse.Namespace, logs: Path,
+             repo: Path | None = None) -> dict[str, float]:  # fmt: skip
     procs, upstream_url = upstream
-    proxy, url = start_proxy(upstream_url, workers, logs, args.proxy_repo or REPO)
+    proxy, url = start_proxy(upstream_url, workers, logs, repo or args.proxy_repo or REPO)
     try:
         asyncio.run(load(url, argparse.Namespace(**{**vars(args), "requests": 1})))  # warm-up
         before = replay_stats(upstream_url) if args.replay else None
@@ -260,6 +264,31 @@ def run_once(upstream: tuple[list[subprocess.Popen[bytes]], str], workers: int,
             **({"replay_misses": after["misses"] - before["misses"],
                 "replay_hits": after["hits"] - before["hits"]}
                if before and after else {})}  # fmt: skip
+
+
+def report_before_after(runs: list[dict[str, float]], args: argparse.Namespace) -> str:
+    """The table of a `--before` run: each side's medians, and after / before."""
+    def med(side: str, key: str) -> float:
+        return statistics.median(r[key] for r in runs if r["side"] == side)
+
+    lines = [
+        "# The proxy before and after a change, 1 worker each",
+        "",
+        f"Command: `flock /tmp/tt-bench.lock python {' '.join(sys.argv)}`",
+        f"Load: {args.clients} clients x {args.requests} streamed completions of "
+        f"{args.max_tokens} tokens, logprobs {TOP}"
+        + (f", each stream's events {args.pace:g} ms apart" if args.pace else "")
+        + f"; medians of {args.rounds} alternating rounds.",
+        "",
+        "| proxy | tokens/s | proxy CPU µs/token | every round's proxy CPU µs/token |",
+        "|---|---:|---:|---|",
+    ]
+    for side in ("before", "after"):
+        each = ", ".join(f"{r['proxy_us_per_token']:.0f}" for r in runs if r["side"] == side)
+        lines.append(f"| {side} | {med(side, 'tokens_per_s'):,.0f} | "
+                     f"{med(side, 'proxy_us_per_token'):,.0f} | {each} |")  # fmt: skip
+    cpu = med("after", "proxy_us_per_token") / med("before", "proxy_us_per_token")
+    return "\n".join([*lines, "", f"Proxy CPU per token, after / before: **{cpu:.2f}**.", ""])
 
 
 def report(runs: list[dict[str, float]], args: argparse.Namespace) -> str:
@@ -336,6 +365,11 @@ def main() -> None:
     parser.add_argument(
         "--proxy-repo", type=Path, help="run the proxy from this checkout's src/ (before/after)"
     )
+    parser.add_argument(
+        "--before", type=Path,
+        help="A/B instead: each round runs 1 worker from this checkout's src/ (before a "
+        "change), then 1 from --proxy-repo or this file's own checkout (after)",
+    )
     parser.add_argument("--logs", type=Path, help="keep the servers' logs here")
     parser.add_argument(
         "--vllm-python", type=Path, help="upstream: vLLM's server (this python's) on the demo model"
@@ -363,13 +397,18 @@ def main() -> None:
                 replay = start_replay(url, logs, args.pace)
                 procs, url = [first[0], replay[0]], replay[1]
             for _ in range(args.rounds):
+                if args.before is not None:
+                    for side, repo in (("before", args.before), ("after", None)):
+                        runs.append({**run_once((procs, url), 1, args, logs, repo), "side": side})
+                        print(json.dumps(runs[-1]), flush=True)
+                    continue
                 for workers in (1, args.workers):
                     runs.append(run_once((procs, url), workers, args, logs))
                     print(json.dumps(runs[-1]), flush=True)
         finally:
             for proc in procs:
                 stop(proc)
-    text = report(runs, args)
+    text = report_before_after(runs, args) if args.before else report(runs, args)
     print(text)
     if args.output is not None:
         args.output.write_text(text)

@@ -11,9 +11,9 @@ app on a uvicorn thread:
   for the same prompt ids;
 - clients one after another each get their whole, exact answer: the place a reader's
   pass frees is taken by the next request;
-- a pass that fails in a reader ends the request in flight with an error (its status,
-  before its first token) and the log names the failure, as a failed pass of the driver
-  does: no client waits forever.
+- a pass that fails in a reader ends the request in flight unfinished (an error status
+  before its first token, else a stream cut short without ``[DONE]``) and the log names
+  the failure, as a failed pass of the driver does: no client waits forever.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import pytest
 
 from tests.helpers.env import require
 from tests.helpers.llamacpp import find_smollm2, llama_server_binary
-from tests.helpers.servers import Server, llama_with_proxy
+from tests.helpers.servers import Server, llama_greedy, llama_with_proxy
 
 uvicorn = require("uvicorn")
 
@@ -53,26 +53,21 @@ def prompt_ids(llama: Server, text: str) -> list[int]:
     return list(r.raise_for_status().json()["tokens"])
 
 
-def greedy(llama: Server, ids: list[int], n: int) -> list[int]:
-    """llama-server's own greedy tokens after `ids`, its end-of-turn token barred."""
-    body = {"prompt": ids, "n_predict": n, "temperature": 0, "return_tokens": True,
-            "logit_bias": [[2, -100.0]]}  # fmt: skip
-    r = httpx.post(llama.url + "/completion", json=body, timeout=120)
-    return list(r.raise_for_status().json()["tokens"])
-
-
 def stream(url: str, ids: list[int], n: int, timeout: float = 120) -> tuple[list[int], list[str]]:
     """(token ids by index from the extension's segments, errors) of one streamed
     completion of prompt `ids` through the proxy at `url`: the error events' messages,
-    or for a request that ended before its stream began, its HTTP status."""
+    "no [DONE]" for a stream cut short (how the server ends a cancelled one), or for a
+    request that ended before its stream began, its HTTP status."""
     body = {"prompt": ids, "max_tokens": n, "temperature": 0, "stream": True,
             "logprobs": 2, "logit_bias": {"2": -100}}  # fmt: skip
     by_index: dict[int, int] = {}
     errors: list[str] = []
+    done = False
     with httpx.stream("POST", url + "/v1/completions", json=body, timeout=timeout) as r:
         if r.status_code != 200:
             return [], [f"HTTP {r.status_code}"]
         for line in r.iter_lines():
+            done = done or line == "data: [DONE]"
             if not line.startswith("data: {"):
                 continue
             chunk = json.loads(line[6:])
@@ -82,6 +77,8 @@ def stream(url: str, ids: list[int], n: int, timeout: float = 120) -> tuple[list
             for seg in (chunk.get("tokentrail") or {}).get("segments") or []:
                 for tok in seg["tokens"]:
                     by_index[tok["index"]] = tok["id"]
+    if not done:
+        errors.append("no [DONE]")
     return [by_index[i] for i in sorted(by_index)], errors
 
 
@@ -96,7 +93,7 @@ def test_one_clients_tokens_are_passed_on_by_its_reader(servers: tuple[Server, S
     before = streams(proxy.url)["reader_passes"]
     got, errors = stream(proxy.url, ids, N)
     assert errors == []
-    assert got == greedy(llama, ids, N)
+    assert got == llama_greedy(llama, ids, N)
     passes = streams(proxy.url)["reader_passes"] - before
     # Tokens arrive one frame at a time, about 10 ms apart: the driver waits between
     # them, so nearly every one is run through by the task that read it.
@@ -113,7 +110,7 @@ def test_clients_one_after_another_each_get_their_whole_answer(
     for k in range(12):
         ids = prompt_ids(llama, texts[k % len(texts)])
         got, errors = stream(proxy.url, ids, 8, timeout=60)
-        assert errors == [] and got == greedy(llama, ids, 8), (k, got, errors)
+        assert errors == [] and got == llama_greedy(llama, ids, 8), (k, got, errors)
 
 
 class InProcess:
@@ -148,7 +145,7 @@ class InProcess:
         self.thread.join(30)
 
 
-def test_a_pass_that_fails_in_a_reader_ends_the_request_with_an_error(
+def test_a_pass_that_fails_in_a_reader_ends_the_request_unfinished(
     servers: tuple[Server, Server], monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -172,7 +169,9 @@ def test_a_pass_that_fails_in_a_reader_ends_the_request_with_an_error(
         got, errors = stream(p.url, ids, 200, timeout=60)
         took = time.monotonic() - t0
     assert calls, "no pass ran in a reader's task"
+    # It ended, unfinished: before its stream began (its status) or cut short (no
+    # [DONE]), depending on whether the driver's own pass had handed a token on first.
     assert errors and took < 30, (errors, took)
-    assert got == [], got  # the broken pass handed no token on
+    assert len(got) < 200, got
     assert any("the scheduler's loop failed" in r.getMessage() and r.exc_info
                and "output stage broke" in str(r.exc_info[1]) for r in caplog.records)  # fmt: skip

@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 
 from tests.helpers.env import require
 from tests.helpers.llamacpp import find_smollm2, llama_server_binary
-from tests.helpers.servers import Server, start_llama_server, start_server
+from tests.helpers.servers import Server, llama_greedy, start_llama_server, start_server
 
 DATA = Path(__file__).resolve().parent / "data" / "realign"
 SLOTS = 4
@@ -105,16 +105,6 @@ def llama(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     server.stop()
 
 
-def greedy(llama: Server, ids: list[int], n: int) -> list[int]:
-    """llama-server's own greedy tokens after `ids` (its native /completion), with the
-    end-of-turn token suppressed as the batch asks."""
-    body = {"prompt": ids, "n_predict": n, "temperature": 0, "return_tokens": True}
-    body["logit_bias"] = [[2, -100.0]]
-    r = httpx.post(llama.url + "/completion", json=body, timeout=120)
-    assert r.status_code == 200, r.text
-    return list(r.json()["tokens"])
-
-
 def collect(batch: Any, uids: set[int], cut: dict[int, int]) -> dict[int, list[int]]:
     """Steps per uid until every uid left; a uid in `cut` is removed after that many."""
     got: dict[int, list[int]] = {u: [] for u in uids}
@@ -174,7 +164,7 @@ def test_batch_runs_the_upstreams_slots_and_its_tokens(llama: Server) -> None:
         with pytest.raises(RuntimeError, match="full"):
             batch.add(prompts[0], params, n)
         got = collect(batch, set(uids), {})
-        oracle = [greedy(llama, p, n) for p in prompts]
+        oracle = [llama_greedy(llama, p, n) for p in prompts]
         assert [got[u] for u in sorted(uids, key=uids.get)] == oracle
         # Streams cut short, then whole ones, on the same kept-alive client: each whole
         # one is still exactly llama-server's.
@@ -264,7 +254,7 @@ def test_a_stale_kept_alive_connection_is_retried_once_on_a_fresh_one(llama: Ser
             params = SamplingParams(temp=0.0, top_logprobs=2, logit_bias={2: -100.0})
             uid = batch.add(engine.tokenizer.encode(prompt), params, 8)
             if drops == 1:
-                assert collect(batch, {uid}, {})[uid] == greedy(
+                assert collect(batch, {uid}, {})[uid] == llama_greedy(
                     llama, engine.tokenizer.encode(prompt), 8)
                 assert front.seen == 2
             else:

@@ -205,6 +205,18 @@ def start_llama_server(
     return server
 
 
+def llama_greedy(llama: Server, ids: list[int], n: int) -> list[int]:
+    """llama-server's own greedy tokens after prompt `ids` (its native /completion), with
+    SmolLM2's end-of-turn token (2) barred, as the proxy tests' requests bar it."""
+    import httpx
+
+    body = {"prompt": ids, "n_predict": n, "temperature": 0, "return_tokens": True,
+            "logit_bias": [[2, -100.0]]}  # fmt: skip
+    r = httpx.post(llama.url + "/completion", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    return list(r.json()["tokens"])
+
+
 @contextlib.contextmanager
 def llama_with_proxy(gguf: Path, logs: Path) -> Iterator[tuple[Server, Server]]:
     """llama-server on `gguf` and `tokentrail serve --upstream` in front of it, both

@@ -166,6 +166,12 @@ class Realigner(Counts):
         """Error bodies the server sent so far (``{"error": ...}``), one line each."""
         return list(self._errors)
 
+    def prime(self) -> None:
+        """Do now the setup the first chunk would otherwise pay for, where it does not
+        depend on what the stream sends (the aligner over a known `prompt_ids`); call
+        it while waiting for the first chunk. Optional: results are the same."""
+        self._feeder.prime()
+
     def feed(self, chunk: Mapping[str, Any]) -> list[Segment]:
         """Add one parsed chunk; return the segments its content confirmed (maybe none)."""
         if self._done:

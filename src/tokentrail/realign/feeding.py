@@ -126,6 +126,14 @@ class Feeder:
         """Queue one observed token (identified, not, or a gap of bytes)."""
         self._pending.append(obs)
 
+    def prime(self) -> None:
+        """Build the aligners now where nothing the stream sends can change them (a known
+        prompt, or a vocabulary without first-token rules): their setup over the prompt
+        then happens before the first token arrives (while the server computes it), not
+        on that token's way out. Otherwise nothing: the first tokens decide."""
+        if self._aligners is None and self._continuation is not None:
+            self._build_aligners()
+
     def advance(self) -> list[Segment]:
         """Push what the content lets us decide; return the segments it confirms."""
         self._drain(final=False)
@@ -209,13 +217,19 @@ class Feeder:
                 if not final:
                     return False
                 self._continuation = False
+        if self._aligners is None:
+            self._build_aligners()
+        return True
+
+    def _build_aligners(self) -> None:
+        """The aligner (one per undecided setting of skipping special tokens) for the
+        decided mode."""
         vocab = continued(self.vocab) if self._continuation else self.vocab
         skips = [True, False] if self._skip is None else [self._skip]
         if self.prompt_ids:
             vocab = self.vocab  # the prompt itself takes the first-token rules
         self._aligners = {s: new_aligner(vocab, s, self.prompt_ids) for s in skips}
         self._primary = skips[0]
-        return True
 
     def _decide_skip(self, tid: int, final: bool) -> bool:
         """At the first special token, when following the stream: is it skipped?"""

@@ -199,6 +199,9 @@ class AsyncUpstreamBatch(BaseBatch):
             if resp.status >= 400:
                 text = (await resp.read()).decode("utf-8", "replace")
                 raise status_error(resp.status, text, url)
+            # The answer began, its first token not yet: meanwhile the set-up that
+            # token would otherwise wait for.
+            reader.prime()
             # Read to the end (past [DONE]), so the connection can serve the next one.
             feed, push = reader.feed, self._push
             async for data in resp.content.iter_any():

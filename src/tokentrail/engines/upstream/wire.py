@@ -116,6 +116,11 @@ class StepReader:
         self._finish: str | None = None
         self._last: int | None = None
 
+    def prime(self) -> None:
+        """Set up what the first token needs while the upstream computes it (the
+        realigner's aligner over the prompt: `Realigner.prime`)."""
+        self._realigner.prime()
+
     def feed(self, data: bytes) -> list[Step]:
         """The steps that the next `data` of the response completes (maybe none)."""
         if self.done:

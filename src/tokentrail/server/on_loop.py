@@ -40,13 +40,14 @@ async def drive(scheduler: Any, batch: Any) -> None:
     failed: list[Exception] = []
     running = False
 
-    def on_arrival() -> bool:
+    def on_arrival() -> bool | None:
         # Steps arrived while the driver waits: the reader that read them runs the pass
         # (the same `run_pass`), and the driver sleeps on unless the scheduler stops, a
-        # request can be admitted, or the pass failed (then it wakes and raises).
+        # request can be admitted, or the pass failed (then it wakes and raises). None:
+        # no pass ran here (one is under way, or one failed): the driver wakes.
         nonlocal running
         if running or failed:
-            return True
+            return None
         running = True
         try:
             return not scheduler.run_pass(batch) or scheduler.admissible

@@ -111,9 +111,10 @@ class AsyncUpstreamBatch(BaseBatch):
         self._proxy = _env_proxy(engine.url)
         #: Attached: run where a stream's steps arrive while `arrival` waits for them
         #: (`server.on_loop.drive` sets it), in the reader's task; returns whether the
-        #: wait must end all the same. None: the wait ends (see the module).
-        self.on_arrival: Callable[[], bool] | None = None
-        self._reader_passes = 0  # how often `on_arrival` ran (a reader's task ran a pass)
+        #: wait must end all the same after its pass, or None where it ran none (the
+        #: wait ends). Unset (None): the wait ends (see the module).
+        self.on_arrival: Callable[[], bool | None] | None = None
+        self._reader_passes = 0  # how many passes `on_arrival` ran in a reader's task
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
         """Run the streams on `loop` (running, the caller's): `step` then never waits;
@@ -164,9 +165,11 @@ class AsyncUpstreamBatch(BaseBatch):
             return
         run = self.on_arrival
         if run is not None:
-            self._reader_passes += 1
-            if not run():
-                return
+            wake = run()
+            if wake is not None:
+                self._reader_passes += 1
+                if not wake:
+                    return
         ready.set_result(None)
 
     async def _stream(self, uid: int, url: str, body: bytes, reader: StepReader) -> None:

@@ -20,7 +20,7 @@ import sys
 import time
 from typing import Any, NoReturn
 
-from .align import show_bytes
+from .byte_text import show_bytes
 from .engines import ENGINES
 from .segment import Alternative
 from .usage import abort, add_command

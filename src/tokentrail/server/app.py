@@ -41,8 +41,6 @@ from .prompts import answer_several, split_prompts
 from .protocol import (
     GenRequest,
     Kind,
-    bad_request,
-    json_type_name,
     parse_chat,
     parse_completion,
 )
@@ -50,6 +48,7 @@ from .scheduler import Scheduler
 from .sse import EventStream
 from .structured import CompileGate
 from .voting import VoteBox
+from .wire_errors import bad_request, json_type_name
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import APIError, ClientGone
-from .protocol import json_type_name
+from .wire_errors import json_type_name
 
 if TYPE_CHECKING:
     from starlette.requests import Request

@@ -36,8 +36,8 @@ from ..errors import APIError
 from ..fastjson import dumps
 from .formatting import Formatter
 from .jobs import Job
-from .protocol import bad_request
 from .responses import add_call, events_of, function_specs, reshaped, text_of
+from .wire_errors import bad_request
 
 __all__ = ["ID_PREFIX", "PATH", "MessageShape", "anthropic_error", "chat_body", "shape_of",
            "stream_answer", "whole_answer"]  # fmt: skip

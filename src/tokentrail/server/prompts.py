@@ -35,8 +35,9 @@ from .answers import (
 )
 from .formatting import Formatter, merge_responses, sse, usage
 from .jobs import Job
-from .protocol import GenRequest, bad_request
+from .protocol import GenRequest
 from .sse import EventStream
+from .wire_errors import bad_request
 
 if TYPE_CHECKING:
     from starlette.requests import Request

@@ -10,7 +10,8 @@ Every error is a 400 naming the offending top-level field in `error.param` (as O
 does) and its full path in the message (``'messages[0].content'``), so a client sees an
 error it can act on instead of a 500 or a silent default. The body reader also turns
 the JSON parser's own failures (integers of thousands of digits, lone surrogates, deep
-nesting) into such errors.
+nesting) into such errors. How pydantic's findings become those 400s:
+`tokentrail.server.wire_errors`.
 """
 
 from __future__ import annotations
@@ -30,9 +31,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_core import PydanticCustomError
 
-from ..errors import APIError
 from ..sampling import OPENAI_LIMITS, SamplingError, SamplingParams, is_int, make_params
 from .llamacpp_fields import LlamaCppFields, llamacpp_extras
 from .mlx_fields import MlxFields, mlx_extras
@@ -40,6 +39,7 @@ from .structured import Structure, StructuredFields, structure_of
 from .tool_calls import ToolSpec, template_messages, with_tools
 from .vllm_fields import ChatFields, CommonFields, CompletionFields, vllm_extras
 from .voting import check_vote
+from .wire_errors import bad_request, custom_error, json_type_name, validation_error
 
 DEFAULT_MAX_TOKENS = 256
 MAX_STOP_STRINGS = 16
@@ -55,97 +55,9 @@ __all__ = [
     "ChatRequest",
     "CompletionRequest",
     "GenRequest",
-    "bad_request",
-    "json_type_name",
     "parse_chat",
     "parse_completion",
 ]
-
-
-# -- errors -----------------------------------------------------------------------------
-
-
-def bad_request(param: str | None, message: str, code: str = "invalid_value") -> APIError:
-    """A 400 in OpenAI's shape naming the field `param`."""
-    return APIError(400, message, param=param, code=code)
-
-
-def json_type_name(value: Any) -> str:
-    """The JSON name of a parsed value's type ("integer", "array", "null", ...)."""
-    if value is None:
-        return "null"
-    return {
-        bool: "boolean",
-        int: "integer",
-        float: "number",
-        str: "string",
-        list: "array",
-        dict: "object",
-    }.get(type(value), type(value).__name__)
-
-
-#: Error codes our own validators raise (`PydanticCustomError` types), used as given.
-_OWN_CODES = frozenset(
-    {"invalid_type", "invalid_value", "invalid_unicode", "unsupported_parameter",
-     "unsupported_value"}
-)
-
-
-def _path(loc: tuple[int | str, ...]) -> str:
-    """A pydantic `loc` as a JSON path: ("messages", 0, "content") -> messages[0].content."""
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
-
-
-def _code(kind: str) -> str:
-    if kind in _OWN_CODES:
-        return kind
-    if kind == "missing":
-        return "missing_required_parameter"
-    if kind.endswith("_type") or kind in ("finite_number", "int_from_float"):
-        return "invalid_type"
-    return "invalid_value"
-
-
-def validation_error(error: ValidationError) -> APIError:
-    """The 400 for the first problem pydantic found: `param` is the top-level field,
-    the message names the full path and says what was expected."""
-    first = error.errors(include_url=False)[0]
-    loc = tuple(first["loc"])
-    kind = first["type"]
-    path = _path(loc) or "(body)"
-    detail = first["msg"]
-    if kind in _OWN_CODES:
-        message = f"'{path}' {detail}"
-    elif kind == "missing":
-        message = f"'{path}' is required"
-    elif kind == "model_type":
-        message = f"'{path}' must be an object, got {json_type_name(first.get('input'))}"
-    else:
-        got = first.get("input")
-        message = f"'{path}': {detail[0].lower()}{detail[1:]}"
-        if _code(kind) == "invalid_type":
-            message += f", got {json_type_name(got)}"
-        elif not isinstance(got, list | dict):
-            message += f", got {got!r}"
-    return bad_request(_param(loc), message, _code(kind))
-
-
-def _param(loc: tuple[int | str, ...]) -> str | None:
-    """The `param` of a 400: the top-level field, or for this server's own ``tokentrail``
-    object the key inside it that was wrong (``tokentrail.alarm.below``)."""
-    if not loc:
-        return None
-    if loc[0] == "tokentrail" and len(loc) > 1:
-        return ".".join(str(p) for p in loc[:3] if isinstance(p, str))
-    return str(loc[0])
-
-
-def _fail(code: str, message: str) -> PydanticCustomError:
-    """An error our validators raise; `message` follows the field's path."""
-    return PydanticCustomError(code, "{detail}", {"detail": message})
 
 
 # -- shared wire types --------------------------------------------------------------------
@@ -164,7 +76,7 @@ def _unicode(text: str) -> str:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
-        raise _fail(
+        raise custom_error(
             "invalid_unicode",
             f"holds a lone surrogate {text[e.start]!r} at character {e.start}, "
             "which is not valid Unicode text",
@@ -176,7 +88,7 @@ def _stop_list(value: Any) -> Any:
     if isinstance(value, str):
         return [value]
     if not isinstance(value, list):
-        raise _fail(
+        raise custom_error(
             "invalid_type", f"must be a string or an array of strings, got {json_type_name(value)}"
         )
     return value
@@ -185,7 +97,7 @@ def _stop_list(value: Any) -> Any:
 def _stop_string(value: Any) -> Any:
     if isinstance(value, str):
         if not value:
-            raise _fail("invalid_value", "must not be empty")
+            raise custom_error("invalid_value", "must not be empty")
         return _unicode(value)
     return value  # not a string: the str type reports it
 
@@ -228,7 +140,9 @@ class _Common(_Wire, StructuredFields, CommonFields, LlamaCppFields, MlxFields):
     @classmethod
     def _one_best_of(cls, value: int | None) -> int | None:
         if value is not None and value != 1:
-            raise _fail("unsupported_value", f"must be 1 (the only value supported), got {value}")
+            raise custom_error(
+                "unsupported_value", f"must be 1 (the only value supported), got {value}"
+            )
         return value
 
     def check_together(self) -> None:
@@ -253,7 +167,7 @@ def _content(value: Any) -> Any:
         return [{"type": "text", "text": _unicode(value)}]
     if value is None or isinstance(value, list):
         return value
-    raise _fail(
+    raise custom_error(
         "invalid_type",
         f"must be a string or an array of text parts, got {json_type_name(value)}",
     )
@@ -268,7 +182,9 @@ class ChatMessage(_Wire):
     @model_validator(mode="after")
     def _content_given(self) -> ChatMessage:
         if self.content is None and self.role != "assistant":
-            raise _fail("invalid_type", "needs 'content': a string or an array of text parts")
+            raise custom_error(
+                "invalid_type", "needs 'content': a string or an array of text parts"
+            )
         return self
 
     def as_prompt(self) -> dict[str, Any]:
@@ -298,7 +214,9 @@ class ChatRequest(_Common, ChatFields):
     @classmethod
     def _no_functions(cls, value: Any) -> Any:
         if value:
-            raise _fail("unsupported_parameter", "(the legacy form) is not supported: use 'tools'")
+            raise custom_error(
+                "unsupported_parameter", "(the legacy form) is not supported: use 'tools'"
+            )
         return value
 
     def check_together(self) -> None:
@@ -320,22 +238,22 @@ def _prompt(value: Any, info: ValidationInfo) -> str | list[int]:
         value = value[0]  # a batch of one
     if isinstance(value, str):
         if not value:
-            raise _fail("invalid_value", "must not be empty")
+            raise custom_error("invalid_value", "must not be empty")
         return _unicode(value)
     if isinstance(value, list) and value and all(is_int(t) for t in value):
         size = (info.context or {}).get("vocab_size")
         bad = next((t for t in value if t < 0 or (size is not None and t >= size)), None)
         if bad is not None:
             span = "" if size is None else f" (0..{size - 1})"
-            raise _fail("invalid_value", f"token id {bad} is outside the vocabulary{span}")
+            raise custom_error("invalid_value", f"token id {bad} is outside the vocabulary{span}")
         return [int(t) for t in value]
     if isinstance(value, list) and len(value) > 1 and all(isinstance(p, str | list) for p in value):
-        raise _fail(  # the server splits them first (`server.prompts.split_prompts`)
+        raise custom_error(  # the server splits them first (`server.prompts.split_prompts`)
             "unsupported_value",
             "holds several prompts; parse each on its own (the server's /v1/completions "
             "answers several, one job each)",
         )
-    raise _fail(
+    raise custom_error(
         "invalid_type",
         f"must be a string or a non-empty array of token ids, got {json_type_name(value)}",
     )
@@ -356,7 +274,7 @@ class CompletionRequest(_Common, CompletionFields):
     @classmethod
     def _unsupported(cls, value: Any) -> Any:
         if value is not None:
-            raise _fail("unsupported_parameter", "is not supported")
+            raise custom_error("unsupported_parameter", "is not supported")
         return value
 
 

@@ -38,7 +38,8 @@ from ..segment import Alternative, Segment, TokenSpan, confidence_of
 from ..structure.fields import json_fields
 from .formatting import sse
 from .jobs import Job
-from .protocol import GenRequest, bad_request
+from .protocol import GenRequest
+from .wire_errors import bad_request
 from .wire_tokens import spellings, wire_logprob
 
 __all__ = ["ChatWriter", "UpstreamChat", "read_chunk"]

@@ -42,7 +42,7 @@ from ..fastjson import dumps
 from .answers import gather, generation_error
 from .formatting import Formatter
 from .jobs import Job
-from .protocol import bad_request
+from .wire_errors import bad_request
 
 __all__ = ["ID_PREFIX", "PATH", "ResponseShape", "add_call", "chat_body", "events_of",
            "function_specs", "reshaped", "shape_of", "stream_answer", "text_of",

@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, Any
 from ..errors import APIError
 from .answers import json_response
 from .body import read_json
-from .protocol import bad_request, is_int, json_type_name
+from .protocol import is_int
+from .wire_errors import bad_request, json_type_name
 from .wire_tokens import spellings
 
 if TYPE_CHECKING:

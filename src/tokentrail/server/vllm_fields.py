@@ -40,9 +40,9 @@ import json
 from typing import Annotated, Any
 
 from pydantic import BaseModel, Field, field_validator
-from pydantic_core import PydanticCustomError
 
 from ..errors import APIError
+from .wire_errors import custom_error
 
 __all__ = ["MAX_STOP_TOKEN_IDS", "ChatFields", "CommonFields", "CompletionFields", "vllm_extras"]
 
@@ -90,10 +90,6 @@ _CHAT_DEFAULTS: dict[str, tuple[tuple[Any, ...], str]] = {
 }
 
 
-def _fail(code: str, message: str) -> PydanticCustomError:
-    return PydanticCustomError(code, "{detail}", {"detail": message})
-
-
 def _at_default(value: Any, defaults: tuple[Any, ...], why: str) -> Any:
     """`value` where it is null or one of `defaults` (an empty list counts as ``()``);
     otherwise the 400 saying why it is refused."""
@@ -104,7 +100,7 @@ def _at_default(value: Any, defaults: tuple[Any, ...], why: str) -> Any:
         return value
     first = defaults[0] if defaults else None
     shown = json.dumps(list(first) if isinstance(first, tuple) else first)
-    raise _fail("unsupported_value", f"{why} (only its default, {shown}, is accepted)")
+    raise custom_error("unsupported_value", f"{why} (only its default, {shown}, is accepted)")
 
 
 def _at_defaults(table: dict[str, tuple[tuple[Any, ...], str]]) -> Any:
@@ -163,7 +159,7 @@ class ChatFields(CommonFields):
             if key in _RESERVED_TEMPLATE_KEYS:
                 instead = _RESERVED_TEMPLATE_KEYS[key]
                 hint = f"; set {instead}" if instead else ""
-                raise _fail("invalid_value", f"may not set {key!r}: the server does{hint}")
+                raise custom_error("invalid_value", f"may not set {key!r}: the server does{hint}")
         return value
 
 

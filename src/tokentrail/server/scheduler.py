@@ -7,8 +7,9 @@ requests join (first come, first served) while there is room and finished, cance
 or stalled ones leave. A request waits in the queue only while the batch is full.
 Each sequence has its own sampling settings, stop strings, seed and `Aligner` (fresh
 per sequence, continuing its prompt), and goes through the same per-token loop as
-`tokentrail.stream_generate`. `/metrics` has the time each request waited in the queue
-and each sequence's prompt processing (its first token's wait in the batch) apart.
+`tokentrail.stream_generate` (what happens to each sequence: `server.choices`).
+`/metrics` has the time each request waited in the queue and each sequence's prompt
+processing (its first token's wait in the batch) apart.
 
 The loop never waits on a client: it hands each step to its request's event queue on
 the asyncio loop and moves on; the events of one batch step go over together, in one
@@ -24,50 +25,20 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any
 
-from ..batch import open_sequence
-from ..branching import Record, ReplyMemory, record_of
-from ..errors import APIError, EngineError
-from ..output.processor import OutputProcessor
-from ..output.vote import EarlyStop, feed_early
+from ..branching import ReplyMemory
 from ..vocab import Vocab
 from .admission import RECENT_JOBS, Admission
+from .choices import Choices
 from .config import LoadedModel, Loader, ServerConfig, served_name
 from .jobs import Courier, Job, Outbox
 from .loading import open_model
 from .metrics import Metrics
-from .prepare import prepare
-from .solo import open_solo
 
 logger = logging.getLogger("tokentrail.server")
 
-__all__ = ["RECENT_JOBS", "ChoiceState", "LoadedModel", "Scheduler", "served_name"]
-
-
-@dataclass(eq=False)
-class ChoiceState:
-    """One sequence of the batch: a choice of a job, and its output stage (the same
-    `tokentrail.output.processor.OutputProcessor` that `stream_generate` uses)."""
-
-    job: Job
-    choice: int
-    out: OutputProcessor
-    index: int = 0
-    last_step: float = 0.0
-    cached: int | None = None
-    #: When it joined the engine's batch (time.perf_counter), for the prefill metric.
-    added: float = 0.0
-    #: The engine records of the steps fed so far, and what they continue (prompt ids,
-    #: sampling settings): kept in the scheduler's `ReplyMemory` for later branches.
-    records: list[Record] | None = None
-    prompt: list[int] | None = None
-    params: Any = None
-    #: The request's early stop, shared by its `n` choices (None: not asked for).
-    early: EarlyStop | None = None
-    #: A choice that runs beside the batch (field retry: `server.solo.Solo`), or None.
-    solo: Any = None
+__all__ = ["RECENT_JOBS", "LoadedModel", "Scheduler", "served_name"]
 
 
 class Scheduler:
@@ -107,8 +78,6 @@ class Scheduler:
         self.admission = Admission(config.max_queue, config.max_batch, self.metrics)
         self.model_name = config.model_name or served_name(config.model_path)
         self.created = int(time.time())
-        self._seqs: dict[int, ChoiceState] = {}
-        self._solo_uid = 0  # the last uid given to a choice beside the batch (negative)
         self._stopping = False
         self._ready = threading.Event()
         self._load_error: BaseException | None = None
@@ -124,6 +93,8 @@ class Scheduler:
         self._deferred = False
         #: Finished replies' engine records, that a branch request replays.
         self.replies = ReplyMemory()
+        #: The sequences in the batch and what happens to each (`server.choices`).
+        self.choices = Choices(config, self.admission, self.metrics, self.replies, self._outbox)
         #: The batch, where it runs on the server's event loop (an engine with
         #: ``batch_on_loop``: the proxy's upstream streams); `server.on_loop.drive` runs
         #: the passes there. None: the loop thread runs them.
@@ -237,7 +208,7 @@ class Scheduler:
             "status": status,
             "model": self.model_name,
             **self.admission.stats(),
-            "batch_size": len(self._seqs),
+            "batch_size": len(self.choices.seqs),
             "batch_kind": self.batch_kind,
             **({"engine_batch": self._batch_stats()} if self._batch_stats else {}),
         }
@@ -276,7 +247,7 @@ class Scheduler:
                 job.post("cancelled", 0, "server shutting down")
             adm.pending.clear()
             adm.running.clear()
-            self._seqs.clear()
+            self.choices.seqs.clear()
         self._outbox.flush()
         if self._outbox.courier is not None:
             self._outbox.courier.close()
@@ -288,6 +259,7 @@ class Scheduler:
         from ..engines.batch import batch_capacity
 
         self._loaded, batch = open_model(self.config, *self._given, self.admission.capacity)
+        self.choices.loaded = self._loaded
         self.admission.capacity = batch_capacity(batch)
         # A batch that says when a step's graph is built gets the previous step's
         # events handed over there, so the event loop formats them while the model
@@ -308,7 +280,7 @@ class Scheduler:
         `run_pass`; False once stopping."""
         adm = self.admission
         with adm.cond:
-            while not self._stopping and not self._seqs and not adm.admissible(0):
+            while not self._stopping and not self.choices.seqs and not adm.admissible(0):
                 adm.cond.wait()
         return self.run_pass(batch)
 
@@ -322,263 +294,58 @@ class Scheduler:
             with adm.cond:
                 if self._stopping:
                     return False
-                admit = adm.take(len(self._seqs))
+                admit = adm.take(len(self.choices.seqs))
             if admit:
                 self._outbox.flush()  # preparing prompts takes a while: deliver first
             for job in admit:
-                self._join(batch, job)
-            self._reap(batch)
-            if self._seqs:
+                self.choices.join(batch, job)
+            self.choices.reap(batch)
+            if self.choices.seqs:
                 self._step(batch)
             return True
         finally:
-            if not (self._deferred and self._seqs):
+            if not (self._deferred and self.choices.seqs):
                 self._outbox.flush()
 
     @property
     def running(self) -> int:
         """Sequences in the batch now."""
-        return len(self._seqs)
+        return len(self.choices.seqs)
 
     @property
     def admissible(self) -> bool:
         """Whether a queued request could join the batch now."""
         with self.admission.cond:
-            return self.admission.admissible(len(self._seqs))
+            return self.admission.admissible(len(self.choices.seqs))
 
     def _step(self, batch: Any) -> None:
         """One batch step, each sequence's token through its own output stage; and one
         step of each choice beside the batch."""
-        if any(s.solo is not None for s in self._seqs.values()):
-            self._step_solos(batch)
-            if all(s.solo is not None for s in self._seqs.values()):
+        if any(s.solo is not None for s in self.choices.seqs.values()):
+            self.choices.step_solos(batch)
+            if all(s.solo is not None for s in self.choices.seqs.values()):
                 self._outbox.flush()
                 return
-        self.metrics.batch_size.set(len(self._seqs))
+        self.metrics.batch_size.set(len(self.choices.seqs))
         tic = time.perf_counter()
         try:
             steps = batch.step()
         except Exception as e:  # the engine failed: every sequence in it is lost
             self._outbox.flush()
             logger.exception("a batch step failed")
-            for seq in list(self._seqs.values()):
+            for seq in list(self.choices.seqs.values()):
                 seq.job.post("error", seq.choice, e)
-                self._leave(batch, seq, "failed")
+                self.choices.leave(batch, seq, "failed")
             return
         self._outbox.flush()  # what `before_compute` did not hand over (no decoding step)
         if steps:
             self.admission.step_seconds.append(time.perf_counter() - tic)
+        choices = self.choices
+        seqs = choices.seqs
         for uid, engine_step in steps:
-            seq = self._seqs.get(uid)
+            seq = seqs.get(uid)
             if seq is not None:
-                self._advance(batch, uid, seq, engine_step)
-        if len(batch) < len(self._seqs):  # fewer in the batch than here (or a solo)
-            self._lost(batch)
+                choices.advance(batch, uid, seq, engine_step)
+        if len(batch) < len(seqs):  # fewer in the batch than here (or a solo)
+            self.choices.lost(batch)
 
-    def _lost(self, batch: Any) -> None:
-        """End with an error each sequence the batch no longer holds though its reply
-        has not ended (a stream that ended early), instead of waiting for steps that
-        never come."""
-        for uid, seq in list(self._seqs.items()):
-            if seq.solo is None and not batch.holds(uid):
-                why = EngineError(
-                    "the engine's stream ended before the reply did (no end token, under "
-                    "the token limit)", 502, "stream_ended",
-                )  # fmt: skip
-                logger.info("request %s: %s", seq.job.id, why)
-                seq.job.post("error", seq.choice, why)
-                self._leave(batch, seq, "failed")
-
-    def _join(self, batch: Any, job: Job) -> None:
-        """Turn a request into `n` sequences of the batch, or answer it with an error; a
-        job the event loop runs (`Job.outside`) takes its place and is told to start."""
-        if job.outside and self.admission.hold(job):
-            return
-        if job.cancelled.is_set():
-            self.admission.finish(job, "cancelled")
-            return
-        req = job.request
-        try:
-            loaded = self._loaded
-            assert loaded is not None
-            ready = prepare(
-                req, loaded.engine, loaded.tokenizer, self.config, self.replies,
-                context_length=loaded.context_length,
-            )  # fmt: skip
-        except (APIError, ValueError, TypeError) as e:
-            logger.info("request %s refused: %s", job.id, e)
-            job.post("error", 0, e)
-            self.admission.finish(job, "failed")
-            return
-        except Exception as e:  # a fault in preparing this request: a 500 for it alone
-            logger.exception("preparing request %s failed", job.id)
-            job.post("error", 0, e)
-            self.admission.finish(job, "failed")
-            return
-        self.admission.start(job)
-        job.outbox = self._outbox
-        if req.prompt_only:  # echo with max_tokens 0: the prompt alone, nothing to run
-            for choice in range(req.n):
-                job.post("done", choice, None)
-            self.admission.finish(job, "completed")
-            return
-        branch = ready.branch
-        prefix = [] if branch is None else branch.engine_ids[len(ready.ids) :]
-        # vLLM's ignore_eos and stop_token_ids: a stop id ends the reply as an end token
-        # does (listed, its text left out, "stop"), as vLLM's stop-terminated replies
-        eos = (frozenset() if req.ignore_eos else loaded.eos) | frozenset(req.stop_token_ids)
-        early = job.early_stop = EarlyStop(req.n) if req.early_stop else None
-        try:
-            for choice in range(req.n):
-                if ready.retry is not None:
-                    self._join_solo(job, ready, choice, eos)
-                    continue
-                uid, state = open_sequence(
-                    batch, loaded.engine, loaded.tokenizer, ready.ids, ready.params,
-                    ready.limit, req.stop, choice=choice, eos=eos, prefix=prefix,
-                    skip_special_tokens=req.skip_special_tokens,
-                )  # fmt: skip
-                job.live += 1
-                now = time.perf_counter()
-                out = OutputProcessor(
-                    state, calibration=loaded.calibration, **ready.outputs[choice]
-                )
-                seq = ChoiceState(
-                    job, choice, out, last_step=now, added=now, early=early
-                )
-                seq.records, seq.prompt, seq.params = [], ready.ids, ready.params
-                self._seqs[uid] = seq
-                if branch is not None:  # the kept prefix, as the original reply had it
-                    for replayed in branch.replay:
-                        if self._seqs.get(uid) is not seq:
-                            break  # it ended inside the prefix (a stop string)
-                        self._advance(batch, uid, seq, replayed)
-        except (ValueError, TypeError) as e:  # the engine refused the prompt or a setting
-            logger.info("request %s refused by the engine: %s", job.id, e)
-            job.post("error", 0, e)
-            added = [s for s in self._seqs.values() if s.job is job]
-            for seq in added:
-                self._leave(batch, seq, "failed")  # the last one records the job
-            if not added:
-                self.admission.finish(job, "failed")
-        self.metrics.batch_size.set(len(self._seqs))
-
-    def _join_solo(self, job: Job, ready: Any, choice: int, eos: frozenset[int]) -> None:
-        """Choice `choice` beside the batch, on the engine's rewindable steps (field
-        retry); its uid is negative, never one the batch gives."""
-        loaded = self._loaded
-        assert loaded is not None
-        solo = open_solo(
-            loaded.engine, loaded.tokenizer, ready, choice, job.request.stop, eos,
-            loaded.calibration, skip_special_tokens=job.request.skip_special_tokens,
-        )  # fmt: skip
-        job.live += 1
-        now = time.perf_counter()
-        self._solo_uid -= 1
-        self._seqs[self._solo_uid] = ChoiceState(
-            job, choice, solo.retry.processor, last_step=now, added=now, cached=0, solo=solo
-        )
-
-    def _step_solos(self, batch: Any) -> None:
-        """One model step of each choice beside the batch; post what it released."""
-        for seq in [s for s in self._seqs.values() if s.solo is not None]:
-            try:
-                records = seq.solo.advance()
-            except Exception as e:
-                logger.exception("request %s failed", seq.job.id)
-                seq.job.post("error", seq.choice, e)
-                self._leave(batch, seq, "failed")
-                continue
-            for record in records:
-                self._post(batch, seq, record)
-
-    def _advance(self, batch: Any, uid: int, seq: ChoiceState, engine_step: Any) -> None:
-        """Run one batch step through the sequence's output stage; post its record."""
-        job = seq.job
-        if seq.cached is None:
-            seq.cached = int(batch.cached_tokens(uid))
-            self.metrics.prompt_cache(seq.cached)
-        if isinstance(engine_step, Exception):  # this sequence failed in the engine
-            logger.info("request %s failed in the engine: %s", job.id, engine_step)
-            job.post("error", seq.choice, engine_step)
-            self._leave(batch, seq, "failed")
-            return
-        if seq.records is not None:
-            seq.records.append(record_of(engine_step))
-        try:
-            if seq.early is None:
-                step = seq.out.feed(engine_step, seq.cached)
-            else:  # early stop may make this token the choice's last
-                step = feed_early(seq.early, seq.choice, seq.out, engine_step, seq.cached)
-        except Exception as e:
-            logger.exception("request %s failed", job.id)
-            job.post("error", seq.choice, e)
-            self._leave(batch, seq, "failed")
-            return
-        self._post(batch, seq, step)
-
-    def _post(self, batch: Any, seq: ChoiceState, step: Any) -> None:
-        """Hand a sequence's record to its job (and take the sequence out on its last)."""
-        job = seq.job
-        now = time.perf_counter()
-        if seq.index == 0:
-            self.metrics.ttft.observe(time.monotonic() - job.submitted)
-            self.metrics.prefill.observe(now - seq.added)
-        else:
-            self.metrics.itl.observe(now - seq.last_step)
-        seq.last_step = now
-        seq.index += 1
-        with self.admission.cond:
-            job.generated += 1
-            self.metrics.generated_tokens.inc()
-        job.post("step", seq.choice, step)
-        if step.finish_reason is not None:
-            # Out of the batch before the client hears it is done, so its next request
-            # finds the room this one leaves.
-            self._leave(batch, seq, "completed")
-            job.post("done", seq.choice, None)
-
-    def _reap(self, batch: Any) -> None:
-        """Take cancelled requests and clients that stopped reading out of the batch."""
-        now = time.monotonic()
-        timeout, most = self.config.client_timeout, self.config.max_buffered
-        for seq in list(self._seqs.values()):
-            job = seq.job
-            if job.cancelled.is_set():
-                self._leave(batch, seq, "dropped" if job.dropped else "cancelled")
-                continue
-            backlog = job.posted - job.read
-            stalled = backlog > 0 and now - job.last_read > timeout
-            if stalled or backlog > most:
-                why = f"not read for {timeout:g} s" if stalled else f"over {most} steps unread"
-                logger.info("dropping the client of %s: %s", job.id, why)
-                job.reason = "client too slow: " + why
-                job.dropped = True
-                job.cancelled.set()
-                job.post("cancelled", 0, job.reason)
-                self._leave(batch, seq, "dropped")
-
-    def _leave(self, batch: Any, seq: ChoiceState, outcome: str) -> None:
-        """Remove a sequence; when it was its job's last, record the job as `outcome`."""
-        for uid, other in list(self._seqs.items()):
-            if other is seq:
-                if seq.solo is None:
-                    batch.remove(uid)
-                else:
-                    seq.solo.close()
-                del self._seqs[uid]
-                break
-        if outcome == "completed" and seq.records:
-            self.replies.keep(seq.prompt or [], seq.params, seq.records)
-        job = seq.job
-        job.live -= 1
-        if outcome != "completed" and job.outcome == "queued":
-            job.outcome = outcome  # the first failure decides the job's outcome
-        if job.live <= 0:
-            final = job.outcome if job.outcome != "queued" else outcome
-            if final == "completed" and job.cancelled.is_set():
-                final = "dropped" if job.dropped else "cancelled"
-            if final == "cancelled":
-                job.post("cancelled", 0, job.reason or "cancelled")
-            self.admission.finish(job, final)
-        self.metrics.batch_size.set(len(self._seqs))

@@ -18,8 +18,12 @@ Each client also times the gaps between successive reads of its stream: a stall 
 proxy (a garbage collection of its whole heap, say) shows as a long one (p99 and max).
 `--proxy-repo` runs the proxy from another checkout's src/ (before and after a change);
 `--before PATH` compares two checkouts in one run instead: each round runs 1 worker from
-PATH's src/, then 1 from this checkout's (or `--proxy-repo`'s), and reports each side's
-medians and the proxy's CPU per token after / before.
+PATH's src/ and 1 from this checkout's (or `--proxy-repo`'s), and reports each side's
+medians, the proxy's CPU per token after / before, and each round's ratio. The sides
+take turns to go first, as the 1- and N-worker runs do: with the old fixed order, a
+change that moved no per-token code measured 3-5% more CPU per token on whichever side
+ran second, in 4 of 5 runs on this 2-vCPU machine (`results/proxy-cpu.md`, "The order
+of an A/B").
 `--vllm-python PATH` makes the upstream vLLM's OpenAI server (that python's vLLM, CPU
 build) on the same demo model instead of llama-server: the proxy then speaks its vLLM
 dialect (`/v1/completions` with `return_token_ids` and ``token_id:N`` alternatives), the
@@ -278,7 +282,7 @@ def report_before_after(runs: list[dict[str, float]], args: argparse.Namespace) 
         f"Load: {args.clients} clients x {args.requests} streamed completions of "
         f"{args.max_tokens} tokens, logprobs {TOP}"
         + (f", each stream's events {args.pace:g} ms apart" if args.pace else "")
-        + f"; medians of {args.rounds} alternating rounds.",
+        + f"; medians of {args.rounds} rounds, the sides taking turns to go first.",
         "",
         "| proxy | tokens/s | proxy CPU µs/token | every round's proxy CPU µs/token |",
         "|---|---:|---:|---|",
@@ -288,7 +292,15 @@ def report_before_after(runs: list[dict[str, float]], args: argparse.Namespace) 
         lines.append(f"| {side} | {med(side, 'tokens_per_s'):,.0f} | "
                      f"{med(side, 'proxy_us_per_token'):,.0f} | {each} |")  # fmt: skip
     cpu = med("after", "proxy_us_per_token") / med("before", "proxy_us_per_token")
-    return "\n".join([*lines, "", f"Proxy CPU per token, after / before: **{cpu:.2f}**.", ""])
+    paired = [a["proxy_us_per_token"] / b["proxy_us_per_token"]
+              for a in runs if a["side"] == "after"
+              for b in runs if b["side"] == "before" and b["round"] == a["round"]]  # fmt: skip
+    lower = sum(r < 1 for r in paired)
+    return "\n".join([
+        *lines, "", f"Proxy CPU per token, after / before: **{cpu:.2f}** (medians); "
+        f"each round's after / before: median {statistics.median(paired):.3f}, "
+        f"after lower in {lower} of {len(paired)} rounds.", "",
+    ])
 
 
 def report(runs: list[dict[str, float]], args: argparse.Namespace) -> str:
@@ -396,14 +408,18 @@ def main() -> None:
             if args.replay:
                 replay = start_replay(url, logs, args.pace)
                 procs, url = [first[0], replay[0]], replay[1]
-            for _ in range(args.rounds):
+            for k in range(args.rounds):
+                # The two sides take turns to go first (ABBA): the second of two runs
+                # back to back costs more here (the A/A check in the module's text).
                 if args.before is not None:
-                    for side, repo in (("before", args.before), ("after", None)):
-                        runs.append({**run_once((procs, url), 1, args, logs, repo), "side": side})
+                    sides = [("before", args.before), ("after", None)]
+                    for side, repo in sides if k % 2 == 0 else sides[::-1]:
+                        run = run_once((procs, url), 1, args, logs, repo)
+                        runs.append({**run, "side": side, "round": k})
                         print(json.dumps(runs[-1]), flush=True)
                     continue
-                for workers in (1, args.workers):
-                    runs.append(run_once((procs, url), workers, args, logs))
+                for workers in (1, args.workers) if k % 2 == 0 else (args.workers, 1):
+                    runs.append({**run_once((procs, url), workers, args, logs), "round": k})
                     print(json.dumps(runs[-1]), flush=True)
         finally:
             for proc in procs:

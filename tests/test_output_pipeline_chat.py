@@ -204,7 +204,7 @@ def through_proxy(vocab: Any, upstream: list[dict[str, Any]]) -> ChatViews:
     `read_chunk`, the rest through `finish` when no finish reason came, into our chunks
     (one writer and tracker) and, with another, the whole response."""
     from tokentrail.realign.chat import ChannelTracker
-    from tokentrail.server.proxy_chat import ChatWriter, read_chunk
+    from tokentrail.server.chat_writer import ChatWriter, read_chunk
 
     payload = {"logprobs": True, "top_logprobs": TOP}
     out = []

@@ -16,7 +16,7 @@ import logging
 import math
 import os
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,15 @@ from .config import (
     config_int,
     is_hub_id,
     model_eos_ids,
+)
+from .torch_sampling import (
+    apply_min_p,
+    apply_top_k,
+    apply_top_p,
+    guide_mask,
+    make_processors,
+    make_sampler,
+    processed_logprobs,
 )
 
 log = logging.getLogger(__name__)
@@ -276,8 +285,8 @@ class TorchEngine:
         if params.seed is not None:
             generator = torch.Generator(device=device)
             generator.manual_seed(params.seed)
-        process = _make_processors(params, device)
-        sample = _make_sampler(params, generator)
+        process = make_processors(params, device)
+        sample = make_sampler(params, generator)
         guide = params.constraint.guide() if params.constraint is not None else None
         processed = params.logprobs_mode == "processed"
         dist = params.logprobs_mode
@@ -308,9 +317,9 @@ class TorchEngine:
                 logprobs = torch.log_softmax(logits, dim=-1)
                 masked, log_mass = logprobs, None
                 if guide is not None:
-                    masked, log_mass = _guide_mask(guide, logprobs, None if first else inputs)
+                    masked, log_mass = guide_mask(guide, logprobs, None if first else inputs)
                 token = sample(masked)
-                source = _processed(masked, params) if processed else logprobs
+                source = processed_logprobs(masked, params) if processed else logprobs
                 # One vector: [token, logprob, top ids..., top logprobs..., (log mass)].
                 # float32 holds every id below 2**24 exactly.
                 parts = [token.to(pack), source.gather(0, token).to(pack)]
@@ -370,7 +379,7 @@ class TorchRewindable(RewindableBase):
         if params.seed is not None:
             self.generator = torch.Generator(device=engine.device)
             self.generator.manual_seed(params.seed)
-        self.process = _make_processors(params, engine.device)
+        self.process = make_processors(params, engine.device)
 
     def __next__(self) -> Step:
         engine, p = self.engine, self.params
@@ -391,9 +400,10 @@ class TorchRewindable(RewindableBase):
             logprobs = torch.log_softmax(logits, dim=-1)
             masked, log_mass = logprobs, None
             if self.guide is not None:
-                masked, log_mass = _guide_mask(self.guide, logprobs, None)
-            token = int(_make_sampler(params, self.generator)(masked).item())
-            source = _processed(masked, params) if p.logprobs_mode == "processed" else logprobs
+                masked, log_mass = guide_mask(self.guide, logprobs, None)
+            token = int(make_sampler(params, self.generator)(masked).item())
+            processed = p.logprobs_mode == "processed"
+            source = processed_logprobs(masked, params) if processed else logprobs
             lp = float(source[token])
             top: list[tuple[int, float]] = []
             if p.top_logprobs:
@@ -437,126 +447,3 @@ def _copy_to_host(info: torch.Tensor) -> tuple[torch.Tensor, Any]:
     event = torch.cuda.Event()
     event.record()
     return host, event
-
-
-# -- constrained decoding and processed logprobs --------------------------------------
-
-
-def _guide_mask(
-    guide: Any, logprobs: torch.Tensor, previous: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """`logprobs` masked to what `guide` allows (renormalised) and the log of the raw
-    mass on the allowed ids (None, and `logprobs` as they are, while the guide's gate
-    keeps the mask off). `previous` is the token just sampled (None at the first
-    step): the guide moves past it first. The model's forward pass is already queued,
-    so on CUDA llguidance works while the device computes."""
-    if previous is not None:
-        guide.advance(int(previous.item()))
-    if not guide.active:  # the model still reasons: no mask yet, and no mass to report
-        return logprobs, None
-    allowed = torch.from_numpy(guide.allowed(logprobs.shape[-1])).to(logprobs.device)
-    kept = logprobs.masked_fill(~allowed, -math.inf)
-    log_mass = torch.logsumexp(kept, dim=-1)
-    return kept - log_mass, log_mass
-
-
-def _processed(logprobs: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """The distribution the sampler draws from: the top-p, min-p and top-k filters, then
-    temperature, normalised (at temperature 0: `logprobs` itself)."""
-    if params.temp == 0:
-        return logprobs
-    x = logprobs
-    if 0 < params.top_p < 1:
-        x = apply_top_p(x, params.top_p)
-    if params.min_p > 0:
-        x = apply_min_p(x, params.min_p)
-    if 0 < params.top_k < x.shape[-1]:
-        x = apply_top_k(x, params.top_k)
-    return torch.log_softmax(x * (1.0 / params.temp), dim=-1)
-
-
-# -- mlx-lm's logits processors and samplers, in torch --------------------------------
-
-
-def _make_processors(
-    params: SamplingParams, device: torch.device
-) -> Callable[[Any, torch.Tensor], torch.Tensor] | None:
-    """Logit bias, then the repetition, presence and frequency penalties over the same
-    recent tokens (mlx-lm's `make_logits_processors`, in its order)."""
-    bias_ids = bias_values = None
-    if params.logit_bias:
-        bias_ids = torch.tensor(list(params.logit_bias), dtype=torch.long, device=device)
-        bias_values = torch.tensor(
-            list(params.logit_bias.values()), dtype=torch.float32, device=device
-        )
-    penalty = params.repetition_penalty
-    if penalty == 0:
-        penalty = None
-    presence, frequency = params.presence_penalty, params.frequency_penalty
-    if bias_ids is None and penalty is None and not presence and not frequency:
-        return None
-
-    def process(history: Any, logits: torch.Tensor) -> torch.Tensor:
-        if bias_ids is not None:
-            logits = logits.index_add(0, bias_ids, bias_values)
-        if penalty is not None and history is not None and history.numel():
-            selected = logits[history]
-            # Sign-aware: a penalty > 1 always makes a seen token less likely.
-            logits[history] = torch.where(selected < 0, selected * penalty, selected / penalty)
-        if history is not None and history.numel():
-            if presence:  # once per token seen, however often
-                logits[history] -= presence
-            if frequency:  # once per time it was seen
-                logits = logits.index_add(0, history, logits.new_full(history.shape, -frequency))
-        return logits
-
-    return process
-
-
-def _make_sampler(
-    params: SamplingParams, generator: torch.Generator | None
-) -> Callable[[torch.Tensor], torch.Tensor]:
-    """Pick a token from logprobs (1-D); returns a 1-element long tensor on the device."""
-    if params.temp == 0:
-        return lambda logprobs: torch.argmax(logprobs, dim=-1, keepdim=True)
-    top_p, min_p, top_k, inv_temp = params.top_p, params.min_p, params.top_k, 1.0 / params.temp
-
-    def sampler(logprobs: torch.Tensor) -> torch.Tensor:
-        x = logprobs
-        if 0 < top_p < 1:
-            x = apply_top_p(x, top_p)
-        if min_p > 0:
-            x = apply_min_p(x, min_p)
-        if 0 < top_k < x.shape[-1]:
-            x = apply_top_k(x, top_k)
-        probs = torch.softmax(x * inv_temp, dim=-1)
-        # argmax(p / E) with E ~ Exp(1) draws from p without a host sync (unlike
-        # torch.multinomial on CUDA); the clamp keeps a zero draw from dividing by zero.
-        noise = torch.empty_like(probs).exponential_(generator=generator)
-        return torch.argmax(probs / noise.clamp_min(torch.finfo(probs.dtype).tiny), keepdim=True)
-
-    return sampler
-
-
-def apply_top_p(logprobs: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Keep the tokens whose more likely tokens hold less than `top_p` of the mass."""
-    ordered = torch.sort(logprobs).values  # ascending
-    probs = ordered.exp()
-    rev = torch.cumsum(probs.flip(0), dim=0)
-    # mass_above[i]: the total probability of the tokens after position i (more likely).
-    mass_above = torch.cat([rev.new_zeros(1), rev[:-1]]).flip(0)
-    total = mass_above[:1] + probs[:1]
-    dropped = (mass_above >= top_p * total).sum(dim=-1, keepdim=True)
-    threshold = ordered.gather(0, dropped)
-    return logprobs.masked_fill(logprobs < threshold, -math.inf)
-
-
-def apply_min_p(logprobs: torch.Tensor, min_p: float) -> torch.Tensor:
-    """Keep the tokens at least `min_p` times as likely as the most likely one."""
-    return logprobs.masked_fill(logprobs < logprobs.max() + math.log(min_p), -math.inf)
-
-
-def apply_top_k(logprobs: torch.Tensor, top_k: int) -> torch.Tensor:
-    """Keep exactly the `top_k` most likely tokens."""
-    top = torch.topk(logprobs, top_k)
-    return torch.full_like(logprobs, -math.inf).scatter(0, top.indices, top.values)

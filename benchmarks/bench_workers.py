@@ -330,7 +330,7 @@ def report(runs: list[dict[str, float]], args: argparse.Namespace) -> str:
         + (f", each stream's events {args.pace:g} ms apart" if args.replay and args.pace else "")
         + f". Load: {args.clients} clients x {args.requests} "
         f"streamed completions of {args.max_tokens} tokens, logprobs {TOP}; "
-        f"medians of {args.rounds} alternating rounds."
+        f"medians of {args.rounds} rounds, 1 and N workers taking turns to go first."
         + (f" Pinned: the proxy on cores {sorted(PROXY_CORES)}, everything else on "
            f"{sorted(LOAD_CORES or ())}." if PROXY_CORES else "")
         + (f" Proxy from `{args.proxy_repo}`." if args.proxy_repo else ""),

@@ -22,6 +22,7 @@ __all__ = [
     "apply_min_p",
     "apply_top_k",
     "apply_top_p",
+    "filtered",
     "guide_mask",
     "make_processors",
     "make_sampler",
@@ -55,6 +56,12 @@ def processed_logprobs(logprobs: torch.Tensor, params: SamplingParams) -> torch.
     temperature, normalised (at temperature 0: `logprobs` itself)."""
     if params.temp == 0:
         return logprobs
+    return torch.log_softmax(filtered(logprobs, params) * (1.0 / params.temp), dim=-1)
+
+
+def filtered(logprobs: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """`logprobs` with the top-p, min-p and top-k filters applied, in mlx-lm's order
+    (what each drops at minus infinity); the sampler and `processed_logprobs` share it."""
     x = logprobs
     if 0 < params.top_p < 1:
         x = apply_top_p(x, params.top_p)
@@ -62,7 +69,7 @@ def processed_logprobs(logprobs: torch.Tensor, params: SamplingParams) -> torch.
         x = apply_min_p(x, params.min_p)
     if 0 < params.top_k < x.shape[-1]:
         x = apply_top_k(x, params.top_k)
-    return torch.log_softmax(x * (1.0 / params.temp), dim=-1)
+    return x
 
 
 # -- mlx-lm's logits processors and samplers, in torch --------------------------------
@@ -109,17 +116,10 @@ def make_sampler(
     """Pick a token from logprobs (1-D); returns a 1-element long tensor on the device."""
     if params.temp == 0:
         return lambda logprobs: torch.argmax(logprobs, dim=-1, keepdim=True)
-    top_p, min_p, top_k, inv_temp = params.top_p, params.min_p, params.top_k, 1.0 / params.temp
+    inv_temp = 1.0 / params.temp
 
     def sampler(logprobs: torch.Tensor) -> torch.Tensor:
-        x = logprobs
-        if 0 < top_p < 1:
-            x = apply_top_p(x, top_p)
-        if min_p > 0:
-            x = apply_min_p(x, min_p)
-        if 0 < top_k < x.shape[-1]:
-            x = apply_top_k(x, top_k)
-        probs = torch.softmax(x * inv_temp, dim=-1)
+        probs = torch.softmax(filtered(logprobs, params) * inv_temp, dim=-1)
         # argmax(p / E) with E ~ Exp(1) draws from p without a host sync (unlike
         # torch.multinomial on CUDA); the clamp keeps a zero draw from dividing by zero.
         noise = torch.empty_like(probs).exponential_(generator=generator)
